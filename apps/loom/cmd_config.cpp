@@ -1,0 +1,70 @@
+// loom config show CONFIG [a.b=c ...]
+// loom config schema [KIND[/NAME]] [--json]
+#include <iostream>
+
+#include "command_line.hpp"
+#include "loom/error.hpp"
+
+namespace loom::app {
+
+namespace {
+
+int run_show(const std::vector<std::string>& args) {
+  std::vector<std::string> plugin_paths, positional;
+  po::options_description options("options");
+  add_common_options(options, plugin_paths);
+  options.add_options()("args", po::value(&positional), "CONFIG and overrides");
+  po::positional_options_description pos;
+  pos.add("args", -1);
+  po::options_description visible("options");
+  add_common_options(visible, plugin_paths);
+  po::variables_map vm;
+  if (!parse(args, options, pos, vm,
+             "usage: loom config show CONFIG [a.b.c=value ...]\n\n"
+             "Prints the config with base_config, !include and overrides applied, every component's options\n"
+             "validated and defaults filled in."))
+    return 0;
+  const Runtime runtime(runtime_options(plugin_paths, positional, true));
+  std::cout << runtime.resolved_config().to_yaml();
+  return 0;
+}
+
+int run_schema(const std::vector<std::string>& args) {
+  std::vector<std::string> plugin_paths;
+  std::string selector;
+  po::options_description options("options");
+  add_common_options(options, plugin_paths);
+  options.add_options()("json", "print JSON")("selector", po::value(&selector), "config, KIND or KIND/NAME");
+  po::positional_options_description pos;
+  pos.add("selector", 1);
+  po::variables_map vm;
+  if (!parse(args, options, pos, vm,
+             "usage: loom config schema [config | KIND | KIND/NAME] [--json]\n\n"
+             "Prints the options of the config's sections and of every registered component (or of those\n"
+             "selected): name, type, allowed values, default and description."))
+    return 0;
+  const Runtime runtime(runtime_options(plugin_paths, {}, false));
+  std::cout << (vm.count("json") ? describe_schema_json(runtime, selector) : describe_schema(runtime, selector));
+  return 0;
+}
+
+}  // namespace
+
+int run_config(const std::vector<std::string>& args) {
+  const std::string usage =
+      "usage: loom config show CONFIG [a.b.c=value ...]\n"
+      "       loom config schema [config | KIND | KIND/NAME] [--json]";
+  if (args.empty()) throw UserError("`loom config` needs a subcommand: show or schema\n" + usage);
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "show") return run_show(rest);
+  if (args[0] == "schema") return run_schema(rest);
+  if (args[0] == "--help" || args[0] == "-h") {
+    std::cout << usage << "\n";
+    return 0;
+  }
+  const std::string guess = closest_match(args[0], {"show", "schema"});
+  throw UserError("unknown config subcommand '" + args[0] + "'" + (guess.empty() ? "" : "; did you mean '" + guess + "'?") +
+                  "\n" + usage);
+}
+
+}  // namespace loom::app

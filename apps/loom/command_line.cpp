@@ -1,0 +1,52 @@
+#include "command_line.hpp"
+
+#include <iostream>
+
+#include "loom/error.hpp"
+
+namespace loom::app {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
+      {"config", "show a resolved config, or the options every component declares", run_config},
+  };
+  return table;
+}
+
+void add_common_options(po::options_description& options, std::vector<std::string>& plugin_paths) {
+  options.add_options()("help,h", "show this help")(
+      "plugin-path", po::value(&plugin_paths)->composing(),
+      "a plugin directory or file searched before all others (repeatable)");
+}
+
+bool parse(const std::vector<std::string>& args, const po::options_description& options,
+           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage) {
+  po::store(po::command_line_parser(args).options(options).positional(positional).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage << "\n\n" << options << "\n";
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+RuntimeOptions runtime_options(const std::vector<std::string>& plugin_paths, const std::vector<std::string>& positional,
+                               bool config_required) {
+  RuntimeOptions r;
+  r.plugin_paths = plugin_paths;
+  for (const auto& arg : positional) {
+    const bool is_override = arg.find('=') != std::string::npos;
+    if (!is_override && !r.config) {
+      r.config = arg;
+    } else if (!is_override) {
+      throw UserError("unexpected argument '" + arg + "': give one config file, then overrides of the form a.b.c=value");
+    } else {
+      r.overrides.push_back(arg);
+    }
+  }
+  if (config_required && !r.config) throw UserError("no config file given");
+  return r;
+}
+
+}  // namespace loom::app

@@ -1,0 +1,38 @@
+// What every subcommand shares: the command table, option parsing helpers, and the runtime.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/core/runtime.hpp"
+
+namespace loom::app {
+
+namespace po = boost::program_options;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+const std::vector<Command>& commands();
+
+// Adds --help and --plugin-path to a subcommand's options.
+void add_common_options(po::options_description& options, std::vector<std::string>& plugin_paths);
+
+// Parses `args` (the subcommand's arguments, without its name). Returns false when --help was
+// given, after printing `usage` and the options.
+bool parse(const std::vector<std::string>& args, const po::options_description& options,
+           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage);
+
+// The `config a.b=c ...` positional arguments: the first that is not an override is the config
+// file; the rest must be overrides.
+RuntimeOptions runtime_options(const std::vector<std::string>& plugin_paths, const std::vector<std::string>& positional,
+                               bool config_required);
+
+int run_plugins(const std::vector<std::string>& args);
+int run_config(const std::vector<std::string>& args);
+
+}  // namespace loom::app

@@ -1,0 +1,73 @@
+// The config system: YAML files with base_config and !include, command-line overrides, and
+// validation of every section against declared options.
+//
+// Resolution order (later wins):
+//   1. the files named by `base_config:` (a path or a list of paths, each relative to the file
+//      that names it), merged in order;
+//   2. the file itself;
+//   3. command-line overrides `a.b.c=value`, in the order given.
+// Maps merge key by key, recursively; any other value (scalars, lists) replaces. `!include PATH`
+// replaces a node by the whole content of another file. Include cycles are reported with the
+// chain of files.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/component.hpp"
+#include "loom/options.hpp"
+#include "loom/value.hpp"
+
+namespace loom::config {
+
+// Parses one YAML document (`text`, read from `file` for locations) into a Value, resolving
+// `!include` relative to `file`'s directory and `base_config` as described above. Scalars are
+// typed by the YAML 1.2 core schema (null, booleans, integers, floats, else strings); quoted
+// scalars are always strings.
+Value load_file(const std::filesystem::path& file);
+Value load_string(std::string_view text, const std::filesystem::path& file_for_locations);
+
+// One `a.b.c=value` override. The value parses as YAML ("3e-4", "[1,2]", "null", "{a: 1}").
+struct Override {
+  std::vector<std::string> path;  // {"a", "b", "c"}
+  Value value;                    // located at "<command line>" with the argument's index
+  std::string text;               // as given
+};
+Override parse_override(std::string_view text);
+// Sets the value at the override's path, creating maps along the way. Replacing a non-map on
+// the way (`a=1` then `a.b=2`) is a UserError.
+void apply_override(Value& root, const Override& o);
+
+// load_file followed by every override.
+Value load(const std::filesystem::path& file, const std::vector<std::string>& overrides);
+
+// Merges `over` into `base` (maps recursively, everything else replaced).
+void merge(Value& base, const Value& over);
+
+// What validation needs to know about components; the plugin registry implements it.
+class ComponentCatalog {
+ public:
+  virtual ~ComponentCatalog() = default;
+  // The declared options of component `name` of `kind`. Throws UserError when there is none,
+  // listing what is available (path and location say where the name was written).
+  virtual const OptionSchema& component_schema(std::string_view kind, std::string_view name, std::string_view path,
+                                               const SourceLocation& where) const = 0;
+};
+
+// Validates `node` (a map, or null meaning empty) against `schema`, returning a map with every
+// declared option in declaration order and defaults filled in. `path` is the key path of the
+// node ("optimizer"), used in messages. Nested `component` options are validated through
+// `catalog` and normalised to {type: name, ...options}.
+//
+// Errors (UserError) name the file:line:column of the offending value, the full key path, what
+// was expected and, for unknown keys, the closest valid key and the list of valid ones.
+Value validate(const OptionSchema& schema, const Value& node, std::string_view path, const ComponentCatalog& catalog);
+
+// Validates a component node: a bare name ("flash") or a map with `type`. Returns
+// {type: name, ...options with defaults}.
+Value validate_component(std::string_view kind, const Value& node, std::string_view path,
+                         const ComponentCatalog& catalog);
+
+}  // namespace loom::config

@@ -1,0 +1,77 @@
+// The plugin host: finds plugin files, checks their ABI record, loads them with Boost.DLL and
+// runs their register functions into a Registry.
+//
+// Search order (each a directory, or a plugin file):
+//   1. --plugin-path on the command line (repeatable), in order;
+//   2. `plugins.paths` in the config (relative to the config file that names them);
+//   3. LOOM_PLUGIN_PATH, colon-separated;
+//   4. <directory of the loom executable>/../lib/loom/plugins;
+//   5. the install directory (<prefix>/lib/loom/plugins).
+// In a directory, files named libloom-*.so are taken in name order. A file reached twice (same
+// canonical path) loads once. A file whose name was already loaded from an earlier directory is
+// shadowed (recorded, not loaded): earlier directories override later ones, as with PATH.
+//
+// A plugin that fails (not an ELF shared object, no ABI record, ABI mismatch, missing register
+// symbol, unloadable, register threw or returned an error, or a component name another plugin
+// already claims) is recorded with its reason and never crashes the host.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/core/registry.hpp"
+
+namespace loom {
+
+struct PluginSearchPath {
+  std::filesystem::path path;
+  std::string origin;  // "--plugin-path", "plugins.paths (x.yaml)", "LOOM_PLUGIN_PATH", ...
+};
+
+struct PluginRecord {
+  enum class Status { loaded, failed, shadowed };
+  std::string file;  // canonical path
+  std::string origin;
+  Status status = Status::failed;
+  std::string reason;           // why it failed or what shadows it
+  std::string sdk_version;      // from its ABI record, when readable
+  std::string build_tag;        // from its ABI record, when readable
+  std::vector<std::string> components;  // "kind/name" registered by it
+};
+
+// What a plugin's ABI record says, read from the file without loading it.
+struct AbiRecordInfo {
+  unsigned abi_major = 0, abi_minor = 0;
+  std::string sdk_version, build_tag;
+};
+// Reads the `loom_abi` section of an ELF shared object. Throws UserError saying why the file is
+// not a loom plugin (not ELF, not a shared object, no record, malformed record).
+AbiRecordInfo read_abi_record(const std::filesystem::path& file);
+// Empty when a plugin with this record may be loaded by this host; else the reason.
+std::string check_abi(const AbiRecordInfo& record);
+// The host's own build tag (compiler, libstdc++ ABI, Eigen).
+std::string host_build_tag();
+
+class PluginHost {
+ public:
+  // The default search path: `command_line` and `config_paths` first, then LOOM_PLUGIN_PATH,
+  // the executable-relative directory and the install directory.
+  static std::vector<PluginSearchPath> default_search_path(const std::vector<PluginSearchPath>& command_line,
+                                                           const std::vector<PluginSearchPath>& config_paths);
+
+  // Loads every plugin found along `search` into `registry`.
+  void load(const std::vector<PluginSearchPath>& search, Registry& registry);
+
+  const std::vector<PluginRecord>& plugins() const { return plugins_; }
+
+ private:
+  void load_file(const std::filesystem::path& file, const std::string& origin, Registry& registry);
+  std::vector<PluginRecord> plugins_;
+  // Libraries whose registration failed after they were loaded. Their static initialisers have
+  // run, so they stay loaded (never unloaded during a run) even though nothing refers to them.
+  std::vector<std::shared_ptr<LoadedLibrary>> failed_libraries_;
+};
+
+}  // namespace loom

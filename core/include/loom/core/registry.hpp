@@ -1,0 +1,79 @@
+// The component registry: every component that loaded plugins (or in-process code) registered,
+// by kind and name, and the creation of components from validated config nodes.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/component.hpp"
+#include "loom/core/config.hpp"
+
+namespace loom {
+
+// A loaded library; components made by it hold a shared_ptr to it. Opaque outside the host.
+class LoadedLibrary;
+
+struct ComponentEntry {
+  std::string kind;
+  ComponentDecl decl;
+  ComponentFactory factory;
+  std::string plugin_file;  // canonical path, or "<built-in>" for in-process registrations
+  std::shared_ptr<LoadedLibrary> library;
+};
+
+class Registry final : public config::ComponentCatalog {
+ public:
+  Registry();
+  ~Registry() override;
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Adds components as one transaction: either all of `entries` are added, or (on a kind/name
+  // already taken, or an unknown kind) none is and UserError is thrown naming both files.
+  void add(std::vector<ComponentEntry> entries);
+
+  const ComponentEntry* find(std::string_view kind, std::string_view name) const;
+  // Sorted by name.
+  std::vector<const ComponentEntry*> list(std::string_view kind) const;
+  std::vector<const ComponentEntry*> all() const;
+
+  // Diagnostics for "unknown type" errors: where plugins were searched and which failed.
+  struct FailedPlugin {
+    std::string file;
+    std::string reason;
+  };
+  void set_search_info(std::vector<std::string> searched_dirs, std::vector<FailedPlugin> failed);
+  const std::vector<std::string>& searched_dirs() const { return searched_dirs_; }
+  const std::vector<FailedPlugin>& failed_plugins() const { return failed_; }
+
+  // config::ComponentCatalog
+  const OptionSchema& component_schema(std::string_view kind, std::string_view name, std::string_view path,
+                                       const SourceLocation& where) const override;
+
+  // The thread pool handed to components through CreateContext::execution(); the process's
+  // default context until set. Not owned; must outlive the registry's components.
+  void set_execution_context(ExecutionContext* context) { execution_ = context; }
+  ExecutionContext& execution() const;
+
+  // Validates `ref.node` and creates the component. The handle keeps the plugin loaded.
+  Handle<Component> create(std::string_view kind, const ComponentRef& ref) const;
+  template <class T>
+  Handle<T> create(const ComponentRef& ref) const {
+    return std::static_pointer_cast<T>(create(T::kind, ref));
+  }
+
+ private:
+  [[noreturn]] void throw_unknown(std::string_view kind, std::string_view name, std::string_view path,
+                                  const SourceLocation& where) const;
+  std::map<std::string, std::map<std::string, ComponentEntry, std::less<>>, std::less<>> entries_;
+  // kind/name claimed by a plugin that failed for it: the files of both claimants.
+  std::map<std::string, std::pair<std::string, std::string>, std::less<>> conflicts_;
+  ExecutionContext* execution_ = nullptr;
+  std::vector<std::string> searched_dirs_;
+  std::vector<FailedPlugin> failed_;
+};
+
+}  // namespace loom

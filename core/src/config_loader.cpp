@@ -1,0 +1,286 @@
+// Reading config files: YAML to loom::Value with locations, base_config, !include, overrides.
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "loom/core/config.hpp"
+#include "loom/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::config {
+
+namespace {
+
+bool is_null_word(const std::string& s) { return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL"; }
+
+// A plain (unquoted) scalar typed by the YAML 1.2 core schema.
+Value typed_scalar(const std::string& s) {
+  if (is_null_word(s)) return Value();
+  if (s == "true" || s == "True" || s == "TRUE") return Value(true);
+  if (s == "false" || s == "False" || s == "FALSE") return Value(false);
+  static const std::regex int_re("[-+]?[0-9]+");
+  static const std::regex hex_re("0x[0-9a-fA-F]+");
+  static const std::regex oct_re("0o[0-7]+");
+  static const std::regex float_re("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
+  auto parse_int = [&](std::string_view text, int base) -> std::optional<Value> {
+    std::int64_t v = 0;
+    if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
+    if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
+    return Value(v);
+  };
+  if (std::regex_match(s, int_re)) {
+    if (auto v = parse_int(s, 10)) return *v;
+    return Value(std::stod(s));  // too large for 64 bits: a float, as YAML readers do
+  }
+  if (std::regex_match(s, hex_re))
+    if (auto v = parse_int(std::string_view(s).substr(2), 16)) return *v;
+  if (std::regex_match(s, oct_re))
+    if (auto v = parse_int(std::string_view(s).substr(2), 8)) return *v;
+  if (std::regex_match(s, float_re)) return Value(std::stod(s));
+  if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf" || s == "+.Inf" || s == "+.INF")
+    return Value(std::numeric_limits<double>::infinity());
+  if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return Value(-std::numeric_limits<double>::infinity());
+  if (s == ".nan" || s == ".NaN" || s == ".NAN") return Value(std::numeric_limits<double>::quiet_NaN());
+  return Value(s);
+}
+
+class Loader {
+ public:
+  Value load_file(const fs::path& file, const SourceLocation& from) {
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {
+      std::string where = from.known() ? from.str() + ": " : "";
+      throw UserError(where + "config file '" + file.string() + "' does not exist");
+    }
+    if (fs::is_directory(file, ec))
+      throw UserError((from.known() ? from.str() + ": " : "") + "config path '" + file.string() + "' is a directory, not a YAML file");
+    std::ifstream in(file);
+    if (!in) throw UserError((from.known() ? from.str() + ": " : "") + "cannot read config file '" + file.string() + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return load_text(ss.str(), file);
+  }
+
+  Value load_text(const std::string& text, const fs::path& file) {
+    const fs::path canonical = fs::weakly_canonical(fs::absolute(file));
+    for (std::size_t i = 0; i < stack_.size(); ++i) {
+      if (stack_[i].first == canonical) {
+        std::string chain;
+        for (std::size_t j = i; j < stack_.size(); ++j) chain += stack_[j].second + " -> ";
+        throw UserError("include cycle: " + chain + file.string());
+      }
+    }
+    stack_.emplace_back(canonical, file.string());
+    struct Pop {
+      std::vector<std::pair<fs::path, std::string>>& s;
+      ~Pop() { s.pop_back(); }
+    } pop{stack_};
+
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      SourceLocation at{file.string(), e.mark.line + 1, e.mark.column + 1};
+      throw UserError(at.str() + ": invalid YAML: " + e.msg);
+    }
+    Value v = convert(root, file);
+    if (v.is_map()) v = resolve_base_config(std::move(v), file);
+    return v;
+  }
+
+ private:
+  SourceLocation at(const YAML::Node& n, const fs::path& file) const {
+    const YAML::Mark m = n.Mark();
+    return SourceLocation{file.string(), m.is_null() ? 0 : m.line + 1, m.is_null() ? 0 : m.column + 1};
+  }
+
+  Value convert(const YAML::Node& n, const fs::path& file) {
+    const SourceLocation loc = at(n, file);
+    if (n.Tag() == "!include") {
+      if (!n.IsScalar()) throw UserError(loc.str() + ": !include takes a file path");
+      const fs::path target = file.parent_path() / n.Scalar();
+      return with_context("while including '" + n.Scalar() + "' at " + loc.str(),
+                          [&] { return load_file(target.lexically_normal(), loc); });
+    }
+    if (!n.Tag().empty() && n.Tag() != "?" && n.Tag() != "!" && n.Tag().rfind("tag:yaml.org,2002:", 0) != 0)
+      throw UserError(loc.str() + ": unknown tag '" + n.Tag() + "' (loom knows !include)");
+    Value v;
+    switch (n.Type()) {
+      case YAML::NodeType::Undefined:
+      case YAML::NodeType::Null: v = Value(); break;
+      case YAML::NodeType::Scalar: v = n.Tag() == "!" ? Value(n.Scalar()) : typed_scalar(n.Scalar()); break;
+      case YAML::NodeType::Sequence: {
+        Value::List items;
+        for (const auto& item : n) items.push_back(convert(item, file));
+        v = Value(std::move(items));
+        break;
+      }
+      case YAML::NodeType::Map: {
+        v = Value::map();
+        for (const auto& kv : n) {
+          const SourceLocation key_loc = at(kv.first, file);
+          if (!kv.first.IsScalar()) throw UserError(key_loc.str() + ": map keys must be plain strings");
+          const std::string& key = kv.first.Scalar();
+          if (v.find(key)) throw UserError(key_loc.str() + ": duplicate key '" + key + "'");
+          Value item = convert(kv.second, file);
+          // A null value's location is its key's.
+          if (!item.location().known() || kv.second.IsNull()) item.set_location(key_loc);
+          v.set(key, std::move(item));
+        }
+        break;
+      }
+    }
+    if (!v.location().known()) v.set_location(loc);
+    return v;
+  }
+
+  Value resolve_base_config(Value v, const fs::path& file) {
+    const Value* base = v.find("base_config");
+    if (!base) return v;
+    std::vector<const Value*> bases;
+    if (base->is_string()) {
+      bases.push_back(base);
+    } else if (base->is_list()) {
+      for (const auto& b : base->as_list()) {
+        if (!b.is_string()) throw UserError(b.location().str() + ": base_config entries must be file paths, got " + b.describe());
+        bases.push_back(&b);
+      }
+    } else {
+      throw UserError(base->location().str() + ": base_config must be a file path or a list of them, got " + base->describe());
+    }
+    Value merged = Value::map();
+    for (const Value* b : bases) {
+      const fs::path target = (file.parent_path() / b->as_string()).lexically_normal();
+      Value loaded = with_context("while loading base_config '" + b->as_string() + "' at " + b->location().str(),
+                                  [&] { return load_file(target, b->location()); });
+      if (!loaded.is_map() && !loaded.is_null())
+        throw UserError(b->location().str() + ": base config '" + target.string() + "' must be a map, got " + loaded.describe());
+      if (loaded.is_map()) merge(merged, loaded);
+    }
+    v.erase("base_config");
+    merge(merged, v);
+    merged.set_location(v.location());
+    return merged;
+  }
+
+  std::vector<std::pair<fs::path, std::string>> stack_;  // canonical, as written
+};
+
+bool valid_key(std::string_view k) {
+  if (k.empty()) return false;
+  for (char c : k)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  return true;
+}
+
+}  // namespace
+
+Value load_file(const fs::path& file) {
+  Loader loader;
+  return loader.load_file(file, {});
+}
+
+Value load_string(std::string_view text, const fs::path& file_for_locations) {
+  Loader loader;
+  return loader.load_text(std::string(text), file_for_locations);
+}
+
+void merge(Value& base, const Value& over) {
+  if (base.is_map() && over.is_map()) {
+    for (const auto& [k, v] : over.as_map()) {
+      Value* existing = base.find(k);
+      if (existing && existing->is_map() && v.is_map())
+        merge(*existing, v);
+      else
+        base.set(k, v);
+    }
+    return;
+  }
+  base = over;
+}
+
+Override parse_override(std::string_view text) {
+  const auto eq = text.find('=');
+  const std::string shown(text);
+  if (eq == std::string_view::npos || eq == 0)
+    throw UserError("override '" + shown + "' is not of the form key.path=value (for example optimizer.learning_rate=3e-4)");
+  Override o;
+  o.text = shown;
+  std::string_view key = text.substr(0, eq);
+  while (!key.empty()) {
+    auto dot = key.find('.');
+    std::string_view part = key.substr(0, dot);
+    if (!valid_key(part))
+      throw UserError("override '" + shown + "': '" + std::string(text.substr(0, eq)) +
+                      "' is not a key path (dot-separated names of letters, digits, '_' and '-')");
+    o.path.emplace_back(part);
+    key = dot == std::string_view::npos ? std::string_view{} : key.substr(dot + 1);
+    if (dot != std::string_view::npos && key.empty())
+      throw UserError("override '" + shown + "': the key path ends with '.'");
+  }
+  const SourceLocation loc{"command-line override '" + shown + "'", 0, 0};
+  const std::string value_text(text.substr(eq + 1));
+  try {
+    Value v = load_string(value_text, "<override>");
+    // Locations inside the value point at the override, not at a file.
+    struct Relocate {
+      const SourceLocation& loc;
+      void operator()(Value& x) const {
+        x.set_location(loc);
+        if (x.is_list())
+          for (auto& e : x.as_list()) (*this)(e);
+        if (x.is_map())
+          for (auto& [k, e] : x.as_map()) (*this)(e);
+      }
+    };
+    Relocate{loc}(v);
+    o.value = std::move(v);
+  } catch (const UserError& e) {
+    throw UserError(loc.str() + ": the value is not valid YAML (" + e.message() + ")");
+  }
+  return o;
+}
+
+void apply_override(Value& root, const Override& o) {
+  if (root.is_null()) root = Value::map();
+  Value* node = &root;
+  for (std::size_t i = 0; i + 1 < o.path.size(); ++i) {
+    Value* next = node->find(o.path[i]);
+    if (!next) {
+      Value m = Value::map();
+      m.set_location({"command-line override '" + o.text + "'", 0, 0});
+      next = &node->set(o.path[i], std::move(m));
+    } else if (next->is_null()) {
+      *next = Value::map();
+    } else if (!next->is_map()) {
+      std::string prefix;
+      for (std::size_t j = 0; j <= i; ++j) prefix += (j ? "." : "") + o.path[j];
+      throw UserError("command-line override '" + o.text + "': '" + prefix + "' is " + next->describe() +
+                      (next->location().known() ? " (set at " + next->location().str() + ")" : "") +
+                      ", not a map, so it has no key '" + o.path[i + 1] + "'");
+    }
+    node = next;
+  }
+  Value* existing = node->find(o.path.back());
+  // A map given on the command line merges like a file layer.
+  if (existing && existing->is_map() && o.value.is_map())
+    merge(*existing, o.value);
+  else
+    node->set(o.path.back(), o.value);
+}
+
+Value load(const fs::path& file, const std::vector<std::string>& overrides) {
+  Value root = with_context("while loading " + file.string(), [&] { return load_file(file); });
+  if (root.is_null()) root = Value::map();
+  if (!root.is_map())
+    throw UserError(root.location().str() + ": a config file must be a map of sections, got " + root.describe());
+  for (const auto& text : overrides) apply_override(root, parse_override(text));
+  return root;
+}
+
+}  // namespace loom::config

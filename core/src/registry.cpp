@@ -1,0 +1,173 @@
+#include "loom/core/registry.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+#include "loom/error.hpp"
+#include "loom/kinds.hpp"
+
+namespace loom {
+
+Registry::Registry() = default;
+Registry::~Registry() = default;
+
+namespace {
+
+bool valid_name(std::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_' ||
+          c == '-' || c == '.'))
+      return false;
+  return true;
+}
+
+std::string plural_kind(std::string_view kind) {
+  if (kind == "attention") return "attention kernels";
+  if (kind == "lr_schedule") return "lr_schedules";
+  return std::string(kind) + "s";
+}
+
+class RegistryCreateContext final : public CreateContext {
+ public:
+  explicit RegistryCreateContext(const Registry& r) : registry_(r) {}
+  Handle<Component> create_component(std::string_view kind, const ComponentRef& ref) const override {
+    return registry_.create(kind, ref);
+  }
+  ExecutionContext& execution() const override { return registry_.execution(); }
+
+ private:
+  const Registry& registry_;
+};
+
+// The object and the library that made it, destroyed in that order.
+struct ComponentHolder {
+  std::shared_ptr<LoadedLibrary> library;
+  std::unique_ptr<Component> object;
+  ~ComponentHolder() { object.reset(); }
+};
+
+}  // namespace
+
+void Registry::add(std::vector<ComponentEntry> entries) {
+  std::vector<std::string> seen;
+  for (const auto& e : entries) {
+    if (!is_component_kind(e.kind)) {
+      std::vector<std::string> kinds;
+      for (const auto& k : component_kinds) kinds.emplace_back(k.name);
+      const std::string guess = closest_match(e.kind, kinds);
+      throw UserError("component '" + e.decl.name + "' has unknown kind '" + e.kind + "'" +
+                      (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
+    }
+    if (!valid_name(e.decl.name))
+      throw UserError(e.kind + " name '" + e.decl.name +
+                      "' is not valid: use lower-case letters, digits, '_', '-' and '.'");
+    const std::string key = e.kind + "/" + e.decl.name;
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw UserError(key + " is registered twice by " + e.plugin_file);
+    seen.push_back(key);
+    if (const ComponentEntry* existing = find(e.kind, e.decl.name)) {
+      conflicts_[key] = {existing->plugin_file, e.plugin_file};
+      throw UserError(key + " is already provided by " + existing->plugin_file + "; " + e.plugin_file +
+                      " claims it too (remove one of the two files from the plugin path)");
+    }
+  }
+  for (auto& e : entries) {
+    auto& by_name = entries_[e.kind];
+    std::string name = e.decl.name;
+    by_name.emplace(std::move(name), std::move(e));
+  }
+}
+
+const ComponentEntry* Registry::find(std::string_view kind, std::string_view name) const {
+  auto k = entries_.find(kind);
+  if (k == entries_.end()) return nullptr;
+  auto n = k->second.find(name);
+  return n == k->second.end() ? nullptr : &n->second;
+}
+
+std::vector<const ComponentEntry*> Registry::list(std::string_view kind) const {
+  std::vector<const ComponentEntry*> out;
+  auto k = entries_.find(kind);
+  if (k != entries_.end())
+    for (const auto& [name, e] : k->second) out.push_back(&e);
+  return out;
+}
+
+std::vector<const ComponentEntry*> Registry::all() const {
+  std::vector<const ComponentEntry*> out;
+  for (const auto& k : component_kinds)
+    for (const auto* e : list(k.name)) out.push_back(e);
+  return out;
+}
+
+void Registry::set_search_info(std::vector<std::string> searched_dirs, std::vector<FailedPlugin> failed) {
+  searched_dirs_ = std::move(searched_dirs);
+  failed_ = std::move(failed);
+}
+
+ExecutionContext& Registry::execution() const { return execution_ ? *execution_ : default_execution_context(); }
+
+void Registry::throw_unknown(std::string_view kind, std::string_view name, std::string_view path,
+                             const SourceLocation& where) const {
+  const std::string at = where.known() ? where.str() + ": " : "";
+  const std::string key = std::string(kind) + "/" + std::string(name);
+  if (auto c = conflicts_.find(key); c != conflicts_.end())
+    throw UserError(at + std::string(path) + ": " + std::string(kind) + " '" + std::string(name) +
+                    "' is provided by two plugins, " + c->second.first + " and " + c->second.second +
+                    "; remove one of them from the plugin path");
+  std::string msg = at + std::string(path) + ": unknown " + std::string(kind) + " '" + std::string(name) + "'";
+  std::vector<std::string> names;
+  for (const auto* e : list(kind)) names.push_back(e->decl.name);
+  const std::string guess = closest_match(name, names);
+  if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
+  if (names.empty()) {
+    msg += "\nno " + std::string(kind) + " is available: no loaded plugin provides one";
+  } else {
+    msg += "\navailable " + plural_kind(kind) + ":";
+    std::size_t width = 0;
+    for (const auto& n : names) width = std::max(width, n.size());
+    for (const auto* e : list(kind))
+      msg += "\n  " + e->decl.name + std::string(width - e->decl.name.size() + 2, ' ') + e->plugin_file;
+  }
+  if (!searched_dirs_.empty()) {
+    msg += "\nplugin path searched:";
+    for (const auto& d : searched_dirs_) msg += "\n  " + d;
+  }
+  if (!failed_.empty()) {
+    msg += "\nplugins that failed to load:";
+    for (const auto& f : failed_) msg += "\n  " + f.file + ": " + f.reason;
+  }
+  throw UserError(msg);
+}
+
+const OptionSchema& Registry::component_schema(std::string_view kind, std::string_view name, std::string_view path,
+                                               const SourceLocation& where) const {
+  const ComponentEntry* e = find(kind, name);
+  if (!e || conflicts_.count(std::string(kind) + "/" + std::string(name))) throw_unknown(kind, name, path, where);
+  return e->decl.options;
+}
+
+Handle<Component> Registry::create(std::string_view kind, const ComponentRef& ref) const {
+  const std::string path = ref.path.empty() ? std::string(kind) : ref.path;
+  Value node = ref.node;
+  if (node.is_null() && !ref.name.empty()) node = Value(ref.name);
+  const Value validated = config::validate_component(kind, node, path, *this);
+  const std::string name = validated.find("type")->as_string();
+  const ComponentEntry* entry = find(kind, name);
+  Value options = validated;
+  options.erase("type");
+  return with_context("while creating " + std::string(kind) + " '" + name + "' (" + path + ")", [&] {
+    RegistryCreateContext context(*this);
+    auto holder = std::make_shared<ComponentHolder>();
+    holder->library = entry->library;
+    holder->object = entry->factory(Options(std::move(options), path), context);
+    if (!holder->object)
+      throw InternalError("the factory of " + std::string(kind) + " '" + name + "' in " + entry->plugin_file +
+                          " returned no object");
+    Component* raw = holder->object.get();
+    return Handle<Component>(std::move(holder), raw);
+  });
+}
+
+}  // namespace loom

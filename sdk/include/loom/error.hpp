@@ -1,0 +1,77 @@
+// loom's one error family.
+//
+// Every failure that reaches the user is a loom::Error: a message, plus a chain of context added
+// on the way out ("while loading configs/x.yaml", "while creating optimizer 'adamw'"). The `loom`
+// command prints it once and exits 2 for a UserError (bad config, missing file, unknown name:
+// something the user can fix) and 1 for an InternalError (a bug in loom or a plugin).
+//
+// Plugins throw these from component constructors and methods; the core adds context. Never
+// abort() on bad input.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+enum class ErrorKind { user, internal };
+
+class Error : public std::exception {
+ public:
+  Error(ErrorKind kind, std::string message);
+
+  ErrorKind kind() const noexcept { return kind_; }
+  // The innermost message, without context.
+  const std::string& message() const noexcept { return message_; }
+  // Context, outermost first.
+  const std::vector<std::string>& context() const noexcept { return context_; }
+  // Adds an outer layer of context ("while creating model 'gpt2'").
+  void add_context(std::string context);
+  // "while a: while b: message": what() returns the same text.
+  const char* what() const noexcept override { return full_.c_str(); }
+
+ private:
+  void rebuild();
+  ErrorKind kind_;
+  std::string message_;
+  std::vector<std::string> context_;
+  std::string full_;
+};
+
+// Something the user can fix: the config, the command line, a file on disk.
+class UserError : public Error {
+ public:
+  explicit UserError(std::string message) : Error(ErrorKind::user, std::move(message)) {}
+};
+
+// A bug: a broken invariant in loom or in a plugin.
+class InternalError : public Error {
+ public:
+  explicit InternalError(std::string message) : Error(ErrorKind::internal, std::move(message)) {}
+};
+
+// Runs `body`; a loom::Error escaping it gets `context` added, and any other exception becomes
+// an InternalError with that context. Use at layer boundaries, not in hot loops.
+template <class F>
+decltype(auto) with_context(std::string_view context, F&& body) {
+  try {
+    return std::forward<F>(body)();
+  } catch (Error& e) {
+    e.add_context(std::string(context));
+    throw;
+  } catch (const std::exception& e) {
+    InternalError wrapped(e.what());
+    wrapped.add_context(std::string(context));
+    throw wrapped;
+  }
+}
+
+// The closest candidate to `word` by edit distance, or "" when none is close enough to be a
+// plausible typo. Used for every "did you mean" in loom's messages.
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+}  // namespace loom

@@ -1,0 +1,19 @@
+// The `model` kind: a transformer architecture.
+//
+// The interface grows with the tensor and autograd layer; today it fixes the kind's name and
+// its place in the registry.
+#pragma once
+
+#include <string_view>
+
+#include "loom/component.hpp"
+
+namespace loom {
+
+class Model : public Component {
+ public:
+  static constexpr std::string_view kind = "model";
+  ~Model() override;
+};
+
+}  // namespace loom
