@@ -18,6 +18,7 @@
 #include <string_view>
 #include <utility>
 
+#include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/options.hpp"
 

@@ -1,0 +1,174 @@
+// The loom command as a user runs it: output, messages and exit codes (0 ok, 2 user error,
+// 1 internal error).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../core/test_support.hpp"
+
+namespace loom {
+namespace {
+
+using test::fixture_dir;
+using test::run_command;
+
+// Runs loom with only the given plugin directories (the built-in ones too, since they sit next
+// to the executable; these tests only look for the test components).
+test::CommandResult loom(std::vector<std::string> args, std::vector<std::string> env = {}) {
+  args.insert(args.begin(), LOOM_BINARY);
+  env.push_back("LOOM_PLUGIN_PATH=");
+  return run_command(args, env);
+}
+
+TEST(Cli, HelpAndVersionExitZero) {
+  auto r = loom({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("plugins"), std::string::npos);
+  EXPECT_NE(r.out.find("config"), std::string::npos);
+  r = loom({"plugins", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--plugin-path"), std::string::npos);
+  EXPECT_EQ(loom({"--version"}).exit_code, 0);
+}
+
+TEST(Cli, NoCommandOrUnknownCommandIsAUserError) {
+  EXPECT_EQ(loom({}).exit_code, 2);
+  const auto r = loom({"plugin"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "loom: error: unknown command 'plugin'; did you mean 'plugins'? (run `loom --help` for the list)\n");
+}
+
+TEST(Cli, UnknownFlagIsAUserError) {
+  const auto r = loom({"plugins", "--jsn"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("loom: error: "), std::string::npos);
+  EXPECT_NE(r.err.find("jsn"), std::string::npos);
+}
+
+TEST(Cli, PluginsListsComponentsAndFailures) {
+  const auto r = loom({"plugins", "--plugin-path", fixture_dir("good").string(), "--plugin-path",
+                       fixture_dir("broken").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("test_scaled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a test schedule with options of every type"), std::string::npos);
+  EXPECT_NE(r.out.find("libloom-test-good.so"), std::string::npos);
+  EXPECT_NE(r.out.find("plugins that failed to load:"), std::string::npos);
+  EXPECT_NE(r.out.find("not an ELF shared object"), std::string::npos);
+  EXPECT_NE(r.out.find("ABI mismatch"), std::string::npos);
+}
+
+TEST(Cli, PluginsJsonIsValidAndComplete) {
+  const auto r = loom({"plugins", "--json"}, {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" +
+                                                 fixture_dir("broken").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& c : doc["components"])
+    if (c["kind"] == "tokenizer" && c["name"] == "test_bytes") {
+      found = true;
+      EXPECT_EQ(c["version"], "0.0.1");
+      EXPECT_NE(c["plugin"].get<std::string>().find("libloom-test-good.so"), std::string::npos);
+    }
+  EXPECT_TRUE(found);
+  int failed = 0;
+  for (const auto& p : doc["plugins"]) failed += p["status"] == "failed";
+  EXPECT_EQ(failed, 8);
+  EXPECT_EQ(doc["plugin_path"][0], fixture_dir("good").string() + " (LOOM_PLUGIN_PATH)");
+}
+
+TEST(Cli, ConfigShowPrintsTheResolvedConfigWithDefaults) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "lr_schedule:\n  type: test_scaled\n  scale: 0.5\n");
+  const auto r = loom({"config", "show", file.string(), "lr_schedule.hold_steps=7", "--plugin-path",
+                       fixture_dir("good").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("lr_schedule:\n  type: test_scaled\n  scale: 0.5\n  hold_steps: 7\n  verbose: false\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  tokenizer:\n    type: test_bytes\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model: null"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConfigErrorsExitTwoWithFileAndLine) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "lr_schedule:\n  type: test_scaled\n  hold_step: 7\n");
+  const auto r = loom({"config", "show", file.string(), "--plugin-path", fixture_dir("good").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("loom: error: while validating " + file.string() + ": " + file.string() +
+                       ":3:14: lr_schedule.hold_step: unknown option of lr_schedule 'test_scaled'; did you mean "
+                       "'hold_steps'?"),
+            std::string::npos)
+      << r.err;
+  // One message, no stack of exceptions.
+  EXPECT_EQ(r.err.rfind("loom: ", 0), 0u);
+  EXPECT_EQ(r.err.find("loom: ", 1), std::string::npos);
+}
+
+TEST(Cli, UnknownTopLevelSectionIsAnError) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "optimiser:\n  type: adamw\n");
+  const auto r = loom({"config", "show", file.string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(file.string() + ":2:3: optimiser: unknown option; did you mean 'optimizer'?"), std::string::npos)
+      << r.err;
+}
+
+TEST(Cli, UnknownTypeListsTheAvailableNamesAndFailedPlugins) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "tokenizer: test_byts\n");
+  const auto r = loom({"config", "show", file.string()},
+                      {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" + fixture_dir("broken").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(file.string() + ":1:12: tokenizer: unknown tokenizer 'test_byts'; did you mean 'test_bytes'?"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("available tokenizers:\n  test_bytes  "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("plugin path searched:\n  " + fixture_dir("good").string() + " (LOOM_PLUGIN_PATH)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("plugins that failed to load:"), std::string::npos) << r.err;
+}
+
+TEST(Cli, MissingConfigFileAndBadOverrideExitTwo) {
+  auto r = loom({"config", "show", "/nonexistent.yaml"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("config file '/nonexistent.yaml' does not exist"), std::string::npos) << r.err;
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "{}\n");
+  r = loom({"config", "show", file.string(), "a..b=1"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = loom({"config", "show"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no config file given"), std::string::npos);
+  r = loom({"config", "shwo"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("did you mean 'show'?"), std::string::npos);
+}
+
+TEST(Cli, ConfigSchemaPrintsDeclaredOptions) {
+  auto r = loom({"config", "schema", "lr_schedule/test_scaled", "--plugin-path", fixture_dir("good").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("scale  a number in [0, 1]; default 0.5\n      Factor applied after the hold."), std::string::npos)
+      << r.out;
+  r = loom({"config", "schema", "--json", "--plugin-path", fixture_dir("good").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["sections"][0]["name"], "plugins");
+  bool found = false;
+  for (const auto& c : doc["components"])
+    if (c["name"] == "test_scaled") {
+      found = true;
+      EXPECT_EQ(c["options"][0]["name"], "scale");
+      EXPECT_EQ(c["options"][0]["max"]["value"], 1.0);
+    }
+  EXPECT_TRUE(found);
+  r = loom({"config", "schema", "optimiser"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("did you mean 'optimizer'?"), std::string::npos);
+  r = loom({"config", "schema", "lr_schedule/nope", "--plugin-path", fixture_dir("good").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown lr_schedule 'nope'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

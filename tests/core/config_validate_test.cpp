@@ -1,0 +1,220 @@
+// Validation of config nodes against declared options: every error path names the file and
+// line, the key path, what was expected and the closest valid key.
+#include <gtest/gtest.h>
+
+#include "loom/core/config.hpp"
+#include "loom/core/registry.hpp"
+#include "loom/error.hpp"
+#include "loom/kinds/lr_schedule.hpp"
+#include "loom/kinds/tokenizer.hpp"
+#include "test_support.hpp"
+
+namespace loom {
+namespace {
+
+class Flat final : public LrSchedule {
+ public:
+  explicit Flat(const Options& o) : scale_(o.get<double>("scale")) {}
+  double learning_rate(std::int64_t, std::int64_t, double peak) const override { return peak * scale_; }
+  double scale_;
+};
+
+class Chars final : public Tokenizer {
+ public:
+  std::int64_t vocab_size() const override { return 128; }
+  std::vector<std::int32_t> encode(std::string_view) const override { return {}; }
+  std::string decode(std::span<const std::int32_t>) const override { return ""; }
+};
+
+OptionSchema schedule_options() {
+  OptionSchema s;
+  s.number("scale", 0.5, "Scale.").range(0.0, 1.0);
+  s.integer("warmup", 100, "Warmup steps.").min(0);
+  s.string("mode", "cosine", "Shape.").one_of({"linear", "cosine"});
+  s.list("betas", OptionType::number, {0.9, 0.95}, "Betas.").length(2, 2).range(0.0, 1.0, false);
+  OptionSchema restart;
+  restart.integer("every", 10, "Period.").min(1);
+  s.object("restart", restart, "Restarts.");
+  s.component("tokenizer", "tokenizer", "chars", "Nested.");
+  s.boolean("verbose", false, "Chatty.");
+  return s;
+}
+
+class ValidateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<ComponentEntry> entries;
+    entries.push_back({"lr_schedule", {"flat", "flat schedule", "1", schedule_options()},
+                       [](const Options& o, const CreateContext&) -> std::unique_ptr<Component> {
+                         return std::make_unique<Flat>(o);
+                       },
+                       "<test>", nullptr});
+    OptionSchema none;
+    entries.push_back({"tokenizer", {"chars", "chars", "1", none},
+                       [](const Options&, const CreateContext&) -> std::unique_ptr<Component> {
+                         return std::make_unique<Chars>();
+                       },
+                       "<test>", nullptr});
+    registry.add(std::move(entries));
+  }
+
+  // Writes `yaml` to a file, loads it with `overrides`, and validates `lr_schedule` in it.
+  Value validate(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+    file = dir.write("run.yaml", yaml);
+    const Value root = config::load(file, overrides);
+    return config::validate_component("lr_schedule", *root.find("lr_schedule"), "lr_schedule", registry);
+  }
+
+  std::string error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+    try {
+      validate(yaml, overrides);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  Registry registry;
+  test::TempDir dir;
+  std::filesystem::path file;
+};
+
+TEST_F(ValidateTest, FillsDefaultsInDeclarationOrder) {
+  const Value v = validate("lr_schedule:\n  type: flat\n  warmup: 5\n");
+  ASSERT_TRUE(v.is_map());
+  std::vector<std::string> keys;
+  for (const auto& [k, x] : v.as_map()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"type", "scale", "warmup", "mode", "betas", "restart", "tokenizer", "verbose"}));
+  EXPECT_EQ(v.find("warmup")->as_int(), 5);
+  EXPECT_DOUBLE_EQ(v.find("scale")->as_double(), 0.5);
+  EXPECT_EQ(v.at_path("restart.every")->as_int(), 10);
+  EXPECT_EQ(v.at_path("tokenizer.type")->as_string(), "chars");
+}
+
+TEST_F(ValidateTest, BareNameSelectsAComponent) {
+  const Value v = validate("lr_schedule: flat\n");
+  EXPECT_EQ(v.find("type")->as_string(), "flat");
+}
+
+TEST_F(ValidateTest, IntegersAreAcceptedAsNumbersAndIntegralFloatsAsIntegers) {
+  const Value v = validate("lr_schedule:\n  type: flat\n  scale: 1\n  warmup: 1e3\n");
+  EXPECT_EQ(v.find("scale")->type(), Value::Type::number);
+  EXPECT_EQ(v.find("warmup")->as_int(), 1000);
+}
+
+TEST_F(ValidateTest, UnknownKeyNamesFileLineClosestKeyAndTheOptions) {
+  const std::string msg = error("lr_schedule:\n  type: flat\n  warmpu: 5\n");
+  const std::string head = file.string() + ":3:11: lr_schedule.warmpu: unknown option of lr_schedule 'flat'; did you mean 'warmup'?";
+  EXPECT_EQ(msg.substr(0, msg.find('\n')), head) << msg;
+  EXPECT_NE(msg.find("warmup (int, default 100): Warmup steps."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("scale (float, default 0.5): Scale."), std::string::npos) << msg;
+}
+
+TEST_F(ValidateTest, WrongTypeSaysWhatWasExpected) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: soon\n"),
+            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got \"soon\"");
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  verbose: 1\n"),
+            file.string() + ":3:12: lr_schedule.verbose: expected a boolean (true or false), got 1");
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: 2.5\n"),
+            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got 2.5");
+}
+
+TEST_F(ValidateTest, OutOfRangeValuesAreRejected) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  scale: 1.5\n"),
+            file.string() + ":3:10: lr_schedule.scale: expected a number in [0, 1], got 1.5 (out of range)");
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: -1\n"),
+            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got -1 (out of range)");
+}
+
+TEST_F(ValidateTest, ChoicesSuggestTheClosest) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  mode: cosin\n"),
+            file.string() + ":3:9: lr_schedule.mode: expected a string, one of linear, cosine, got \"cosin\" (did you mean 'cosine'?)");
+}
+
+TEST_F(ValidateTest, ListsCheckLengthAndEachElement) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  betas: [0.9]\n"),
+            file.string() + ":3:10: lr_schedule.betas: expected a list of 2 numbers in (0, 1), got [0.9] (wrong length)");
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  betas: [0.9, 1.0]\n"),
+            file.string() + ":3:16: lr_schedule.betas[1]: expected a list of 2 numbers in (0, 1), got 1.0 (out of range)");
+}
+
+TEST_F(ValidateTest, NestedObjectsAreValidatedWithTheirPath) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  restart:\n    every: 0\n"),
+            file.string() + ":4:12: lr_schedule.restart.every: expected an integer >= 1, got 0 (out of range)");
+  const std::string msg = error("lr_schedule:\n  type: flat\n  restart:\n    evry: 3\n");
+  EXPECT_EQ(msg.substr(0, msg.find('\n')),
+            file.string() + ":4:11: lr_schedule.restart.evry: unknown option of lr_schedule.restart; did you mean 'every'?");
+}
+
+TEST_F(ValidateTest, ErrorsInOverridesNameTheOverride) {
+  EXPECT_EQ(error("lr_schedule:\n  type: flat\n", {"lr_schedule.scale=7"}),
+            "command-line override 'lr_schedule.scale=7': lr_schedule.scale: expected a number in [0, 1], got 7 (out of range)");
+}
+
+TEST_F(ValidateTest, UnknownTypeListsWhatIsAvailable) {
+  registry.set_search_info({"/some/dir (LOOM_PLUGIN_PATH)"}, {{"/some/dir/libloom-x.so", "not an ELF shared object"}});
+  const std::string msg = error("lr_schedule:\n  type: flta\n");
+  EXPECT_EQ(msg.substr(0, msg.find('\n')), file.string() + ":2:9: lr_schedule: unknown lr_schedule 'flta'; did you mean 'flat'?");
+  EXPECT_NE(msg.find("available lr_schedules:\n  flat  <test>"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("plugin path searched:\n  /some/dir (LOOM_PLUGIN_PATH)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("plugins that failed to load:\n  /some/dir/libloom-x.so: not an ELF shared object"), std::string::npos) << msg;
+}
+
+TEST_F(ValidateTest, UnknownNestedComponentIsReportedAtItsPath) {
+  const std::string msg = error("lr_schedule:\n  type: flat\n  tokenizer: bpe\n");
+  EXPECT_EQ(msg.substr(0, msg.find('\n')), file.string() + ":3:14: lr_schedule.tokenizer: unknown tokenizer 'bpe'");
+}
+
+TEST_F(ValidateTest, MissingTypeIsExplained) {
+  EXPECT_EQ(error("lr_schedule:\n  scale: 0.1\n"),
+            file.string() + ":2:3: lr_schedule: missing `type`: which lr_schedule to use (for example `lr_schedule: {type: NAME, ...}`)");
+}
+
+TEST_F(ValidateTest, RequiredOptionsMustBeGiven) {
+  OptionSchema s;
+  s.integer("steps", 0, "Total steps.").required();
+  const Value node = config::load_string("other: 1\n", "r.yaml");
+  try {
+    config::validate(s, config::load_string("{}\n", "r.yaml"), "trainer", registry);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "r.yaml:1:1: trainer: missing required option 'steps' (an integer): Total steps.");
+  }
+}
+
+TEST_F(ValidateTest, CreateGivesTheComponentItsOptions) {
+  const Value root = config::load_string("lr_schedule:\n  type: flat\n  scale: 0.25\n", "c.yaml");
+  auto schedule = registry.create<LrSchedule>(ComponentRef{"lr_schedule", "", *root.find("lr_schedule"), "lr_schedule"});
+  EXPECT_DOUBLE_EQ(schedule->learning_rate(0, 10, 2.0), 0.5);
+}
+
+TEST(RegistryAdd, UnknownKindAndBadNamesAreRejected) {
+  Registry r;
+  auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
+  try {
+    r.add({{"optimiser", {"x", "", "", {}}, factory, "a.so", nullptr}});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "component 'x' has unknown kind 'optimiser'; did you mean 'optimizer'?");
+  }
+  EXPECT_THROW(r.add({{"optimizer", {"Bad Name", "", "", {}}, factory, "a.so", nullptr}}), UserError);
+  EXPECT_TRUE(r.list("optimizer").empty());
+}
+
+TEST(RegistryAdd, AFailedBatchAddsNothing) {
+  Registry r;
+  auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
+  r.add({{"optimizer", {"taken", "", "", {}}, factory, "first.so", nullptr}});
+  try {
+    r.add({{"optimizer", {"fresh", "", "", {}}, factory, "second.so", nullptr},
+           {"optimizer", {"taken", "", "", {}}, factory, "second.so", nullptr}});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer/taken is already provided by first.so; second.so claims it too"),
+              std::string::npos);
+  }
+  EXPECT_EQ(r.find("optimizer", "fresh"), nullptr);
+}
+
+}  // namespace
+}  // namespace loom
