@@ -68,16 +68,16 @@ Value validate_scalar(OptionType type, const Value& v, const std::string& path, 
       } else {
         invalid(v, path, spec);
       }
+      check_range(v, static_cast<double>(i), path, spec);
       Value out(i);
       out.set_location(v.location());
-      check_range(out, static_cast<double>(i), path, spec);
       return out;
     }
     case OptionType::number: {
       if (!v.is_number()) invalid(v, path, spec);
+      check_range(v, v.as_double(), path, spec);
       Value out(v.as_double());
       out.set_location(v.location());
-      check_range(out, v.as_double(), path, spec);
       return out;
     }
     case OptionType::string:

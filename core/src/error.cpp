@@ -19,20 +19,23 @@ void Error::rebuild() {
 }
 
 namespace {
+// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+// adjacent characters ("gtp2" is one edit from "gpt2"), ignoring case.
 std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  auto same = [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+  };
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t up = row[j];
-      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) == std::tolower(static_cast<unsigned char>(b[j - 1]));
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
-      diag = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+      if (i > 1 && j > 1 && same(a[i - 1], b[j - 2]) && same(a[i - 2], b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 }  // namespace
 
@@ -41,14 +44,13 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   std::size_t best_distance = static_cast<std::size_t>(-1);
   for (const auto& c : candidates) {
     std::size_t d = edit_distance(word, c);
-    // A prefix or containment is a plausible typo too ("lr" for "learning_rate" is not).
     if (d < best_distance) {
       best_distance = d;
       best = c;
     }
   }
   if (best.empty()) return "";
-  // Close enough: at most a third of the longer word, and at least one character in common.
+  // Close enough to be a typo: at most a third of the longer word's length.
   const std::size_t limit = std::max<std::size_t>(1, std::max(word.size(), best.size()) / 3);
   return best_distance <= limit ? best : "";
 }

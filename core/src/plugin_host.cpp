@@ -40,7 +40,7 @@ class CollectingRegistrar final : public Registrar {
 
   void add_component(std::string_view kind, ComponentDecl decl, ComponentFactory factory) override {
     if (!factory) throw UserError("component '" + decl.name + "' was registered without a factory");
-    entries_.push_back(ComponentEntry{std::string(kind), std::move(decl), std::move(factory), file_, library_});
+    entries_.push_back(ComponentEntry{library_, std::string(kind), std::move(decl), std::move(factory), file_});
   }
 
   std::vector<ComponentEntry> take() { return std::move(entries_); }
@@ -71,10 +71,10 @@ std::vector<PluginSearchPath> PluginHost::default_search_path(const std::vector<
       start = end + 1;
     }
   }
-  boost::system::error_code ec;
+  std::error_code ec;
   const auto exe = boost::dll::program_location(ec);
   if (!ec)
-    search.push_back({(fs::path(exe.parent_path().string()) / ".." / "lib" / "loom" / "plugins").lexically_normal(),
+    search.push_back({(exe.parent_path() / ".." / "lib" / "loom" / "plugins").lexically_normal(),
                       "next to the executable"});
   search.push_back({fs::path(LOOM_INSTALL_PLUGIN_DIR), "install directory"});
   return search;
@@ -132,8 +132,8 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     if (std::string why = check_abi(abi); !why.empty()) throw UserError(why);
 
     // 2. Load it. RTLD_NOW: an unresolved symbol fails here, not in the middle of a run.
-    boost::dll::fs::error_code ec;
-    boost::dll::shared_library library(boost::dll::fs::path(file.string()),
+    std::error_code ec;
+    boost::dll::shared_library library(file,
                                        boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
     if (ec || !library.is_loaded()) {
       const char* why = dlerror();

@@ -148,7 +148,7 @@ TEST(Cli, MissingConfigFileAndBadOverrideExitTwo) {
 TEST(Cli, ConfigSchemaPrintsDeclaredOptions) {
   auto r = loom({"config", "schema", "lr_schedule/test_scaled", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("scale  a number in [0, 1]; default 0.5\n      Factor applied after the hold."), std::string::npos)
+  EXPECT_NE(r.out.find("scale  a number in [0, 1]; default 0.1\n      Factor applied after the hold."), std::string::npos)
       << r.out;
   r = loom({"config", "schema", "--json", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;

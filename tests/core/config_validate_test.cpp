@@ -44,17 +44,17 @@ class ValidateTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::vector<ComponentEntry> entries;
-    entries.push_back({"lr_schedule", {"flat", "flat schedule", "1", schedule_options()},
+    entries.push_back({nullptr, "lr_schedule", {"flat", "flat schedule", "1", schedule_options()},
                        [](const Options& o, const CreateContext&) -> std::unique_ptr<Component> {
                          return std::make_unique<Flat>(o);
                        },
-                       "<test>", nullptr});
+                       "<test>"});
     OptionSchema none;
-    entries.push_back({"tokenizer", {"chars", "chars", "1", none},
+    entries.push_back({nullptr, "tokenizer", {"chars", "chars", "1", none},
                        [](const Options&, const CreateContext&) -> std::unique_ptr<Component> {
                          return std::make_unique<Chars>();
                        },
-                       "<test>", nullptr});
+                       "<test>"});
     registry.add(std::move(entries));
   }
 
@@ -72,6 +72,12 @@ class ValidateTest : public ::testing::Test {
       return e.what();
     }
     return "(no error)";
+  }
+
+  // The error for `yaml` must be the file's path followed by `suffix`.
+  void expect_error(const std::string& yaml, const std::string& suffix) {
+    const std::string msg = error(yaml);
+    EXPECT_EQ(msg, file.string() + suffix);
   }
 
   Registry registry;
@@ -111,36 +117,27 @@ TEST_F(ValidateTest, UnknownKeyNamesFileLineClosestKeyAndTheOptions) {
 }
 
 TEST_F(ValidateTest, WrongTypeSaysWhatWasExpected) {
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: soon\n"),
-            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got \"soon\"");
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  verbose: 1\n"),
-            file.string() + ":3:12: lr_schedule.verbose: expected a boolean (true or false), got 1");
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: 2.5\n"),
-            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got 2.5");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: soon\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got \"soon\"");
+  expect_error("lr_schedule:\n  type: flat\n  verbose: 1\n", ":3:12: lr_schedule.verbose: expected a boolean (true or false), got 1");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: 2.5\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got 2.5");
 }
 
 TEST_F(ValidateTest, OutOfRangeValuesAreRejected) {
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  scale: 1.5\n"),
-            file.string() + ":3:10: lr_schedule.scale: expected a number in [0, 1], got 1.5 (out of range)");
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  warmup: -1\n"),
-            file.string() + ":3:11: lr_schedule.warmup: expected an integer >= 0, got -1 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  scale: 1.5\n", ":3:10: lr_schedule.scale: expected a number in [0, 1], got 1.5 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: -1\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got -1 (out of range)");
 }
 
 TEST_F(ValidateTest, ChoicesSuggestTheClosest) {
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  mode: cosin\n"),
-            file.string() + ":3:9: lr_schedule.mode: expected a string, one of linear, cosine, got \"cosin\" (did you mean 'cosine'?)");
+  expect_error("lr_schedule:\n  type: flat\n  mode: cosin\n", ":3:9: lr_schedule.mode: expected a string, one of linear, cosine, got \"cosin\" (did you mean 'cosine'?)");
 }
 
 TEST_F(ValidateTest, ListsCheckLengthAndEachElement) {
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  betas: [0.9]\n"),
-            file.string() + ":3:10: lr_schedule.betas: expected a list of 2 numbers in (0, 1), got [0.9] (wrong length)");
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  betas: [0.9, 1.0]\n"),
-            file.string() + ":3:16: lr_schedule.betas[1]: expected a list of 2 numbers in (0, 1), got 1.0 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9]\n", ":3:10: lr_schedule.betas: expected a list of 2 numbers in (0, 1), got [0.9] (wrong length)");
+  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9, 1.0]\n", ":3:16: lr_schedule.betas[1]: expected a list of 2 numbers in (0, 1), got 1.0 (out of range)");
 }
 
 TEST_F(ValidateTest, NestedObjectsAreValidatedWithTheirPath) {
-  EXPECT_EQ(error("lr_schedule:\n  type: flat\n  restart:\n    every: 0\n"),
-            file.string() + ":4:12: lr_schedule.restart.every: expected an integer >= 1, got 0 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  restart:\n    every: 0\n", ":4:12: lr_schedule.restart.every: expected an integer >= 1, got 0 (out of range)");
   const std::string msg = error("lr_schedule:\n  type: flat\n  restart:\n    evry: 3\n");
   EXPECT_EQ(msg.substr(0, msg.find('\n')),
             file.string() + ":4:11: lr_schedule.restart.evry: unknown option of lr_schedule.restart; did you mean 'every'?");
@@ -166,8 +163,7 @@ TEST_F(ValidateTest, UnknownNestedComponentIsReportedAtItsPath) {
 }
 
 TEST_F(ValidateTest, MissingTypeIsExplained) {
-  EXPECT_EQ(error("lr_schedule:\n  scale: 0.1\n"),
-            file.string() + ":2:3: lr_schedule: missing `type`: which lr_schedule to use (for example `lr_schedule: {type: NAME, ...}`)");
+  expect_error("lr_schedule:\n  scale: 0.1\n", ":2:3: lr_schedule: missing `type`: which lr_schedule to use (for example `lr_schedule: {type: NAME, ...}`)");
 }
 
 TEST_F(ValidateTest, RequiredOptionsMustBeGiven) {
@@ -192,22 +188,22 @@ TEST(RegistryAdd, UnknownKindAndBadNamesAreRejected) {
   Registry r;
   auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
   try {
-    r.add({{"optimiser", {"x", "", "", {}}, factory, "a.so", nullptr}});
+    r.add({{nullptr, "optimiser", {"x", "", "", {}}, factory, "a.so"}});
     FAIL();
   } catch (const UserError& e) {
     EXPECT_EQ(std::string(e.what()), "component 'x' has unknown kind 'optimiser'; did you mean 'optimizer'?");
   }
-  EXPECT_THROW(r.add({{"optimizer", {"Bad Name", "", "", {}}, factory, "a.so", nullptr}}), UserError);
+  EXPECT_THROW(r.add({{nullptr, "optimizer", {"Bad Name", "", "", {}}, factory, "a.so"}}), UserError);
   EXPECT_TRUE(r.list("optimizer").empty());
 }
 
 TEST(RegistryAdd, AFailedBatchAddsNothing) {
   Registry r;
   auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
-  r.add({{"optimizer", {"taken", "", "", {}}, factory, "first.so", nullptr}});
+  r.add({{nullptr, "optimizer", {"taken", "", "", {}}, factory, "first.so"}});
   try {
-    r.add({{"optimizer", {"fresh", "", "", {}}, factory, "second.so", nullptr},
-           {"optimizer", {"taken", "", "", {}}, factory, "second.so", nullptr}});
+    r.add({{nullptr, "optimizer", {"fresh", "", "", {}}, factory, "second.so"},
+           {nullptr, "optimizer", {"taken", "", "", {}}, factory, "second.so"}});
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer/taken is already provided by first.so; second.so claims it too"),

@@ -17,6 +17,10 @@
 //   LOOM_PLUGIN(register_components)
 #pragma once
 
+// Boost.DLL on std::filesystem, so that a plugin pulls in (and exports) nothing of Boost.System.
+#ifndef BOOST_DLL_USE_STD_FS
+#define BOOST_DLL_USE_STD_FS
+#endif
 #include <boost/dll/alias.hpp>
 #include <cstdint>
 #include <cstring>

@@ -17,11 +17,12 @@ namespace loom {
 class LoadedLibrary;
 
 struct ComponentEntry {
+  // First, so it is destroyed last: `factory` and `decl` may hold code and data of the library.
+  std::shared_ptr<LoadedLibrary> library;
   std::string kind;
   ComponentDecl decl;
   ComponentFactory factory;
   std::string plugin_file;  // canonical path, or "<built-in>" for in-process registrations
-  std::shared_ptr<LoadedLibrary> library;
 };
 
 class Registry final : public config::ComponentCatalog {

@@ -1,0 +1,146 @@
+// The caching tensor allocator (allocator.hpp): size classes, intrusive free lists, no memory
+// returned to the system until allocator_release_cached().
+#include "loom/allocator.hpp"
+
+#include <sys/mman.h>
+
+#include <bit>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+#include "numerics/allocator_impl.hpp"
+
+namespace loom {
+namespace detail {
+
+namespace {
+
+constexpr std::size_t small_alignment = 64;               // a cache line; AVX-512 loads
+constexpr std::size_t huge_alignment = 2u << 20;          // a transparent huge page
+constexpr std::size_t huge_threshold = 4u << 20;          // blocks this large get huge pages
+constexpr std::size_t classes_per_octave_log2 = 5;        // 32 classes per power of two
+
+struct Block final : StorageHeader {
+  std::size_t size_class = 0;
+  Block* next_free = nullptr;
+};
+
+// The smallest class >= bytes: multiples of 64 bytes up to 2 KiB, then 32 classes per power of
+// two (at most 1/32 above the request).
+std::size_t size_class(std::size_t bytes) {
+  if (bytes <= small_alignment) return small_alignment;
+  const unsigned width = std::bit_width(bytes - 1);  // bytes <= 2^width
+  std::size_t granularity = (std::size_t{1} << width) >> classes_per_octave_log2;
+  if (granularity < small_alignment) granularity = small_alignment;
+  return (bytes + granularity - 1) / granularity * granularity;
+}
+
+class CachingAllocator {
+ public:
+  Block* allocate(std::size_t bytes) {
+    const std::size_t cls = size_class(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.requests;
+      if (auto it = free_.find(cls); it != free_.end() && it->second) {
+        Block* b = it->second;
+        it->second = b->next_free;
+        b->next_free = nullptr;
+        ++stats_.cache_hits;
+        stats_.bytes_cached -= cls;
+        note_in_use(cls);
+        b->refs.store(1, std::memory_order_relaxed);
+        return b;
+      }
+      ++stats_.system_allocations;
+      note_in_use(cls);
+    }
+    // The system allocation happens outside the lock.
+    const bool huge = cls >= huge_threshold;
+    const std::size_t alignment = huge ? huge_alignment : small_alignment;
+    const std::size_t rounded = (cls + alignment - 1) / alignment * alignment;
+    void* data = std::aligned_alloc(alignment, rounded);
+    if (!data) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.bytes_in_use -= cls;
+      throw std::bad_alloc();
+    }
+    if (huge) ::madvise(data, rounded, MADV_HUGEPAGE);
+    auto* b = new Block;
+    b->data = static_cast<std::byte*>(data);
+    b->bytes = cls;
+    b->size_class = cls;
+    b->refs.store(1, std::memory_order_relaxed);
+    return b;
+  }
+
+  void release(Block* b) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.releases;
+    stats_.bytes_in_use -= b->size_class;
+    stats_.bytes_cached += b->size_class;
+    // operator[] may allocate a bucket, but only the first time a class is ever released.
+    Block*& head = free_[b->size_class];
+    b->next_free = head;
+    head = b;
+  }
+
+  void release_cached() {
+    std::unordered_map<std::size_t, Block*> victims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      victims.swap(free_);
+      stats_.bytes_cached = 0;
+    }
+    for (auto& [cls, head] : victims) {
+      while (head) {
+        Block* next = head->next_free;
+        std::free(head->data);
+        delete head;
+        head = next;
+      }
+    }
+  }
+
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
+ private:
+  void note_in_use(std::size_t cls) {
+    stats_.bytes_in_use += cls;
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<std::size_t, Block*> free_;
+  AllocatorStats stats_;
+};
+
+// Never destroyed: tensors in static storage may be released after main returns.
+CachingAllocator& allocator() {
+  static auto* instance = new CachingAllocator;
+  return *instance;
+}
+
+}  // namespace
+
+StorageHeader* allocate_storage(std::size_t bytes) { return allocator().allocate(bytes); }
+
+void release_storage(StorageHeader* storage) noexcept { allocator().release(static_cast<Block*>(storage)); }
+
+}  // namespace detail
+
+AllocatorStats allocator_stats() { return detail::allocator().stats(); }
+void allocator_release_cached() { detail::allocator().release_cached(); }
+void allocator_reset_peak() { detail::allocator().reset_peak(); }
+
+}  // namespace loom

@@ -1,0 +1,256 @@
+// The tape: recording, the backward driver and the gradient plumbing nodes use.
+#include "numerics/tape.hpp"
+
+#include <algorithm>
+#include <atomic>
+
+#include "loom/error.hpp"
+#include "numerics/strided.hpp"
+
+namespace loom {
+namespace detail {
+
+namespace {
+
+// Every tape (and every clear of one) gets a fresh epoch, so a tensor recorded before a clear
+// can be told apart from a live one.
+std::uint32_t next_epoch() {
+  static std::atomic<std::uint32_t> counter{0};
+  std::uint32_t e = counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (e == 0) e = counter.fetch_add(1, std::memory_order_relaxed) + 1;  // 2^32 clears later
+  return e;
+}
+
+constexpr std::uint64_t index_mask = 0xffffffffull;
+
+// dst (+)= alpha * src for two tensors of one shape, any strides.
+void add_strided(Backend& backend, const Tensor& src, const Tensor& dst, float alpha, bool accumulate) {
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    backend.scale(s, alpha, d, src.numel(), accumulate);
+    return;
+  }
+  const std::int64_t ss = src.rank() ? src.stride(-1) : 1;
+  const std::int64_t ds = dst.rank() ? dst.stride(-1) : 1;
+  for_each_row_pair(src.shape(), src.strides(), dst.strides(), [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
+    if (ss == 1 && ds == 1) {
+      backend.scale(s + so, alpha, d + dof, len, accumulate);
+    } else {
+      for (std::int64_t i = 0; i < len; ++i) {
+        const float v = alpha * s[so + i * ss];
+        float& out = d[dof + i * ds];
+        out = accumulate ? out + v : v;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// ---- Arena
+
+void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
+  while (current_ < chunks_.size()) {
+    Chunk& c = chunks_[current_];
+    const auto base = reinterpret_cast<std::uintptr_t>(c.data.get());
+    const std::size_t start = ((base + used_ + alignment - 1) & ~(alignment - 1)) - base;
+    if (start + bytes <= c.size) {
+      used_ = start + bytes;
+      return c.data.get() + start;
+    }
+    ++current_;
+    used_ = 0;
+  }
+  const std::size_t size = std::max(chunk_bytes, bytes + alignment);
+  chunks_.push_back({std::unique_ptr<std::byte[]>(new std::byte[size]), size});
+  current_ = chunks_.size() - 1;
+  used_ = 0;
+  return allocate(bytes, alignment);
+}
+
+void Arena::reset() {
+  current_ = 0;
+  used_ = 0;
+}
+
+// ---- TapeState
+
+TapeState::TapeState() : epoch_(next_epoch()) { vars_.emplace_back(); }
+
+TapeState::~TapeState() { clear(); }
+
+bool TapeState::requires_grad(const Tensor& t, const char* op) const {
+  if (Parameter* p = TensorAccess::param(t)) return p->requires_grad();
+  const std::uint64_t v = TensorAccess::var(t);
+  if (v == 0) return false;
+  if ((v >> 32) != epoch_ || (v & index_mask) >= vars_.size())
+    throw InternalError(std::string(op) +
+                        ": an input was recorded on another tape, or on this one before it was cleared; "
+                        "detach() it or recompute it in this step");
+  return true;
+}
+
+GradTarget TapeState::target(const Tensor& t) const {
+  GradTarget g;
+  std::int64_t base_offset = 0, base_numel = 0;
+  if (Parameter* p = TensorAccess::param(t)) {
+    if (!p->requires_grad()) return g;
+    g.param = p;
+    base_offset = TensorAccess::param_value(*p).offset();
+    base_numel = TensorAccess::param_value(*p).numel();
+  } else if (const std::uint64_t v = TensorAccess::var(t); v != 0 && (v >> 32) == epoch_) {
+    g.var = static_cast<std::uint32_t>(v & index_mask);
+    base_offset = vars_[g.var].base_offset;
+    base_numel = vars_[g.var].shape.numel();
+  } else {
+    return g;
+  }
+  g.offset = t.offset() - base_offset;
+  g.shape = t.shape();
+  g.strides = t.strides();
+  g.covers_base = g.offset == 0 && t.numel() == base_numel && t.is_contiguous();
+  return g;
+}
+
+void TapeState::add_output(Node& node, Tensor& out) {
+  const auto index = static_cast<std::uint32_t>(vars_.size());
+  Variable& v = vars_.emplace_back();
+  v.shape = out.shape();
+  v.base_offset = out.offset();
+  TensorAccess::set_param(out, nullptr);
+  TensorAccess::set_var(out, (std::uint64_t{epoch_} << 32) | index);
+  ++node.num_outputs;
+}
+
+void TapeState::backward(const Tensor& root, const Tensor* seed, float scalar_seed) {
+  if (!root.defined()) throw InternalError("backward: undefined root tensor");
+  if (TensorAccess::var(root) == 0)
+    throw InternalError("backward: " + root.str() +
+                        " was not recorded (no input required a gradient, or recording was off)");
+  requires_grad(root, "backward");
+  Tensor g;
+  if (seed) {
+    if (!(seed->shape() == root.shape()) || seed->dtype() != DType::f32)
+      throw InternalError("backward: seed " + seed->str() + " does not match root " + root.str());
+    g = seed->clone();
+  } else {
+    if (root.numel() != 1)
+      throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
+    g = Tensor::full(root.shape(), scalar_seed);
+  }
+  const GradTarget rt = target(root);
+  Variable& rv = vars_[rt.var];
+  if (rt.covers_base) {
+    rv.grad = g.view(rv.shape);
+  } else {
+    rv.grad = Tensor::zeros(rv.shape);
+    TensorAccess::view_of(rv.grad, rv.grad.offset() + rt.offset, rt.shape, rt.strides).copy_from(g);
+  }
+  try {
+    for (std::size_t i = nodes_.size(); i-- > 0;) {
+      Node* node = nodes_[i];
+      bool reached = false;
+      for (std::uint32_t o = 0; o < node->num_outputs; ++o) reached |= vars_[node->first_output + o].grad.defined();
+      if (reached) {
+        BackwardPass pass(*this, *node->backend);
+        node->backward(pass);
+      }
+      for (std::uint32_t o = 0; o < node->num_outputs; ++o) vars_[node->first_output + o].grad.reset();
+      nodes_[i] = nullptr;
+      node->~Node();
+    }
+  } catch (...) {
+    clear();
+    throw;
+  }
+  clear();
+}
+
+void TapeState::clear() {
+  for (std::size_t i = nodes_.size(); i-- > 0;)
+    if (nodes_[i]) nodes_[i]->~Node();
+  nodes_.clear();
+  vars_.clear();
+  vars_.emplace_back();
+  arena_.reset();
+  epoch_ = next_epoch();
+}
+
+TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inputs, const char* op) {
+  if (!tape) return nullptr;
+  TapeState& state = tape->state();
+  if (!state.enabled) return nullptr;
+  bool any = false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined()) any |= state.requires_grad(*t, op);
+  return any ? &state : nullptr;
+}
+
+// ---- BackwardPass
+
+const Tensor& BackwardPass::output_grad(const Node& node, int i) const {
+  return state_.variables()[node.first_output + static_cast<std::uint32_t>(i)].grad;
+}
+
+Tensor BackwardPass::take_output_grad(const Node& node, int i) {
+  return std::move(state_.variables()[node.first_output + static_cast<std::uint32_t>(i)].grad);
+}
+
+BackwardPass::Buffer BackwardPass::grad(const GradTarget& t) {
+  Tensor* base;
+  bool fresh;
+  if (t.param) {
+    Tensor& g = TensorAccess::param_grad(*t.param);
+    bool& has = TensorAccess::param_has_grad(*t.param);
+    if (!g.defined()) g = Tensor::empty(t.param->shape());
+    fresh = !has;
+    has = true;
+    base = &g;
+  } else {
+    Variable& v = state_.variables()[t.var];
+    fresh = !v.grad.defined();
+    if (fresh) v.grad = Tensor::empty(v.shape);
+    base = &v.grad;
+  }
+  if (fresh && !t.covers_base) {
+    backend_.fill(base->data<float>(), 0.0f, base->numel());
+    fresh = false;
+  }
+  return {TensorAccess::view_of(*base, base->offset() + t.offset, t.shape, t.strides), !fresh};
+}
+
+void BackwardPass::accumulate(const GradTarget& target, const Tensor& g, float alpha) {
+  if (!target.active() || !g.defined()) return;
+  Buffer b = grad(target);
+  add_strided(backend_, g, b.tensor, alpha, b.accumulate);
+}
+
+void BackwardPass::give(const GradTarget& target, Tensor&& g) {
+  if (!target.active() || !g.defined()) return;
+  if (target.var && target.covers_base && g.is_contiguous() && g.dtype() == DType::f32) {
+    Variable& v = state_.variables()[target.var];
+    if (!v.grad.defined() && g.numel() == v.shape.numel()) {
+      v.grad = g.detach().view(v.shape);
+      g.reset();
+      return;
+    }
+  }
+  accumulate(target, g);
+  g.reset();
+}
+
+}  // namespace detail
+
+// ---- Tape
+
+Tape::Tape() : state_(std::make_unique<detail::TapeState>()) {}
+Tape::~Tape() = default;
+bool Tape::recording() const { return state_->enabled; }
+void Tape::set_enabled(bool enabled) { state_->enabled = enabled; }
+void Tape::backward(const Tensor& root, float grad) { state_->backward(root, nullptr, grad); }
+void Tape::backward(const Tensor& root, const Tensor& seed) { state_->backward(root, &seed, 0.0f); }
+void Tape::clear() { state_->clear(); }
+std::size_t Tape::size() const { return state_->size(); }
+
+}  // namespace loom

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Installs the Debian 12 packages loom builds, tests and runs with. Run as root or with sudo.
+set -e
+packages="
+  build-essential cmake ninja-build git pkg-config clang-format
+  libboost-dev libboost-filesystem-dev libboost-program-options-dev
+  libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev
+  libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+"
+if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends $missing
+fi

@@ -1,0 +1,89 @@
+# Installs loom from the build tree into a fresh prefix, builds sdk/examples/exponential-decay
+# against that installed tree (find_package(Loom), never the build tree), and checks that the
+# installed `loom` lists the plugin and validates a config that selects it.
+#
+#   cmake -DLOOM_BUILD_DIR=... -DLOOM_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -P out_of_tree_plugin.cmake
+cmake_minimum_required(VERSION 3.25)
+
+function(run)
+  cmake_parse_arguments(ARG "" "EXPECT;OUTPUT_VARIABLE" "COMMAND;ENV" ${ARGN})
+  if(NOT DEFINED ARG_EXPECT)
+    set(ARG_EXPECT 0)
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env ${ARG_ENV} ${ARG_COMMAND}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL ARG_EXPECT)
+    message(FATAL_ERROR "`${ARG_COMMAND}` exited ${rc}, expected ${ARG_EXPECT}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  if(ARG_OUTPUT_VARIABLE)
+    set(${ARG_OUTPUT_VARIABLE} "${out}${err}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+function(expect_contains text needle what)
+  string(FIND "${text}" "${needle}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${what}: expected to find\n  ${needle}\nin\n${text}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+set(example_build ${WORK_DIR}/example-build)
+
+# 1. Install.
+run(COMMAND ${CMAKE_COMMAND} --install ${LOOM_BUILD_DIR} --prefix ${prefix})
+foreach(f bin/loom lib/libloom_core.so include/loom/plugin.hpp include/loom/version.hpp
+          lib/cmake/Loom/LoomConfig.cmake lib/cmake/Loom/LoomTargets.cmake lib/cmake/Loom/LoomPlugin.cmake)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "install is missing ${f}")
+  endif()
+endforeach()
+
+# 2. Configure and build the example against the installed tree only.
+run(COMMAND ${CMAKE_COMMAND} -S ${LOOM_SOURCE_DIR}/sdk/examples/exponential-decay -B ${example_build}
+    -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+    OUTPUT_VARIABLE configure_log)
+file(READ ${example_build}/CMakeCache.txt cache)
+expect_contains("${cache}" "Loom_DIR:PATH=${prefix}/lib/cmake/Loom" "the example must find the installed Loom")
+run(COMMAND ${CMAKE_COMMAND} --build ${example_build})
+set(plugin ${example_build}/libloom-lr_schedule-exponential.so)
+if(NOT EXISTS ${plugin})
+  message(FATAL_ERROR "the example did not produce ${plugin}")
+endif()
+
+# 3. Its only exported symbols are the two entry points.
+find_program(NM nm)
+if(NM)
+  run(COMMAND ${NM} -D --defined-only ${plugin} OUTPUT_VARIABLE symbols)
+  string(REGEX MATCHALL "[^\n]+" lines "${symbols}")
+  foreach(line ${lines})
+    if(line MATCHES " [TDBRVWu] " AND NOT line MATCHES "loom_plugin_(abi|register)$")
+      message(FATAL_ERROR "the plugin exports more than its entry points:\n${symbols}")
+    endif()
+  endforeach()
+  expect_contains("${symbols}" "loom_plugin_abi" "exported symbols")
+  expect_contains("${symbols}" "loom_plugin_register" "exported symbols")
+endif()
+
+# 4. The installed loom lists it, found through LOOM_PLUGIN_PATH.
+set(env LOOM_PLUGIN_PATH=${example_build})
+run(COMMAND ${prefix}/bin/loom plugins ENV ${env} OUTPUT_VARIABLE listing)
+expect_contains("${listing}" "exponential" "loom plugins")
+expect_contains("${listing}" "1.0.0" "loom plugins")
+expect_contains("${listing}" "${plugin}" "loom plugins")
+
+# 5. A config selecting it validates its options, defaults filled in.
+run(COMMAND ${prefix}/bin/loom config show ${LOOM_SOURCE_DIR}/sdk/examples/exponential-decay/example.yaml
+    ENV ${env} OUTPUT_VARIABLE shown)
+expect_contains("${shown}" "type: exponential\n  decay_rate: 0.9\n  decay_steps: 500\n  staircase: false" "config show")
+
+# ...and an invalid option is refused with the option named, exit status 2.
+run(COMMAND ${prefix}/bin/loom config show ${LOOM_SOURCE_DIR}/sdk/examples/exponential-decay/example.yaml
+    lr_schedule.decay_rate=1.5 ENV ${env} EXPECT 2 OUTPUT_VARIABLE refused)
+expect_contains("${refused}" "lr_schedule.decay_rate: expected a number in (0, 1], got 1.5 (out of range)" "range check")
+run(COMMAND ${prefix}/bin/loom config show ${LOOM_SOURCE_DIR}/sdk/examples/exponential-decay/example.yaml
+    lr_schedule.decay_step=3 ENV ${env} EXPECT 2 OUTPUT_VARIABLE refused)
+expect_contains("${refused}" "did you mean 'decay_steps'?" "unknown option")
+
+message(STATUS "out-of-tree plugin built against ${prefix} and loaded by the installed loom")
