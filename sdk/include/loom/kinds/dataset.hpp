@@ -1,19 +1,57 @@
 // The `dataset` kind: batches of token sequences, indexed by step.
 //
-// The interface grows with the tensor and autograd layer; today it fixes the kind's name and
-// its place in the registry.
+// A dataset is deterministic: batch(split, index) depends only on its options, the setup (seed,
+// shapes, tokenizer) and the arguments, so a resumed run sees exactly the batches it would have
+// seen, and batches can be prepared ahead on another thread.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "loom/component.hpp"
+#include "loom/kinds/tokenizer.hpp"
 
 namespace loom {
+
+enum class Split { train, validation };
+
+// One batch of `batch_size` rows of `seq_len` tokens, row-major.
+struct Batch {
+  std::int64_t batch_size = 0;
+  std::int64_t seq_len = 0;
+  std::vector<std::int32_t> inputs;       // batch_size * seq_len token ids
+  std::vector<std::int32_t> targets;      // the next token of each input; -1 means "no loss here"
+  std::vector<std::int32_t> segment_ids;  // per row, which packed document a token belongs to;
+                                          // attention never crosses segments
+};
+
+// What the trainer tells a dataset before asking for batches.
+struct DatasetSetup {
+  Handle<Tokenizer> tokenizer;  // shared with the trainer; the dataset may fit() it
+  std::int64_t seq_len = 0;
+  std::int64_t batch_size = 0;
+  std::uint64_t seed = 0;       // the data-order stream's seed
+  std::int64_t vocab_size = 0;  // the model's; every id must be below it (0: unchecked)
+};
 
 class Dataset : public Component {
  public:
   static constexpr std::string_view kind = "dataset";
   ~Dataset() override;
+
+  // Reads, tokenizes and indexes the data. Called once, on the main thread, before any batch.
+  // Bad data is a UserError naming the file: missing, empty, shorter than one sequence, a token
+  // id outside the vocabulary, a truncated shard.
+  virtual void prepare(const DatasetSetup& setup) = 0;
+
+  // Fills `out` with batch number `index` of `split` (any index >= 0: the data repeats, in a
+  // new order each epoch). Deterministic. May be called concurrently from a prefetch thread;
+  // reuses `out`'s buffers.
+  virtual void batch(Split split, std::int64_t index, Batch& out) const = 0;
+
+  // Tokens in a split (0 if the dataset has none of that split).
+  virtual std::int64_t num_tokens(Split split) const = 0;
 };
 
 }  // namespace loom
