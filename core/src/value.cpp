@@ -10,7 +10,14 @@ namespace loom {
 std::string SourceLocation::str() const {
   if (file.empty()) return "";
   if (line <= 0) return file;
-  return file + ":" + std::to_string(line) + (column > 0 ? ":" + std::to_string(column) : "");
+  std::string out = file;
+  out += ':';
+  out += std::to_string(line);
+  if (column > 0) {
+    out += ':';
+    out += std::to_string(column);
+  }
+  return out;
 }
 
 std::string_view Value::type_name(Type t) {
