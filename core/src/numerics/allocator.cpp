@@ -17,10 +17,10 @@ namespace detail {
 
 namespace {
 
-constexpr std::size_t small_alignment = 64;               // a cache line; AVX-512 loads
-constexpr std::size_t huge_alignment = 2u << 20;          // a transparent huge page
-constexpr std::size_t huge_threshold = 4u << 20;          // blocks this large get huge pages
-constexpr std::size_t classes_per_octave_log2 = 5;        // 32 classes per power of two
+constexpr std::size_t small_alignment = 64;         // a cache line; AVX-512 loads
+constexpr std::size_t huge_alignment = 2u << 20;    // a transparent huge page
+constexpr std::size_t huge_threshold = 4u << 20;    // blocks this large get huge pages
+constexpr std::size_t classes_per_octave_log2 = 5;  // 32 classes per power of two
 
 struct Block final : StorageHeader {
   std::size_t size_class = 0;
@@ -133,14 +133,24 @@ CachingAllocator& allocator() {
 
 }  // namespace
 
-StorageHeader* allocate_storage(std::size_t bytes) { return allocator().allocate(bytes); }
+StorageHeader* allocate_storage(std::size_t bytes) {
+  return allocator().allocate(bytes);
+}
 
-void release_storage(StorageHeader* storage) noexcept { allocator().release(static_cast<Block*>(storage)); }
+void release_storage(StorageHeader* storage) noexcept {
+  allocator().release(static_cast<Block*>(storage));
+}
 
 }  // namespace detail
 
-AllocatorStats allocator_stats() { return detail::allocator().stats(); }
-void allocator_release_cached() { detail::allocator().release_cached(); }
-void allocator_reset_peak() { detail::allocator().reset_peak(); }
+AllocatorStats allocator_stats() {
+  return detail::allocator().stats();
+}
+void allocator_release_cached() {
+  detail::allocator().release_cached();
+}
+void allocator_reset_peak() {
+  detail::allocator().reset_peak();
+}
 
 }  // namespace loom

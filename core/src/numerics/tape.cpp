@@ -33,17 +33,18 @@ void add_strided(Backend& backend, const Tensor& src, const Tensor& dst, float a
   }
   const std::int64_t ss = src.rank() ? src.stride(-1) : 1;
   const std::int64_t ds = dst.rank() ? dst.stride(-1) : 1;
-  for_each_row_pair(src.shape(), src.strides(), dst.strides(), [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
-    if (ss == 1 && ds == 1) {
-      backend.scale(s + so, alpha, d + dof, len, accumulate);
-    } else {
-      for (std::int64_t i = 0; i < len; ++i) {
-        const float v = alpha * s[so + i * ss];
-        float& out = d[dof + i * ds];
-        out = accumulate ? out + v : v;
-      }
-    }
-  });
+  for_each_row_pair(src.shape(), src.strides(), dst.strides(),
+                    [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
+                      if (ss == 1 && ds == 1) {
+                        backend.scale(s + so, alpha, d + dof, len, accumulate);
+                      } else {
+                        for (std::int64_t i = 0; i < len; ++i) {
+                          const float v = alpha * s[so + i * ss];
+                          float& out = d[dof + i * ds];
+                          out = accumulate ? out + v : v;
+                        }
+                      }
+                    });
 }
 
 }  // namespace
@@ -76,9 +77,13 @@ void Arena::reset() {
 
 // ---- TapeState
 
-TapeState::TapeState() : epoch_(next_epoch()) { vars_.emplace_back(); }
+TapeState::TapeState() : epoch_(next_epoch()) {
+  vars_.emplace_back();
+}
 
-TapeState::~TapeState() { clear(); }
+TapeState::~TapeState() {
+  clear();
+}
 
 bool TapeState::requires_grad(const Tensor& t, const char* op) const {
   if (Parameter* p = TensorAccess::param(t)) return p->requires_grad();
@@ -197,7 +202,7 @@ Tensor BackwardPass::take_output_grad(const Node& node, int i) {
   return std::move(state_.variables()[node.first_output + static_cast<std::uint32_t>(i)].grad);
 }
 
-BackwardPass::Buffer BackwardPass::grad(const GradTarget& t) {
+BackwardPass::Buffer BackwardPass::grad(const GradTarget& t, bool shared) {
   Tensor* base;
   bool fresh;
   if (t.param) {
@@ -213,7 +218,7 @@ BackwardPass::Buffer BackwardPass::grad(const GradTarget& t) {
     if (fresh) v.grad = Tensor::empty(v.shape);
     base = &v.grad;
   }
-  if (fresh && !t.covers_base) {
+  if (fresh && (!t.covers_base || shared)) {
     backend_.fill(base->data<float>(), 0.0f, base->numel());
     fresh = false;
   }
@@ -246,11 +251,23 @@ void BackwardPass::give(const GradTarget& target, Tensor&& g) {
 
 Tape::Tape() : state_(std::make_unique<detail::TapeState>()) {}
 Tape::~Tape() = default;
-bool Tape::recording() const { return state_->enabled; }
-void Tape::set_enabled(bool enabled) { state_->enabled = enabled; }
-void Tape::backward(const Tensor& root, float grad) { state_->backward(root, nullptr, grad); }
-void Tape::backward(const Tensor& root, const Tensor& seed) { state_->backward(root, &seed, 0.0f); }
-void Tape::clear() { state_->clear(); }
-std::size_t Tape::size() const { return state_->size(); }
+bool Tape::recording() const {
+  return state_->enabled;
+}
+void Tape::set_enabled(bool enabled) {
+  state_->enabled = enabled;
+}
+void Tape::backward(const Tensor& root, float grad) {
+  state_->backward(root, nullptr, grad);
+}
+void Tape::backward(const Tensor& root, const Tensor& seed) {
+  state_->backward(root, &seed, 0.0f);
+}
+void Tape::clear() {
+  state_->clear();
+}
+std::size_t Tape::size() const {
+  return state_->size();
+}
 
 }  // namespace loom

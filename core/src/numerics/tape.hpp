@@ -46,6 +46,8 @@ struct GradTarget {
   Strides strides{};
   bool covers_base = false;  // the whole base, contiguous: a first gradient may be written in place
   bool active() const { return param != nullptr || var != 0; }
+  // Whether both gradients land in one buffer.
+  bool same_base(const GradTarget& o) const { return active() && param == o.param && var == o.var; }
 };
 
 class BackwardPass;
@@ -136,12 +138,15 @@ class BackwardPass {
   Tensor take_output_grad(const Node& node, int i);
 
   // The buffer for `target`'s gradient, shaped like the input: write it with
-  // accumulate = `accumulate` (false: the first contribution, written in place).
+  // accumulate = `accumulate` (false: the first contribution, written in place). `shared` says
+  // that one kernel call writes this gradient together with another of the same base (a
+  // kernel with two gradient outputs applied to one tensor twice): a first contribution is
+  // then zero-filled and accumulated, since the kernel's write order is unspecified.
   struct Buffer {
     Tensor tensor;
-    bool accumulate;
+    bool accumulate = false;
   };
-  Buffer grad(const GradTarget& target);
+  Buffer grad(const GradTarget& target, bool shared = false);
 
   // Adds `g` (shaped like the input) to the target's gradient; never keeps a reference to g.
   void accumulate(const GradTarget& target, const Tensor& g, float alpha = 1.0f);

@@ -12,7 +12,9 @@ namespace loom {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw InternalError(message); }
+[[noreturn]] void fail(const std::string& message) {
+  throw InternalError(message);
+}
 
 int normalise_dim(int dim, int rank, const char* what) {
   const int d = dim < 0 ? dim + rank : dim;
@@ -26,7 +28,8 @@ int normalise_dim(int dim, int rank, const char* what) {
 
 // ---- Shape
 
-Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<std::int64_t> dims)
+    : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const std::int64_t> dims) {
   if (dims.size() > static_cast<std::size_t>(max_rank))
@@ -146,7 +149,8 @@ void Tensor::throw_dtype_mismatch(DType requested) const {
 
 Tensor Tensor::view(const Shape& shape) const {
   if (!defined()) fail("view of an undefined tensor");
-  if (!is_contiguous()) fail("view " + shape.str() + " of a non-contiguous tensor " + shape_.str() + "; use contiguous()");
+  if (!is_contiguous())
+    fail("view " + shape.str() + " of a non-contiguous tensor " + shape_.str() + "; use contiguous()");
   Shape resolved = shape;
   int infer = -1;
   std::int64_t known = 1;
@@ -218,8 +222,7 @@ Tensor Tensor::detach() const {
 
 void Tensor::copy_from(const Tensor& src) const {
   if (!defined() || !src.defined()) fail("copy_from with an undefined tensor");
-  if (!(src.shape_ == shape_) || src.dtype_ != dtype_)
-    fail("copy_from: " + src.str() + " into " + str());
+  if (!(src.shape_ == shape_) || src.dtype_ != dtype_) fail("copy_from: " + src.str() + " into " + str());
   const std::size_t es = dtype_size(dtype_);
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), static_cast<std::size_t>(numel()) * es);
@@ -234,7 +237,8 @@ void Tensor::copy_from(const Tensor& src) const {
     if (ds == 1 && ss == 1) {
       std::memmove(dst_base + off * e, src_base + soff * e, static_cast<std::size_t>(len) * es);
     } else {
-      for (std::int64_t i = 0; i < len; ++i) std::memcpy(dst_base + (off + i * ds) * e, src_base + (soff + i * ss) * e, es);
+      for (std::int64_t i = 0; i < len; ++i)
+        std::memcpy(dst_base + (off + i * ds) * e, src_base + (soff + i * ss) * e, es);
     }
   });
 }

@@ -1,19 +1,187 @@
-// The `backend` kind: implements the tensor operations.
+// The `backend` kind: the kernels that loom's tensor operations call.
 //
-// The interface grows with the tensor and autograd layer; today it fixes the kind's name and
-// its place in the registry.
+// The autograd operations (autograd.hpp, implemented in the core) validate shapes, allocate
+// outputs, record the tape and then call these kernels; a backend only computes. Two backends
+// ship with loom: `reference` (plain loops, float64 accumulation: the oracle) and `cpu`
+// (OpenBLAS GEMMs, vectorised and parallel elementwise kernels). docs/writing-a-backend.md
+// explains how to add one; tests/conformance runs every registered backend against `reference`.
+//
+// Contract for every kernel:
+//  * Data are float32 (token ids int32), dense and row-major unless a leading dimension (`ld*`)
+//    is given. Sizes are element counts. The core has validated the arguments (shapes, id
+//    ranges, aliasing); a kernel may assume them. A size of zero is valid and does nothing.
+//  * Input and output arrays do not overlap unless the kernel says they may.
+//  * `accumulate` flags: false means overwrite the output (its previous contents may be
+//    uninitialised, even NaN, and must not be read); true means add to it. Backward kernels take
+//    one per gradient they write, because the tape writes a gradient buffer's first contribution
+//    in place and adds the later ones.
+//  * Nullable pointers are documented per kernel (an absent bias, a gradient nobody needs).
+//  * Kernels run on the thread that calls them and may parallelise through the
+//    ExecutionContext the backend was created with (CreateContext::execution()); they never
+//    start threads and call BLAS only single-threaded (execution.hpp, "BLAS policy").
+//  * A backend object is used by one thread at a time (the one running the step). It may keep
+//    scratch buffers between calls.
+//  * Deterministic: the same inputs and thread count give bit-identical outputs. Reductions
+//    combine partial results in a fixed order, never in completion order.
+//  * Accuracy: within float32 rounding of the float64 reference, as the conformance suite
+//    checks (relative to the scale of the result, see tests/conformance).
+//  * Kernels do not throw for valid arguments; they need not check arguments.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "loom/component.hpp"
 
 namespace loom {
 
+enum class Transpose : std::uint8_t { no, yes };
+
+// Pointwise activations that the linear operation can fuse into its GEMM epilogue.
+enum class Activation : std::uint8_t {
+  none,
+  gelu_tanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's GELU
+  silu,       // x * sigmoid(x)
+};
+
 class Backend : public Component {
  public:
   static constexpr std::string_view kind = "backend";
   ~Backend() override;
+
+  // ---------------------------------------------------------------------------------------------
+  // Matrix products (row-major, BLAS semantics).
+
+  // C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C. op(A) is A, or A^T when trans_a is
+  // yes (A is then stored k x m). lda, ldb, ldc are row strides (>= the stored row length).
+  // beta == 0 must not read C (it may hold NaN). k == 0 scales C by beta.
+  virtual void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                    std::int64_t ldc) = 0;
+
+  // `batch` independent gemms; matrix i starts at a + i * stride_a (likewise b and c).
+  virtual void gemm_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                            float alpha, const float* a, std::int64_t lda, std::int64_t stride_a, const float* b,
+                            std::int64_t ldb, std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                            std::int64_t stride_c, std::int64_t batch) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // GEMM epilogues: the bias and activation of a linear layer, fused into one pass.
+
+  // For every row r and column j of a rows x cols matrix:
+  //   pre[r, j] += bias[j]               (bias nullable: nothing added)
+  //   out[r, j]  = act(pre[r, j])        (only when act != none; out is then non-null, distinct)
+  virtual void bias_activation_forward(float* pre, const float* bias, float* out, std::int64_t rows, std::int64_t cols,
+                                       Activation act) = 0;
+
+  // dpre[r, j] = dout[r, j] * act'(pre[r, j])  (dpre = dout when act == none; pre may then be
+  //                                            null), always overwritten;
+  // dbias[j] (+)= sum_r dpre[r, j]             (dbias nullable; accumulate_dbias as documented).
+  // dpre may be the same array as dout.
+  virtual void bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias,
+                                        bool accumulate_dbias, std::int64_t rows, std::int64_t cols,
+                                        Activation act) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // Elementwise kernels over n contiguous elements.
+
+  // y = act(x); act != none.
+  virtual void activation_forward(Activation act, const float* x, float* y, std::int64_t n) = 0;
+  // dx (+)= dy * act'(x).
+  virtual void activation_backward(Activation act, const float* x, const float* dy, float* dx, std::int64_t n,
+                                   bool accumulate) = 0;
+
+  // SwiGLU: y = silu(gate) * up.
+  virtual void swiglu_forward(const float* gate, const float* up, float* y, std::int64_t n) = 0;
+  // dgate (+)= dy * up * silu'(gate); dup (+)= dy * silu(gate). Either output may be null.
+  virtual void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, bool accumulate_dgate,
+                               float* dup, bool accumulate_dup, std::int64_t n) = 0;
+
+  // y = a + b. y may be the same array as a or b.
+  virtual void add(const float* a, const float* b, float* y, std::int64_t n) = 0;
+  // y (+)= alpha * x. With accumulate, y may not alias x; without, it may (in-place scaling).
+  virtual void scale(const float* x, float alpha, float* y, std::int64_t n, bool accumulate) = 0;
+  // y = value.
+  virtual void fill(float* y, float value, std::int64_t n) = 0;
+
+  // Dropout with the counter-based mask of random.hpp:
+  //   y[i] (+)= dropout_keep(key, i, dropout_threshold(p)) ? x[i] * dropout_scale(p) : 0
+  // The backward pass calls it again with the same key on the output gradient.
+  virtual void dropout(const float* x, float* y, std::int64_t n, float p, std::uint64_t key, bool accumulate) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // Normalisations over the last dimension of a rows x cols matrix (cols > 0).
+
+  // mean[r] = mean of row r; rstd[r] = 1 / sqrt(var[r] + eps) (biased variance);
+  // y = (x - mean) * rstd * weight + bias. weight and bias nullable (1 and 0).
+  virtual void layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                                  float* rstd, std::int64_t rows, std::int64_t cols, float eps) = 0;
+  // From the forward's x, weight, mean and rstd and the output gradient dy:
+  //   dx (+)= d/dx, dweight (+)= sum_r dy * xhat, dbias (+)= sum_r dy.
+  // dx, dweight, dbias nullable (not wanted); weight nullable as in the forward.
+  virtual void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd,
+                                   const float* dy, float* dx, bool accumulate_dx, float* dweight,
+                                   bool accumulate_dweight, float* dbias, bool accumulate_dbias, std::int64_t rows,
+                                   std::int64_t cols) = 0;
+  // Residual add fused with layer_norm_forward: sum = a + b, then layer_norm_forward(sum, ...).
+  virtual void add_layer_norm_forward(const float* a, const float* b, float* sum, const float* weight,
+                                      const float* bias, float* y, float* mean, float* rstd, std::int64_t rows,
+                                      std::int64_t cols, float eps) = 0;
+
+  // rstd[r] = 1 / sqrt(mean(x[r]^2) + eps); y = x * rstd * weight (weight nullable).
+  virtual void rms_norm_forward(const float* x, const float* weight, float* y, float* rstd, std::int64_t rows,
+                                std::int64_t cols, float eps) = 0;
+  virtual void rms_norm_backward(const float* x, const float* weight, const float* rstd, const float* dy, float* dx,
+                                 bool accumulate_dx, float* dweight, bool accumulate_dweight, std::int64_t rows,
+                                 std::int64_t cols) = 0;
+  // sum = a + b, then rms_norm_forward(sum, ...).
+  virtual void add_rms_norm_forward(const float* a, const float* b, float* sum, const float* weight, float* y,
+                                    float* rstd, std::int64_t rows, std::int64_t cols, float eps) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // Embedding lookup. table is vocab x dim; every id is in [0, vocab).
+
+  // out[i, :] = table[ids[i], :] for i < n.
+  virtual void embedding_forward(const float* table, const std::int32_t* ids, float* out, std::int64_t n,
+                                 std::int64_t dim, std::int64_t vocab) = 0;
+  // dtable[ids[i], :] += dout[i, :] for every i, always accumulating. Repeated ids must be
+  // summed in increasing i order (that keeps it deterministic).
+  virtual void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n,
+                                  std::int64_t dim, std::int64_t vocab) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // Rotary position embedding.
+  //
+  // x and y are [batch, seq, heads, head_dim]; heads are contiguous within a token (head stride
+  // head_dim), tokens are `*_token_stride` elements apart and batches `*_batch_stride` apart.
+  // cos and sin are [max_position, head_dim / 2] tables. The position of token t of sequence b is
+  // positions[b * seq + t] when positions is non-null, else position_offset + t.
+  // Pairs: (i, i + head_dim/2) for i < head_dim/2 (GPT-NeoX / Llama-HF layout) or (2i, 2i + 1)
+  // when interleaved (original Llama / GPT-J layout); pair i rotates by angle theta_i(pos):
+  //   y_a = x_a cos - x_b sin, y_b = x_a sin + x_b cos     (inverse: the rotation by -theta,
+  //                                                         which is the backward pass)
+  // y is written (+)= as `accumulate` says. x and y do not overlap.
+  virtual void rope(const float* x, std::int64_t x_batch_stride, std::int64_t x_token_stride, float* y,
+                    std::int64_t y_batch_stride, std::int64_t y_token_stride, const float* cos, const float* sin,
+                    const std::int32_t* positions, std::int64_t position_offset, std::int64_t batch, std::int64_t seq,
+                    std::int64_t heads, std::int64_t head_dim, bool interleaved, bool inverse, bool accumulate) = 0;
+
+  // ---------------------------------------------------------------------------------------------
+  // Softmax cross-entropy over a vocabulary, row by row, never materialising probabilities.
+  //
+  // logits is rows x vocab with row stride ld. A row whose target equals ignore_index takes no
+  // part: its loss and gradient are 0 (its lse is still written). Other targets are in
+  // [0, vocab).
+
+  // lse[r] = log(sum_j exp(logits[r, j])) (computed stably in one pass over the row), and
+  // losses[r] = lse[r] - logits[r, target[r]].
+  virtual void cross_entropy_forward(const float* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                                     float* lse, std::int64_t rows, std::int64_t vocab, std::int32_t ignore_index) = 0;
+  // In place: logits[r, j] <- grad_scale * (exp(logits[r, j] - lse[r]) - [j == target[r]]), and 0
+  // for ignored rows. This turns the logits buffer into its own gradient.
+  virtual void cross_entropy_backward(float* logits, std::int64_t ld, const std::int32_t* targets, const float* lse,
+                                      float grad_scale, std::int64_t rows, std::int64_t vocab,
+                                      std::int32_t ignore_index) = 0;
 };
 
 }  // namespace loom

@@ -1,0 +1,170 @@
+// Embedding lookup and rotary position embeddings (with their frequency tables).
+#include <cmath>
+#include <numbers>
+
+#include "numerics/ops_support.hpp"
+
+namespace loom {
+
+using detail::BackwardPass;
+using detail::GradTarget;
+using detail::Node;
+using detail::op_error;
+
+namespace {
+
+struct EmbeddingNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "embedding"; }
+  Tensor ids;
+  GradTarget dtable;
+  std::int64_t vocab = 0, dim = 0;
+  void backward(BackwardPass& pass) override {
+    auto b = pass.grad(dtable);
+    // The kernel scatters with +=, so a first gradient starts from zero.
+    if (!b.accumulate) pass.backend().fill(b.tensor.data<float>(), 0.0f, b.tensor.numel());
+    pass.backend().embedding_backward(ids.data<std::int32_t>(), pass.output_grad(*this, 0).data<float>(),
+                                      b.tensor.data<float>(), ids.numel(), dim, vocab);
+  }
+};
+
+struct RopeNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "rope"; }
+  Tensor cos, sin, positions;
+  GradTarget dx;
+  std::int64_t offset = 0, batch = 0, seq = 0, heads = 0, head_dim = 0;
+  bool interleaved = false;
+  void backward(BackwardPass& pass) override {
+    auto b = pass.grad(dx);
+    const std::int64_t token = heads * head_dim;
+    pass.backend().rope(pass.output_grad(*this, 0).data<float>(), seq * token, token, b.tensor.data<float>(),
+                        b.tensor.stride(0), b.tensor.stride(1), cos.data<float>(), sin.data<float>(),
+                        positions.defined() ? positions.data<std::int32_t>() : nullptr, offset, batch, seq, heads,
+                        head_dim, interleaved, /*inverse=*/true, b.accumulate);
+  }
+};
+
+}  // namespace
+
+Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
+  constexpr const char* op = "embedding";
+  detail::require_f32(table, op, "table");
+  detail::require_i32(ids, op, "ids");
+  if (table.rank() != 2 || !table.is_contiguous())
+    op_error(op, "table must be a contiguous [vocab, dim], not " + table.str());
+  const std::int64_t vocab = table.size(0), dim = table.size(1);
+  const std::int32_t* id = ids.data<std::int32_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    if (id[i] < 0 || id[i] >= vocab)
+      op_error(op, "id " + std::to_string(id[i]) + " at position " + std::to_string(i) + " is outside [0, " +
+                       std::to_string(vocab) + ")");
+  Shape out_shape = ids.shape();
+  if (out_shape.rank() == max_rank) op_error(op, "ids have too many dimensions");
+  std::array<std::int64_t, max_rank> dims{};
+  for (int i = 0; i < ids.rank(); ++i) dims[static_cast<std::size_t>(i)] = ids.size(i);
+  dims[static_cast<std::size_t>(ids.rank())] = dim;
+  Tensor out =
+      Tensor::empty(Shape(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(ids.rank() + 1))));
+  backend_->embedding_forward(table.data<float>(), id, out.data<float>(), ids.numel(), dim, vocab);
+  if (auto* rec = detail::recording_state(tape_, {&table}, op)) {
+    auto* node = rec->record<EmbeddingNode>(*backend_);
+    node->ids = ids;
+    node->dtable = rec->target(table);
+    node->vocab = vocab;
+    node->dim = dim;
+    rec->add_output(*node, out);
+  }
+  return out;
+}
+
+RopeTable::RopeTable(const RopeConfig& config, std::int64_t head_dim, std::int64_t max_positions)
+    : config_(config), head_dim_(head_dim), max_positions_(max_positions) {
+  if (head_dim <= 0 || head_dim % 2 != 0) op_error("RopeTable", "head_dim must be positive and even");
+  if (max_positions <= 0) op_error("RopeTable", "max_positions must be positive");
+  if (!(config.base > 0.0)) op_error("RopeTable", "base must be positive");
+  const std::int64_t half = head_dim / 2;
+  inv_freq_.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    inv_freq_[static_cast<std::size_t>(i)] =
+        1.0 / std::pow(config.base, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  if (config.llama3_scaling) {
+    // Llama 3.1's rescaling (transformers' _compute_llama3_parameters).
+    if (!(config.factor > 0.0) || !(config.high_freq_factor > config.low_freq_factor) ||
+        !(config.original_max_positions > 0.0))
+      op_error("RopeTable", "invalid llama3 scaling parameters");
+    const double low_wavelen = config.original_max_positions / config.low_freq_factor;
+    const double high_wavelen = config.original_max_positions / config.high_freq_factor;
+    for (double& f : inv_freq_) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f /= config.factor;
+      } else {
+        const double smooth = (config.original_max_positions / wavelen - config.low_freq_factor) /
+                              (config.high_freq_factor - config.low_freq_factor);
+        f = (1.0 - smooth) * f / config.factor + smooth * f;
+      }
+    }
+  }
+  cos_ = Tensor::empty(Shape{max_positions, half});
+  sin_ = Tensor::empty(Shape{max_positions, half});
+  float* c = cos_.data<float>();
+  float* s = sin_.data<float>();
+  for (std::int64_t p = 0; p < max_positions; ++p)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq_[static_cast<std::size_t>(i)];
+      c[p * half + i] = static_cast<float>(std::cos(angle));
+      s[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+}
+
+Tensor Ops::rope(const Tensor& x_in, const RopeTable& table, const Tensor& positions, std::int64_t position_offset) {
+  constexpr const char* op = "rope";
+  detail::require_f32(x_in, op, "x");
+  if (x_in.rank() != 4) op_error(op, "x must be [batch, seq, heads, head_dim], not " + x_in.str());
+  const std::int64_t batch = x_in.size(0), seq = x_in.size(1), heads = x_in.size(2), head_dim = x_in.size(3);
+  if (head_dim != table.head_dim())
+    op_error(op, "x has head_dim " + std::to_string(head_dim) + " but the table was built for " +
+                     std::to_string(table.head_dim()));
+  if (positions.defined()) {
+    detail::require_i32(positions, op, "positions");
+    if (!(positions.shape() == Shape{batch, seq}))
+      op_error(
+          op, "positions must be [" + std::to_string(batch) + ", " + std::to_string(seq) + "], not " + positions.str());
+    const std::int32_t* p = positions.data<std::int32_t>();
+    for (std::int64_t i = 0; i < positions.numel(); ++i)
+      if (p[i] < 0 || p[i] >= table.max_positions())
+        op_error(op, "position " + std::to_string(p[i]) + " is outside the table's [0, " +
+                         std::to_string(table.max_positions()) + ")");
+  } else if (position_offset < 0 || position_offset + seq > table.max_positions()) {
+    op_error(op, "positions [" + std::to_string(position_offset) + ", " + std::to_string(position_offset + seq) +
+                     ") exceed the table's " + std::to_string(table.max_positions()));
+  }
+  // Heads must be contiguous within a token; tokens and batches may be strided.
+  const bool layout_ok = x_in.stride(3) == 1 && (heads == 1 || x_in.stride(2) == head_dim);
+  const Tensor x = layout_ok ? x_in : contiguous(x_in);
+  Tensor y = Tensor::empty(x.shape());
+  const std::int64_t token = heads * head_dim;
+  backend_->rope(x.data<float>(), x.stride(0), x.stride(1), y.data<float>(), seq * token, token,
+                 table.cos().data<float>(), table.sin().data<float>(),
+                 positions.defined() ? positions.data<std::int32_t>() : nullptr, position_offset, batch, seq, heads,
+                 head_dim, table.config().interleaved, /*inverse=*/false, /*accumulate=*/false);
+  if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
+    auto* node = rec->record<RopeNode>(*backend_);
+    node->cos = table.cos();
+    node->sin = table.sin();
+    node->positions = positions;
+    node->dx = rec->target(x);
+    node->offset = position_offset;
+    node->batch = batch;
+    node->seq = seq;
+    node->heads = heads;
+    node->head_dim = head_dim;
+    node->interleaved = table.config().interleaved;
+    rec->add_output(*node, y);
+  }
+  return y;
+}
+
+}  // namespace loom

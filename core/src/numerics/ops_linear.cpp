@@ -1,0 +1,242 @@
+// Ops: construction, linear (GEMM + fused bias/activation epilogue), batched matmul, contiguous.
+#include "numerics/ops_support.hpp"
+
+namespace loom {
+
+using detail::BackwardPass;
+using detail::GradTarget;
+using detail::Node;
+using detail::op_error;
+
+Ops::Ops(Backend& backend, Tape* tape) : backend_(&backend), tape_(tape) {}
+
+bool Ops::recording() const {
+  return tape_ && tape_->recording();
+}
+
+namespace {
+
+Transpose tr(bool t) {
+  return t ? Transpose::yes : Transpose::no;
+}
+
+// y = act(x W^T + b) (or x W when the weight is [in, out]).
+struct LinearNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "linear"; }
+
+  Tensor x, weight, pre;  // x when the weight needs a gradient, weight when x does, pre for act
+  GradTarget dx, dweight, dbias;
+  bool weight_in_out = false;
+  Activation act = Activation::none;
+  std::int64_t m = 0, n = 0, k = 0;
+
+  void backward(BackwardPass& pass) override {
+    Backend& be = pass.backend();
+    const Tensor& g = pass.output_grad(*this, 0);
+    Tensor dpre_owned;
+    const float* dpre = g.data<float>();
+    float* dbias_ptr = nullptr;
+    bool dbias_acc = false;
+    BackwardPass::Buffer bb;
+    if (dbias.active()) {
+      bb = pass.grad(dbias);
+      dbias_ptr = bb.tensor.data<float>();
+      dbias_acc = bb.accumulate;
+    }
+    if (act != Activation::none) {
+      dpre_owned = Tensor::empty(Shape{m, n});
+      be.bias_activation_backward(pre.data<float>(), g.data<float>(), dpre_owned.data<float>(), dbias_ptr, dbias_acc, m,
+                                  n, act);
+      dpre = dpre_owned.data<float>();
+    } else if (dbias_ptr) {
+      be.bias_activation_backward(nullptr, g.data<float>(), const_cast<float*>(g.data<float>()), dbias_ptr, dbias_acc,
+                                  m, n, Activation::none);
+    }
+    if (dx.active()) {
+      auto b = pass.grad(dx);
+      const detail::Matrix gx = detail::as_matrix(b.tensor);
+      const detail::Matrix w = detail::as_matrix(weight);
+      // dx[m, k] = dpre[m, n] * W[n, k]  (or * W^T when the weight is [k, n])
+      be.gemm(Transpose::no, tr(weight_in_out), m, k, n, 1.0f, dpre, n, w.data, w.ld, b.accumulate ? 1.0f : 0.0f,
+              gx.data, gx.ld);
+    }
+    if (dweight.active()) {
+      auto b = pass.grad(dweight);
+      const detail::Matrix gw = detail::as_matrix(b.tensor);
+      const detail::Matrix xm = detail::as_matrix(x);
+      const float beta = b.accumulate ? 1.0f : 0.0f;
+      if (weight_in_out)  // dW[k, n] = x^T[k, m] * dpre[m, n]
+        be.gemm(Transpose::yes, Transpose::no, k, n, m, 1.0f, xm.data, xm.ld, dpre, n, beta, gw.data, gw.ld);
+      else  // dW[n, k] = dpre^T[n, m] * x[m, k]
+        be.gemm(Transpose::yes, Transpose::no, n, k, m, 1.0f, dpre, n, xm.data, xm.ld, beta, gw.data, gw.ld);
+    }
+  }
+};
+
+struct MatmulNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "matmul"; }
+
+  Tensor a, b;
+  GradTarget da, db;
+  bool ta = false, tb = false, shared_b = false;
+  std::int64_t m = 0, n = 0, k = 0, batch = 0;
+
+  void backward(BackwardPass& pass) override {
+    Backend& be = pass.backend();
+    const Tensor& g = pass.output_grad(*this, 0);
+    const float* dc = g.data<float>();
+    const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    const std::int64_t sa = m * k, sb = shared_b ? 0 : k * n, sc = m * n;
+    if (da.active()) {
+      auto buf = pass.grad(da);
+      const float beta = buf.accumulate ? 1.0f : 0.0f;
+      if (!ta)  // dA[m, k] = dC[m, n] * op(B)^T
+        be.gemm_batched(Transpose::no, tr(!tb), m, k, n, 1.0f, dc, n, sc, b.data<float>(), ldb, sb, beta,
+                        buf.tensor.data<float>(), k, sa, batch);
+      else  // A is stored [k, m]: dA = op(B)[k, n] * dC^T[n, m]
+        be.gemm_batched(tr(tb), Transpose::yes, k, m, n, 1.0f, b.data<float>(), ldb, sb, dc, n, sc, beta,
+                        buf.tensor.data<float>(), m, sa, batch);
+    }
+    if (db.active()) {
+      auto buf = pass.grad(db);
+      const float* pa = a.data<float>();
+      float* pdb = buf.tensor.data<float>();
+      // A shared B sums its gradient over the batch: one GEMM per batch, accumulating.
+      const std::int64_t calls = shared_b ? batch : 1;
+      const std::int64_t per_call = shared_b ? 1 : batch;
+      for (std::int64_t i = 0; i < calls; ++i) {
+        const float beta = (buf.accumulate || i > 0) ? 1.0f : 0.0f;
+        const float* ai = pa + i * sa;
+        const float* ci = dc + i * sc;
+        if (!tb)  // dB[k, n] = op(A)^T[k, m] * dC[m, n]
+          be.gemm_batched(tr(!ta), Transpose::no, k, n, m, 1.0f, ai, lda, sa, ci, n, sc, beta, pdb, n, k * n, per_call);
+        else  // B is stored [n, k]: dB = dC^T[n, m] * op(A)[m, k]
+          be.gemm_batched(Transpose::yes, tr(ta), n, k, m, 1.0f, ci, n, sc, ai, lda, sa, beta, pdb, k, k * n, per_call);
+      }
+    }
+  }
+};
+
+struct ContiguousNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "contiguous"; }
+  GradTarget dx;
+  void backward(BackwardPass& pass) override { pass.accumulate(dx, pass.output_grad(*this, 0)); }
+};
+
+}  // namespace
+
+Tensor Ops::contiguous(const Tensor& x) {
+  if (!x.defined()) op_error("contiguous", "undefined tensor");
+  if (x.is_contiguous()) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  y.copy_from(x);
+  if (auto* rec = detail::recording_state(tape_, {&x}, "contiguous")) {
+    auto* node = rec->record<ContiguousNode>(*backend_);
+    node->dx = rec->target(x);
+    rec->add_output(*node, y);
+  }
+  return y;
+}
+
+Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
+  constexpr const char* op = "linear";
+  detail::require_f32(x_in, op, "x");
+  detail::require_f32(weight, op, "weight");
+  if (x_in.rank() < 1) op_error(op, "x must have at least one dimension");
+  if (weight.rank() != 2 || !weight.is_row_strided())
+    op_error(op, "weight must be a row-strided matrix, not " + weight.str());
+  const std::int64_t k = x_in.shape().back();
+  const std::int64_t wk = options.weight_in_out ? weight.size(0) : weight.size(1);
+  const std::int64_t n = options.weight_in_out ? weight.size(1) : weight.size(0);
+  if (wk != k)
+    op_error(op, "x has " + std::to_string(k) + " features but weight " + weight.shape().str() + " expects " +
+                     std::to_string(wk) + (options.weight_in_out ? " ([in, out] layout)" : " ([out, in] layout)"));
+  detail::require_vector(bias, n, op, "bias");
+  const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
+  const detail::Matrix xm = detail::as_matrix(x);
+  const detail::Matrix wm = detail::as_matrix(weight);
+  const std::int64_t m = xm.rows;
+
+  Tensor pre = Tensor::empty(x.shape().with_back(n));
+  backend_->gemm(Transpose::no, tr(!options.weight_in_out), m, n, k, 1.0f, xm.data, xm.ld, wm.data, wm.ld, 0.0f,
+                 pre.data<float>(), n);
+  Tensor out = pre;
+  if (options.activation != Activation::none) {
+    out = Tensor::empty(pre.shape());
+    backend_->bias_activation_forward(pre.data<float>(), detail::data_or_null(bias), out.data<float>(), m, n,
+                                      options.activation);
+  } else if (bias.defined()) {
+    backend_->bias_activation_forward(pre.data<float>(), bias.data<float>(), nullptr, m, n, Activation::none);
+  }
+
+  if (auto* rec = detail::recording_state(tape_, {&x, &weight, &bias}, op)) {
+    auto* node = rec->record<LinearNode>(*backend_);
+    node->dx = rec->target(x);
+    node->dweight = rec->target(weight);
+    if (bias.defined()) node->dbias = rec->target(bias);
+    if (node->dweight.active()) node->x = x;
+    if (node->dx.active()) node->weight = weight;
+    if (options.activation != Activation::none) node->pre = pre;
+    node->weight_in_out = options.weight_in_out;
+    node->act = options.activation;
+    node->m = m;
+    node->n = n;
+    node->k = k;
+    rec->add_output(*node, out);
+  }
+  return out;
+}
+
+Tensor Ops::matmul(const Tensor& a_in, const Tensor& b_in, bool transpose_a, bool transpose_b) {
+  constexpr const char* op = "matmul";
+  detail::require_f32(a_in, op, "a");
+  detail::require_f32(b_in, op, "b");
+  if (a_in.rank() < 2 || b_in.rank() < 2)
+    op_error(op, "operands must have rank >= 2: " + a_in.str() + ", " + b_in.str());
+  const bool shared_b = b_in.rank() == 2 && a_in.rank() > 2;
+  if (!shared_b && a_in.rank() != b_in.rank())
+    op_error(op, "batch dimensions differ: " + a_in.shape().str() + " and " + b_in.shape().str());
+  std::int64_t batch = 1;
+  for (int d = 0; d < a_in.rank() - 2; ++d) {
+    if (!shared_b && a_in.size(d) != b_in.size(d))
+      op_error(op, "batch dimensions differ: " + a_in.shape().str() + " and " + b_in.shape().str());
+    batch *= a_in.size(d);
+  }
+  const std::int64_t m = transpose_a ? a_in.size(-1) : a_in.size(-2);
+  const std::int64_t k = transpose_a ? a_in.size(-2) : a_in.size(-1);
+  const std::int64_t bk = transpose_b ? b_in.size(-1) : b_in.size(-2);
+  const std::int64_t n = transpose_b ? b_in.size(-2) : b_in.size(-1);
+  if (k != bk)
+    op_error(op, "inner dimensions differ: " + a_in.shape().str() + (transpose_a ? "^T" : "") + " x " +
+                     b_in.shape().str() + (transpose_b ? "^T" : ""));
+  const Tensor a = contiguous(a_in);
+  const Tensor b = contiguous(b_in);
+  Shape out_shape = a.shape();
+  out_shape[a.rank() - 2] = m;
+  out_shape[a.rank() - 1] = n;
+  Tensor out = Tensor::empty(out_shape);
+  backend_->gemm_batched(tr(transpose_a), tr(transpose_b), m, n, k, 1.0f, a.data<float>(), transpose_a ? m : k, m * k,
+                         b.data<float>(), transpose_b ? k : n, shared_b ? 0 : k * n, 0.0f, out.data<float>(), n, m * n,
+                         batch);
+  if (auto* rec = detail::recording_state(tape_, {&a, &b}, op)) {
+    auto* node = rec->record<MatmulNode>(*backend_);
+    node->da = rec->target(a);
+    node->db = rec->target(b);
+    if (node->db.active()) node->a = a;
+    if (node->da.active()) node->b = b;
+    node->ta = transpose_a;
+    node->tb = transpose_b;
+    node->shared_b = shared_b;
+    node->m = m;
+    node->n = n;
+    node->k = k;
+    node->batch = batch;
+    rec->add_output(*node, out);
+  }
+  return out;
+}
+
+}  // namespace loom

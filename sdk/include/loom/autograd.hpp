@@ -1,0 +1,264 @@
+// Autograd: parameters, the tape, and the operations a model composes.
+//
+// A model (a plugin) builds its forward pass from the operations of loom::Ops. When the Ops has
+// a recording Tape and an input requires a gradient, each operation records one node on the
+// tape with its hand-written backward; Tape::backward then walks the nodes in reverse and
+// accumulates gradients into the Parameters. A model never writes a backward pass.
+//
+//   loom::Tape tape;
+//   loom::Ops ops(backend, &tape);
+//   Tensor h = ops.embedding(wte.tensor(), tokens);
+//   h = ops.linear(h, w.tensor(), b.tensor(), {.activation = loom::Activation::gelu_tanh});
+//   Tensor loss = ops.linear_cross_entropy(h, wte.tensor(), targets);
+//   tape.backward(loss);              // w.grad(), b.grad(), wte.grad() now hold d loss / d param
+//
+// Gradients of parameters accumulate across backward passes until Parameter::zero_grad(), which
+// is how gradient accumulation over micro-batches works. Gradients of intermediate tensors are
+// freed as soon as the backward pass is past them.
+//
+// Cost model. Recording an operation places one node in the tape's arena and takes no heap
+// allocation once the tape has been through one step; tensors come from the caching allocator.
+// Backward kernels write a gradient buffer's first contribution in place (no zero-fill) and add
+// later ones, and a gradient that passes through unchanged (a residual add) is handed on without
+// a copy.
+//
+// Threads: a Tape and an Ops belong to one thread (the one running the step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "loom/kinds/attention.hpp"
+#include "loom/kinds/backend.hpp"
+#include "loom/tensor.hpp"
+
+namespace loom {
+
+// A trainable tensor and its gradient. Not copyable or movable: tensors refer to it by address,
+// so keep parameters in stable storage (members, std::deque, unique_ptr).
+class Parameter {
+ public:
+  // `value` must be a defined, contiguous f32 tensor; it may be a view into a larger buffer.
+  Parameter(std::string name, Tensor value);
+  Parameter(const Parameter&) = delete;
+  Parameter& operator=(const Parameter&) = delete;
+  ~Parameter();
+
+  const std::string& name() const { return name_; }
+  // The value, to use in operations: it carries this parameter's autograd identity.
+  const Tensor& tensor() const { return value_; }
+  // The value without autograd identity, for the optimizer to update in place.
+  Tensor data() const { return value_.detach(); }
+  const Shape& shape() const { return value_.shape(); }
+
+  // The accumulated gradient, same shape as the value; undefined until a backward pass has
+  // produced one, and after zero_grad().
+  Tensor grad() const { return has_grad_ ? grad_.detach() : Tensor(); }
+  bool has_grad() const { return has_grad_; }
+  // Forgets the gradient without touching memory: the next backward writes it afresh.
+  void zero_grad() { has_grad_ = false; }
+  // Uses `buffer` (same shape, contiguous f32; may be a view into a flat buffer that an
+  // optimizer updates in one pass) as the gradient's storage from now on.
+  void set_grad_buffer(Tensor buffer);
+
+  // Parameters with requires_grad false are constants to the tape (frozen weights).
+  bool requires_grad() const { return requires_grad_; }
+  void set_requires_grad(bool v) { requires_grad_ = v; }
+
+ private:
+  friend struct detail::TensorAccess;
+  std::string name_;
+  Tensor value_;
+  Tensor grad_;  // storage kept across zero_grad, so steps allocate no gradient buffers
+  bool has_grad_ = false;
+  bool requires_grad_ = true;
+};
+
+namespace detail {
+class TapeState;
+}
+
+// The record of one forward pass: nodes in an arena, replayed in reverse by backward.
+class Tape {
+ public:
+  Tape();
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  // Whether operations record (true unless disabled or inside a NoGradGuard).
+  bool recording() const;
+  void set_enabled(bool enabled);
+
+  // Back-propagates from `root`, a one-element tensor recorded on this tape (the loss), with
+  // seed gradient `grad`, accumulating into every parameter reached; then clears the tape.
+  void backward(const Tensor& root, float grad = 1.0f);
+  // The same with a seed gradient of root's shape, for a non-scalar root.
+  void backward(const Tensor& root, const Tensor& seed);
+  // Drops the recorded graph (and the activations it kept) without a backward pass. Tensors
+  // recorded before a clear lose their identity: using one in a recorded operation afterwards
+  // is an error.
+  void clear();
+
+  // Nodes recorded since the last clear.
+  std::size_t size() const;
+
+  detail::TapeState& state() { return *state_; }
+
+ private:
+  std::unique_ptr<detail::TapeState> state_;
+};
+
+// Disables recording on `tape` for its lifetime (evaluation, generation).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Tape& tape) : tape_(tape), previous_(tape.recording()) { tape_.set_enabled(false); }
+  ~NoGradGuard() { tape_.set_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool previous_;
+};
+
+struct LinearOptions {
+  // false: weight is [out, in] (PyTorch nn.Linear, y = x W^T); true: weight is [in, out] (y = x W).
+  bool weight_in_out = false;
+  // Fused into the GEMM epilogue together with the bias.
+  Activation activation = Activation::none;
+};
+
+// Rotary embedding frequencies. theta_i = base^(-2i / head_dim), optionally rescaled as Llama 3.1
+// does: wavelengths longer than original_max_positions / low_freq_factor are divided by
+// `factor`, shorter than original_max_positions / high_freq_factor kept, and interpolated
+// smoothly in between.
+struct RopeConfig {
+  double base = 10000.0;
+  bool interleaved = false;  // pairs (2i, 2i+1) instead of (i, i + head_dim/2)
+  bool llama3_scaling = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_positions = 8192.0;
+};
+
+// cos and sin of position * theta_i for positions [0, max_positions): build once per model.
+class RopeTable {
+ public:
+  RopeTable(const RopeConfig& config, std::int64_t head_dim, std::int64_t max_positions);
+  const RopeConfig& config() const { return config_; }
+  std::int64_t head_dim() const { return head_dim_; }
+  std::int64_t max_positions() const { return max_positions_; }
+  const Tensor& cos() const { return cos_; }  // [max_positions, head_dim / 2]
+  const Tensor& sin() const { return sin_; }
+  // The (possibly rescaled) inverse frequencies theta_i, head_dim / 2 of them.
+  const std::vector<double>& inverse_frequencies() const { return inv_freq_; }
+
+ private:
+  RopeConfig config_;
+  std::int64_t head_dim_, max_positions_;
+  std::vector<double> inv_freq_;
+  Tensor cos_, sin_;
+};
+
+enum class Reduction : std::uint8_t { mean, sum };
+
+struct CrossEntropyOptions {
+  std::int32_t ignore_index = -100;       // targets equal to it contribute nothing
+  Reduction reduction = Reduction::mean;  // mean: over the targets not ignored
+  // linear_cross_entropy only: tokens per chunk of logits; 0 chooses so that one chunk of
+  // logits takes at most 256 MiB.
+  std::int64_t chunk_tokens = 0;
+};
+
+// The operations. Each validates its inputs (an InternalError names the operation and the
+// mismatch), computes with the backend, and records a node when the tape is recording and an
+// input requires a gradient. Outputs are new contiguous tensors.
+class Ops {
+ public:
+  explicit Ops(Backend& backend, Tape* tape = nullptr);
+
+  Backend& backend() const { return *backend_; }
+  Tape* tape() const { return tape_; }
+  bool recording() const;
+
+  // Dropout is active only in training mode (the default).
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  // Starts the dropout stream of one step: the n-th dropout call after this uses
+  // stream_key(seed, 3, step) mixed with n, so a step's masks depend only on seed and step.
+  void set_dropout_seed(std::uint64_t seed, std::uint64_t step);
+
+  // ---- Linear algebra
+  // x [..., in] (any row stride), weight per options, bias [out] or undefined -> [..., out].
+  Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const LinearOptions& options = {});
+  // a [..., m, k] (or [..., k, m] when transpose_a), b [..., k, n] (or [..., n, k]) with equal
+  // leading (batch) dimensions, or b of rank 2 shared by every batch -> [..., m, n].
+  Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+
+  // ---- Lookup
+  // table [vocab, dim], ids i32 of any shape -> [ids..., dim]. Ids out of range: InternalError.
+  Tensor embedding(const Tensor& table, const Tensor& ids);
+
+  // ---- Normalisation over the last dimension
+  Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+  Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
+  // {residual + x, layer_norm(residual + x)}: the pre-norm block's residual add and the next
+  // norm, fused. Both results may be used (the sum is the new residual stream).
+  std::pair<Tensor, Tensor> add_layer_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
+                                           const Tensor& bias, float eps = 1e-5f);
+  std::pair<Tensor, Tensor> add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
+                                         float eps = 1e-6f);
+
+  // ---- Pointwise
+  Tensor gelu(const Tensor& x);  // tanh form
+  Tensor silu(const Tensor& x);
+  Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
+  Tensor add(const Tensor& a, const Tensor& b);         // same shapes: the residual add
+  Tensor scale(const Tensor& x, float alpha);
+  // Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when
+  // not training or p == 0. Deterministic: see set_dropout_seed.
+  Tensor dropout(const Tensor& x, float p);
+
+  // ---- Positions
+  // x [batch, seq, heads, head_dim] (tokens may be strided: a slice of a fused qkv) rotated by
+  // table; positions i32 [batch, seq] or undefined (then position_offset + t).
+  Tensor rope(const Tensor& x, const RopeTable& table, const Tensor& positions = {}, std::int64_t position_offset = 0);
+
+  // ---- Losses (each returns a scalar tensor)
+  // logits [..., vocab] (row-strided), targets i32 [...]. Softmax and loss in one streaming
+  // pass per row; the backward pass writes the gradient into the logits buffer itself when this
+  // node holds the only reference to it (drop your own handle to the logits to get that),
+  // else into a new buffer.
+  Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options = {});
+  // cross_entropy(linear(x, weight), targets) without ever holding all the logits: chunks of
+  // tokens are projected, reduced to their loss and, when recording, turned into the input and
+  // weight gradients at once (kept for the backward pass). weight is [vocab, dim] (tied
+  // embeddings use the embedding table).
+  Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
+                              const CrossEntropyOptions& options = {});
+
+  // ---- Attention, delegated to an attention kernel (kinds/attention.hpp)
+  // q [batch, q_len, q_heads, head_dim], k and v [batch, kv_len, kv_heads, head_dim] (token-
+  // strided views allowed), segment ids i32 [batch, len] or undefined -> [batch, q_len, q_heads,
+  // head_dim].
+  Tensor attention(AttentionKernel& kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const AttentionParams& params = {}, const Tensor& q_segments = {}, const Tensor& kv_segments = {});
+
+  // ---- Layout
+  // A contiguous copy when x is not contiguous (recorded, so gradients flow), else x itself.
+  Tensor contiguous(const Tensor& x);
+
+ private:
+  Backend* backend_;
+  Tape* tape_;
+  bool training_ = true;
+  std::uint64_t dropout_seed_ = 0;
+  std::uint64_t dropout_step_ = 0;
+  std::uint64_t dropout_calls_ = 0;
+};
+
+}  // namespace loom
