@@ -10,41 +10,46 @@ namespace loom::app {
 namespace {
 
 int run_show(const std::vector<std::string>& args) {
-  std::vector<std::string> plugin_paths, positional;
+  CommonOptions common;
+  std::vector<std::string> positional;
   po::options_description options("options");
-  add_common_options(options, plugin_paths);
+  add_common_options(options, common);
   options.add_options()("args", po::value(&positional), "CONFIG and overrides");
   po::positional_options_description pos;
   pos.add("args", -1);
-  po::options_description visible("options");
-  add_common_options(visible, plugin_paths);
   po::variables_map vm;
   if (!parse(args, options, pos, vm,
              "usage: loom config show CONFIG [a.b.c=value ...]\n\n"
              "Prints the config with base_config, !include and overrides applied, every component's options\n"
              "validated and defaults filled in."))
     return 0;
-  const Runtime runtime(runtime_options(plugin_paths, positional, true));
+  const Runtime runtime(runtime_options(common, positional, true));
   std::cout << runtime.resolved_config().to_yaml();
   return 0;
 }
 
 int run_schema(const std::vector<std::string>& args) {
-  std::vector<std::string> plugin_paths;
+  CommonOptions common;
   std::string selector;
   po::options_description options("options");
-  add_common_options(options, plugin_paths);
-  options.add_options()("json", "print JSON")("selector", po::value(&selector), "config, KIND or KIND/NAME");
+  add_common_options(options, common);
+  options.add_options()("json", "print JSON")("markdown", "print a Markdown reference page")(
+      "selector", po::value(&selector), "config, KIND or KIND/NAME");
   po::positional_options_description pos;
   pos.add("selector", 1);
   po::variables_map vm;
   if (!parse(args, options, pos, vm,
-             "usage: loom config schema [config | KIND | KIND/NAME] [--json]\n\n"
+             "usage: loom config schema [config | KIND | KIND/NAME] [--json | --markdown]\n\n"
              "Prints the options of the config's sections and of every registered component (or of those\n"
              "selected): name, type, allowed values, default and description."))
     return 0;
-  const Runtime runtime(runtime_options(plugin_paths, {}, false));
-  std::cout << (vm.count("json") ? describe_schema_json(runtime, selector) : describe_schema(runtime, selector));
+  const Runtime runtime(runtime_options(common, {}, false));
+  if (vm.count("json"))
+    std::cout << describe_schema_json(runtime, selector);
+  else if (vm.count("markdown"))
+    std::cout << describe_schema_markdown(runtime, selector);
+  else
+    std::cout << describe_schema(runtime, selector);
   return 0;
 }
 

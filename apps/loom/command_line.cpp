@@ -14,10 +14,12 @@ const std::vector<Command>& commands() {
   return table;
 }
 
-void add_common_options(po::options_description& options, std::vector<std::string>& plugin_paths) {
+void add_common_options(po::options_description& options, CommonOptions& common) {
   options.add_options()("help,h", "show this help")(
-      "plugin-path", po::value(&plugin_paths)->composing(),
-      "a plugin directory or file searched before all others (repeatable)");
+      "plugin-path", po::value(&common.plugin_paths)->composing(),
+      "a plugin directory or file searched before all others (repeatable)")(
+      "no-default-plugin-path", po::bool_switch(&common.only_plugin_path),
+      "search only --plugin-path (not plugins.paths, LOOM_PLUGIN_PATH, or the built-in and installed plugins)");
 }
 
 bool parse(const std::vector<std::string>& args, const po::options_description& options,
@@ -31,10 +33,11 @@ bool parse(const std::vector<std::string>& args, const po::options_description& 
   return true;
 }
 
-RuntimeOptions runtime_options(const std::vector<std::string>& plugin_paths, const std::vector<std::string>& positional,
+RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<std::string>& positional,
                                bool config_required) {
   RuntimeOptions r;
-  r.plugin_paths = plugin_paths;
+  r.plugin_paths = common.plugin_paths;
+  r.default_plugin_path = !common.only_plugin_path;
   for (const auto& arg : positional) {
     const bool is_override = arg.find('=') != std::string::npos;
     if (!is_override && !r.config) {

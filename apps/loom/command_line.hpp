@@ -19,8 +19,14 @@ struct Command {
 
 const std::vector<Command>& commands();
 
-// Adds --help and --plugin-path to a subcommand's options.
-void add_common_options(po::options_description& options, std::vector<std::string>& plugin_paths);
+// What every subcommand that loads plugins accepts.
+struct CommonOptions {
+  std::vector<std::string> plugin_paths;  // --plugin-path, repeatable
+  bool only_plugin_path = false;          // --no-default-plugin-path
+};
+
+// Adds --help, --plugin-path and --no-default-plugin-path to a subcommand's options.
+void add_common_options(po::options_description& options, CommonOptions& common);
 
 // Parses `args` (the subcommand's arguments, without its name). Returns false when --help was
 // given, after printing `usage` and the options.
@@ -29,7 +35,7 @@ bool parse(const std::vector<std::string>& args, const po::options_description& 
 
 // The `config a.b=c ...` positional arguments: the first that is not an override is the config
 // file; the rest must be overrides.
-RuntimeOptions runtime_options(const std::vector<std::string>& plugin_paths, const std::vector<std::string>& positional,
+RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<std::string>& positional,
                                bool config_required);
 
 int run_plugins(const std::vector<std::string>& args);

@@ -81,11 +81,16 @@ std::string OptionSpec::expectation() const {
       s = "a list";
       if (min_length_ == max_length_) s += " of " + std::to_string(min_length_);
       else if (max_length_ != static_cast<std::size_t>(-1)) s += " of " + std::to_string(min_length_) + " to " + std::to_string(max_length_);
-      s += " " + (min_length_ == max_length_ && min_length_ == 1 ? std::string(option_type_name(element_)) : plural(element_));
+      s += (min_length_ == max_length_ || max_length_ != static_cast<std::size_t>(-1) ? " " : " of ") +
+           (min_length_ == max_length_ && min_length_ == 1 ? std::string(option_type_name(element_)) : plural(element_));
       break;
     }
     case OptionType::object: s = "a map"; break;
-    case OptionType::component: s = "the name of a " + component_kind_ + " (or a map with `type`)"; break;
+    case OptionType::component: {
+      const bool vowel = !component_kind_.empty() && std::string_view("aeiou").find(component_kind_[0]) != std::string_view::npos;
+      s = std::string("the name of ") + (vowel ? "an " : "a ") + component_kind_ + " (or a map with `type`)";
+      break;
+    }
     case OptionType::any: s = "any value"; break;
   }
   if (min_ && max_) {

@@ -17,6 +17,9 @@ struct RuntimeOptions {
   std::vector<std::string> plugin_paths;  // --plugin-path, in order
   std::optional<std::filesystem::path> config;
   std::vector<std::string> overrides;  // a.b.c=value
+  // When false, only plugin_paths are searched: no config paths, environment, executable-
+  // relative or install directory (for reproducible listings and tests).
+  bool default_plugin_path = true;
 };
 
 // The top-level sections of a config file and their options.
@@ -52,5 +55,7 @@ std::string describe_plugins_json(const Runtime& runtime);
 // every registered component (or the selected ones). Throws UserError for an unknown selector.
 std::string describe_schema(const Runtime& runtime, const std::string& selector);
 std::string describe_schema_json(const Runtime& runtime, const std::string& selector);
+// The same as a Markdown reference page (docs/config-reference.md is this output).
+std::string describe_schema_markdown(const Runtime& runtime, const std::string& selector);
 
 }  // namespace loom

@@ -1,0 +1,7 @@
+#!/bin/sh
+# Regenerates docs/config-reference.md from the options the built-in plugins declare.
+#   scripts/update-config-reference.sh [BUILD_DIR]   (default: build)
+set -e
+build=${1:-build}
+"$build/bin/loom" config schema --markdown --no-default-plugin-path --plugin-path "$build/lib/loom/plugins" \
+  > docs/config-reference.md
