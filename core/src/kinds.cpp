@@ -17,6 +17,7 @@ Registrar::~Registrar() = default;
 
 Backend::~Backend() = default;
 Model::~Model() = default;
+KvCache::~KvCache() = default;
 AttentionKernel::~AttentionKernel() = default;
 Optimizer::~Optimizer() = default;
 Dataset::~Dataset() = default;

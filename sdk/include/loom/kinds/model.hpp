@@ -1,19 +1,90 @@
-// The `model` kind: a transformer architecture.
+// The `model` kind: a transformer architecture composed from loom's autograd operations.
 //
-// The interface grows with the tensor and autograd layer; today it fixes the kind's name and
-// its place in the registry.
+// A model owns its parameters and builds its forward pass from loom::Ops (autograd.hpp); it
+// never writes a backward pass. It selects its attention kernel by name from its config (a
+// `component` option of kind `attention`, created through CreateContext), never by linking one.
+//
+// Life cycle, driven by the trainer (or `loom generate`):
+//   1. the factory validates options (shapes, head counts) and keeps the attention kernel;
+//   2. build(setup) fixes the vocabulary size and allocates every parameter;
+//   3. initialize(seed) fills them (or a checkpoint overwrites them through parameters());
+//   4. loss() / logits() / the cache methods, any number of times.
+// Calls come from one thread (the one running the step).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "loom/autograd.hpp"
 #include "loom/component.hpp"
 
 namespace loom {
+
+// What the trainer knows that a model's own options may not.
+struct ModelSetup {
+  std::int64_t vocab_size = 0;  // from the tokenizer; a model may round it up (padding)
+};
+
+// How a parameter is used, so the trainer can mask weight decay (none on norms, biases and
+// embeddings unless configured).
+enum class ParameterRole : std::uint8_t { weight, bias, norm, embedding };
+
+struct ModelParameter {
+  Parameter* parameter = nullptr;  // owned by the model; name() is its checkpoint key
+  ParameterRole role = ParameterRole::weight;
+};
+
+// The keys and values of past positions, for generation one token at a time.
+class KvCache {
+ public:
+  virtual ~KvCache();
+  // Positions held so far.
+  virtual std::int64_t length() const = 0;
+  // Forgets every position (keeps the memory).
+  virtual void reset() = 0;
+};
 
 class Model : public Component {
  public:
   static constexpr std::string_view kind = "model";
   ~Model() override;
+
+  // Allocates every parameter for `setup`. Called once, before anything else. Throws
+  // UserError when the setup contradicts the options (a vocabulary larger than a fixed one).
+  virtual void build(const ModelSetup& setup) = 0;
+  // Fills every parameter with the model's initialisation, drawn from the initialisation stream
+  // of `seed` (random.hpp: stream 1). Deterministic.
+  virtual void initialize(std::uint64_t seed) = 0;
+  // Every parameter, in a stable order, with unique names: the checkpoint keys
+  // ("h.0.attn.c_attn.weight").
+  virtual std::vector<ModelParameter> parameters() = 0;
+
+  virtual std::int64_t vocab_size() const = 0;
+  // The longest sequence it accepts (learned positions, or the RoPE table's length).
+  virtual std::int64_t max_seq_len() const = 0;
+  // Parameters counted once (tied embeddings once).
+  virtual std::int64_t num_parameters() const = 0;
+  // Training FLOPs per token at sequence length `seq_len`: forward and backward, matmuls and
+  // attention as documented in docs/models.md. The trainer's MFU uses it.
+  virtual double flops_per_token(std::int64_t seq_len) const = 0;
+
+  // The mean cross-entropy of `targets` given `tokens` (both i32 [batch, seq]; targets equal to
+  // -1 are ignored), with attention kept within equal `segments` (i32 [batch, seq], or
+  // undefined). A scalar, recorded on ops' tape when it is recording. The model never
+  // materialises a second logits-sized buffer (Ops::linear_cross_entropy).
+  virtual Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) = 0;
+  // Logits [batch, seq, vocab] of every position: for evaluation tools and tests.
+  virtual Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) = 0;
+
+  // A cache for `batch` sequences of up to `max_len` positions.
+  virtual std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) = 0;
+  // Runs `tokens` (i32 [batch, new]) after the positions already in `cache`, appends their keys
+  // and values to it, and returns the logits of the last new position, [batch, vocab]. Costs
+  // one forward over the new tokens only.
+  virtual Tensor next_logits(Ops& ops, const Tensor& tokens, KvCache& cache) = 0;
 };
 
 }  // namespace loom
