@@ -68,8 +68,8 @@ int run_config(const std::vector<std::string>& args) {
     return 0;
   }
   const std::string guess = closest_match(args[0], {"show", "schema"});
-  throw UserError("unknown config subcommand '" + args[0] + "'" + (guess.empty() ? "" : "; did you mean '" + guess + "'?") +
-                  "\n" + usage);
+  throw UserError("unknown config subcommand '" + args[0] + "'" +
+                  (guess.empty() ? "" : "; did you mean '" + guess + "'?") + "\n" + usage);
 }
 
 }  // namespace loom::app

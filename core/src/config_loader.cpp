@@ -15,7 +15,9 @@ namespace loom::config {
 
 namespace {
 
-bool is_null_word(const std::string& s) { return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL"; }
+bool is_null_word(const std::string& s) {
+  return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL";
+}
 
 // A plain (unquoted) scalar typed by the YAML 1.2 core schema.
 Value typed_scalar(const std::string& s) {
@@ -58,9 +60,11 @@ class Loader {
       throw UserError(where + "config file '" + file.string() + "' does not exist");
     }
     if (fs::is_directory(file, ec))
-      throw UserError((from.known() ? from.str() + ": " : "") + "config path '" + file.string() + "' is a directory, not a YAML file");
+      throw UserError((from.known() ? from.str() + ": " : "") + "config path '" + file.string() +
+                      "' is a directory, not a YAML file");
     std::ifstream in(file);
-    if (!in) throw UserError((from.known() ? from.str() + ": " : "") + "cannot read config file '" + file.string() + "'");
+    if (!in)
+      throw UserError((from.known() ? from.str() + ": " : "") + "cannot read config file '" + file.string() + "'");
     std::stringstream ss;
     ss << in.rdbuf();
     return load_text(ss.str(), file);
@@ -112,8 +116,12 @@ class Loader {
     Value v;
     switch (n.Type()) {
       case YAML::NodeType::Undefined:
-      case YAML::NodeType::Null: v = Value(); break;
-      case YAML::NodeType::Scalar: v = n.Tag() == "!" ? Value(n.Scalar()) : typed_scalar(n.Scalar()); break;
+      case YAML::NodeType::Null:
+        v = Value();
+        break;
+      case YAML::NodeType::Scalar:
+        v = n.Tag() == "!" ? Value(n.Scalar()) : typed_scalar(n.Scalar());
+        break;
       case YAML::NodeType::Sequence: {
         Value::List items;
         for (const auto& item : n) items.push_back(convert(item, file));
@@ -147,11 +155,13 @@ class Loader {
       bases.push_back(base);
     } else if (base->is_list()) {
       for (const auto& b : base->as_list()) {
-        if (!b.is_string()) throw UserError(b.location().str() + ": base_config entries must be file paths, got " + b.describe());
+        if (!b.is_string())
+          throw UserError(b.location().str() + ": base_config entries must be file paths, got " + b.describe());
         bases.push_back(&b);
       }
     } else {
-      throw UserError(base->location().str() + ": base_config must be a file path or a list of them, got " + base->describe());
+      throw UserError(base->location().str() + ": base_config must be a file path or a list of them, got " +
+                      base->describe());
     }
     Value merged = Value::map();
     for (const Value* b : bases) {
@@ -159,7 +169,8 @@ class Loader {
       Value loaded = with_context("while loading base_config '" + b->as_string() + "' at " + b->location().str(),
                                   [&] { return load_file(target, b->location()); });
       if (!loaded.is_map() && !loaded.is_null())
-        throw UserError(b->location().str() + ": base config '" + target.string() + "' must be a map, got " + loaded.describe());
+        throw UserError(b->location().str() + ": base config '" + target.string() + "' must be a map, got " +
+                        loaded.describe());
       if (loaded.is_map()) merge(merged, loaded);
     }
     v.erase("base_config");
@@ -208,7 +219,8 @@ Override parse_override(std::string_view text) {
   const auto eq = text.find('=');
   const std::string shown(text);
   if (eq == std::string_view::npos || eq == 0)
-    throw UserError("override '" + shown + "' is not of the form key.path=value (for example optimizer.learning_rate=3e-4)");
+    throw UserError("override '" + shown +
+                    "' is not of the form key.path=value (for example optimizer.learning_rate=3e-4)");
   Override o;
   o.text = shown;
   std::string_view key = text.substr(0, eq);

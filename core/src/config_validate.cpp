@@ -12,7 +12,9 @@ std::string join_path(std::string_view parent, std::string_view key) {
   return parent.empty() ? std::string(key) : std::string(parent) + "." + std::string(key);
 }
 
-std::string prefix(const SourceLocation& loc) { return loc.known() ? loc.str() + ": " : ""; }
+std::string prefix(const SourceLocation& loc) {
+  return loc.known() ? loc.str() + ": " : "";
+}
 
 // The documented options, one per line, for error messages.
 std::string option_listing(const OptionSchema& schema) {
@@ -30,7 +32,8 @@ std::string option_listing(const OptionSchema& schema) {
   return out;
 }
 
-[[noreturn]] void invalid(const Value& v, const std::string& path, const OptionSpec& spec, const std::string& why = "") {
+[[noreturn]] void invalid(const Value& v, const std::string& path, const OptionSpec& spec,
+                          const std::string& why = "") {
   throw UserError(prefix(v.location()) + path + ": expected " + spec.expectation() + ", got " + v.describe() +
                   (why.empty() ? "" : " (" + why + ")"));
 }
@@ -84,7 +87,8 @@ Value validate_scalar(OptionType type, const Value& v, const std::string& path, 
       if (!v.is_string()) invalid(v, path, spec);
       check_choice(v, v.as_string(), path, spec);
       return v;
-    default: throw InternalError("validate_scalar: not a scalar type");
+    default:
+      throw InternalError("validate_scalar: not a scalar type");
   }
 }
 
@@ -131,7 +135,8 @@ Value validate_component_impl(std::string_view kind, const Value& node, const st
   return typed;
 }
 
-Value validate_option(const OptionSpec& spec, const Value& v, const std::string& path, const ComponentCatalog& catalog) {
+Value validate_option(const OptionSpec& spec, const Value& v, const std::string& path,
+                      const ComponentCatalog& catalog) {
   if (v.is_null() && spec.type() != OptionType::any) {
     if (spec.is_nullable() || (spec.type() == OptionType::object)) {
       if (spec.type() == OptionType::object) return validate_impl(*spec.object_schema(), v, path, path, catalog);
@@ -143,7 +148,8 @@ Value validate_option(const OptionSpec& spec, const Value& v, const std::string&
     case OptionType::boolean:
     case OptionType::integer:
     case OptionType::number:
-    case OptionType::string: return validate_scalar(spec.type(), v, path, spec);
+    case OptionType::string:
+      return validate_scalar(spec.type(), v, path, spec);
     case OptionType::list: {
       if (!v.is_list()) invalid(v, path, spec);
       const auto& items = v.as_list();
@@ -161,7 +167,8 @@ Value validate_option(const OptionSpec& spec, const Value& v, const std::string&
     }
     case OptionType::component:
       return validate_component_impl(spec.component_kind(), v, path, catalog, spec.default_value());
-    case OptionType::any: return v;
+    case OptionType::any:
+      return v;
   }
   return v;
 }

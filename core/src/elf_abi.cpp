@@ -23,7 +23,9 @@ T read_at(std::ifstream& in, std::uint64_t offset, std::uint64_t file_size, cons
   return value;
 }
 
-std::string fixed_string(const char* data, std::size_t size) { return std::string(data, strnlen(data, size)); }
+std::string fixed_string(const char* data, std::size_t size) {
+  return std::string(data, strnlen(data, size));
+}
 
 }  // namespace
 
@@ -50,10 +52,11 @@ AbiRecordInfo read_abi_record(const std::filesystem::path& file) {
   std::uint64_t count = header.e_shnum;
   std::uint64_t names_index = header.e_shstrndx;
   const auto first = read_at<Elf64_Shdr>(in, header.e_shoff, size, "the section headers");
-  if (count == 0) count = first.sh_size;            // extended numbering
+  if (count == 0) count = first.sh_size;  // extended numbering
   if (names_index == SHN_XINDEX) names_index = first.sh_link;
   if (names_index >= count) throw UserError("malformed ELF file (bad section name table index)");
-  const auto names = read_at<Elf64_Shdr>(in, header.e_shoff + names_index * sizeof(Elf64_Shdr), size, "the section names");
+  const auto names =
+      read_at<Elf64_Shdr>(in, header.e_shoff + names_index * sizeof(Elf64_Shdr), size, "the section names");
 
   for (std::uint64_t i = 0; i < count; ++i) {
     const auto section = read_at<Elf64_Shdr>(in, header.e_shoff + i * sizeof(Elf64_Shdr), size, "a section header");
@@ -75,10 +78,13 @@ AbiRecordInfo read_abi_record(const std::filesystem::path& file) {
                          fixed_string(record.sdk_version, sizeof(record.sdk_version)),
                          fixed_string(record.build_tag, sizeof(record.build_tag))};
   }
-  throw UserError("a shared object without a loom ABI record (missing symbol loom_plugin_abi: was it built with LOOM_PLUGIN?)");
+  throw UserError(
+      "a shared object without a loom ABI record (missing symbol loom_plugin_abi: was it built with LOOM_PLUGIN?)");
 }
 
-std::string host_build_tag() { return LOOM_BUILD_TAG; }
+std::string host_build_tag() {
+  return LOOM_BUILD_TAG;
+}
 
 namespace {
 
@@ -109,7 +115,9 @@ std::string field(const std::vector<std::pair<std::string, std::string>>& fields
 }
 
 // "gcc-12.2" -> "gcc-12"
-std::string compiler_major(const std::string& compiler) { return compiler.substr(0, compiler.find('.')); }
+std::string compiler_major(const std::string& compiler) {
+  return compiler.substr(0, compiler.find('.'));
+}
 
 }  // namespace
 

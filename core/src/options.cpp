@@ -9,14 +9,22 @@ namespace loom {
 
 std::string_view option_type_name(OptionType t) {
   switch (t) {
-    case OptionType::boolean: return "bool";
-    case OptionType::integer: return "int";
-    case OptionType::number: return "float";
-    case OptionType::string: return "string";
-    case OptionType::list: return "list";
-    case OptionType::object: return "object";
-    case OptionType::component: return "component";
-    case OptionType::any: return "any";
+    case OptionType::boolean:
+      return "bool";
+    case OptionType::integer:
+      return "int";
+    case OptionType::number:
+      return "float";
+    case OptionType::string:
+      return "string";
+    case OptionType::list:
+      return "list";
+    case OptionType::object:
+      return "object";
+    case OptionType::component:
+      return "component";
+    case OptionType::any:
+      return "any";
   }
   return "?";
 }
@@ -61,11 +69,16 @@ std::string number_text(double v) {
 }
 std::string plural(OptionType t) {
   switch (t) {
-    case OptionType::boolean: return "booleans";
-    case OptionType::integer: return "integers";
-    case OptionType::number: return "numbers";
-    case OptionType::string: return "strings";
-    default: return "values";
+    case OptionType::boolean:
+      return "booleans";
+    case OptionType::integer:
+      return "integers";
+    case OptionType::number:
+      return "numbers";
+    case OptionType::string:
+      return "strings";
+    default:
+      return "values";
   }
 }
 }  // namespace
@@ -73,25 +86,41 @@ std::string plural(OptionType t) {
 std::string OptionSpec::expectation() const {
   std::string s;
   switch (type_) {
-    case OptionType::boolean: s = "a boolean (true or false)"; break;
-    case OptionType::integer: s = "an integer"; break;
-    case OptionType::number: s = "a number"; break;
-    case OptionType::string: s = "a string"; break;
+    case OptionType::boolean:
+      s = "a boolean (true or false)";
+      break;
+    case OptionType::integer:
+      s = "an integer";
+      break;
+    case OptionType::number:
+      s = "a number";
+      break;
+    case OptionType::string:
+      s = "a string";
+      break;
     case OptionType::list: {
       s = "a list";
-      if (min_length_ == max_length_) s += " of " + std::to_string(min_length_);
-      else if (max_length_ != static_cast<std::size_t>(-1)) s += " of " + std::to_string(min_length_) + " to " + std::to_string(max_length_);
-      s += (min_length_ == max_length_ || max_length_ != static_cast<std::size_t>(-1) ? " " : " of ") +
-           (min_length_ == max_length_ && min_length_ == 1 ? std::string(option_type_name(element_)) : plural(element_));
+      if (min_length_ == max_length_)
+        s += " of " + std::to_string(min_length_);
+      else if (max_length_ != static_cast<std::size_t>(-1))
+        s += " of " + std::to_string(min_length_) + " to " + std::to_string(max_length_);
+      s +=
+          (min_length_ == max_length_ || max_length_ != static_cast<std::size_t>(-1) ? " " : " of ") +
+          (min_length_ == max_length_ && min_length_ == 1 ? std::string(option_type_name(element_)) : plural(element_));
       break;
     }
-    case OptionType::object: s = "a map"; break;
+    case OptionType::object:
+      s = "a map";
+      break;
     case OptionType::component: {
-      const bool vowel = !component_kind_.empty() && std::string_view("aeiou").find(component_kind_[0]) != std::string_view::npos;
+      const bool vowel =
+          !component_kind_.empty() && std::string_view("aeiou").find(component_kind_[0]) != std::string_view::npos;
       s = std::string("the name of ") + (vowel ? "an " : "a ") + component_kind_ + " (or a map with `type`)";
       break;
     }
-    case OptionType::any: s = "any value"; break;
+    case OptionType::any:
+      s = "any value";
+      break;
   }
   if (min_ && max_) {
     s += std::string(" in ") + (min_inclusive_ ? "[" : "(") + number_text(*min_) + ", " + number_text(*max_) +
@@ -181,7 +210,8 @@ auto read_as(const Options& o, std::string_view name, F&& f) {
   try {
     return f(v);
   } catch (const UserError& e) {
-    throw InternalError("option '" + std::string(name) + "' of " + o.path() + " read as the wrong type: " + e.message());
+    throw InternalError("option '" + std::string(name) + "' of " + o.path() +
+                        " read as the wrong type: " + e.message());
   }
 }
 }  // namespace

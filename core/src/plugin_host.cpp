@@ -1,9 +1,9 @@
 #include "loom/core/plugin_host.hpp"
 
-#include <boost/dll/runtime_symbol_info.hpp>
-#include <boost/dll/shared_library.hpp>
 #include <dlfcn.h>
 
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -74,8 +74,8 @@ std::vector<PluginSearchPath> PluginHost::default_search_path(const std::vector<
   std::error_code ec;
   const auto exe = boost::dll::program_location(ec);
   if (!ec)
-    search.push_back({(exe.parent_path() / ".." / "lib" / "loom" / "plugins").lexically_normal(),
-                      "next to the executable"});
+    search.push_back(
+        {(exe.parent_path() / ".." / "lib" / "loom" / "plugins").lexically_normal(), "next to the executable"});
   search.push_back({fs::path(LOOM_INSTALL_PLUGIN_DIR), "install directory"});
   return search;
 }
@@ -133,8 +133,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
 
     // 2. Load it. RTLD_NOW: an unresolved symbol fails here, not in the middle of a run.
     std::error_code ec;
-    boost::dll::shared_library library(file,
-                                       boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+    boost::dll::shared_library library(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
     if (ec || !library.is_loaded()) {
       const char* why = dlerror();
       throw UserError("cannot be loaded: " + std::string(why ? why : ec.message()));
@@ -143,8 +142,8 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
       throw UserError("missing symbol loom_plugin_abi (an ABI record section without the exported record)");
     if (!library.has("loom_plugin_register"))
       throw UserError("missing symbol loom_plugin_register: the plugin exports no register function");
-    const auto entry = reinterpret_cast<LoomRegisterFunction>(
-        const_cast<void*>(library.get<const void*>("loom_plugin_register")));
+    const auto entry =
+        reinterpret_cast<LoomRegisterFunction>(const_cast<void*>(library.get<const void*>("loom_plugin_register")));
     auto loaded = std::make_shared<LoadedLibrary>(std::move(library));
     failed_libraries_.push_back(loaded);  // until it registers successfully
 

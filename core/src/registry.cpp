@@ -106,7 +106,9 @@ void Registry::set_search_info(std::vector<std::string> searched_dirs, std::vect
   failed_ = std::move(failed);
 }
 
-ExecutionContext& Registry::execution() const { return execution_ ? *execution_ : default_execution_context(); }
+ExecutionContext& Registry::execution() const {
+  return execution_ ? *execution_ : default_execution_context();
+}
 
 void Registry::throw_unknown(std::string_view kind, std::string_view name, std::string_view path,
                              const SourceLocation& where) const {

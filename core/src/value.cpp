@@ -22,13 +22,20 @@ std::string SourceLocation::str() const {
 
 std::string_view Value::type_name(Type t) {
   switch (t) {
-    case Type::null: return "null";
-    case Type::boolean: return "a boolean";
-    case Type::integer: return "an integer";
-    case Type::number: return "a number";
-    case Type::string: return "a string";
-    case Type::list: return "a list";
-    case Type::map: return "a map";
+    case Type::null:
+      return "null";
+    case Type::boolean:
+      return "a boolean";
+    case Type::integer:
+      return "an integer";
+    case Type::number:
+      return "a number";
+    case Type::string:
+      return "a string";
+    case Type::list:
+      return "a list";
+    case Type::map:
+      return "a map";
   }
   return "?";
 }
@@ -46,8 +53,8 @@ bool needs_quotes(const std::string& s) {
   if (s.front() == ' ' || s.back() == ' ' || s.front() == '-' || s.front() == '?') return true;
   if (s.find('\n') != std::string::npos || s.find('\t') != std::string::npos) return true;
   // Would read back as something other than a string.
-  static const char* words[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false", "False", "FALSE",
-                                "yes", "no", "on", "off", "Yes", "No", "On", "Off"};
+  static const char* words[] = {"null",  "Null", "NULL", "~",  "true", "True", "TRUE", "false", "False",
+                                "FALSE", "yes",  "no",   "on", "off",  "Yes",  "No",   "On",    "Off"};
   for (const char* w : words)
     if (s == w) return true;
   char* end = nullptr;
@@ -60,11 +67,20 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default: out += c;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += c;
     }
   }
   return out + "\"";
@@ -93,12 +109,18 @@ std::string format_double(double d) {
 
 std::string scalar_text(const Value& v) {
   switch (v.type()) {
-    case Value::Type::null: return "null";
-    case Value::Type::boolean: return v.as_bool() ? "true" : "false";
-    case Value::Type::integer: return std::to_string(v.as_int());
-    case Value::Type::number: return format_double(v.as_double());
-    case Value::Type::string: return needs_quotes(v.as_string()) ? quote(v.as_string()) : v.as_string();
-    default: return "";
+    case Value::Type::null:
+      return "null";
+    case Value::Type::boolean:
+      return v.as_bool() ? "true" : "false";
+    case Value::Type::integer:
+      return std::to_string(v.as_int());
+    case Value::Type::number:
+      return format_double(v.as_double());
+    case Value::Type::string:
+      return needs_quotes(v.as_string()) ? quote(v.as_string()) : v.as_string();
+    default:
+      return "";
   }
 }
 }  // namespace
@@ -143,7 +165,9 @@ const Value* Value::find(std::string_view key) const {
     if (k == key) return &v;
   return nullptr;
 }
-Value* Value::find(std::string_view key) { return const_cast<Value*>(std::as_const(*this).find(key)); }
+Value* Value::find(std::string_view key) {
+  return const_cast<Value*>(std::as_const(*this).find(key));
+}
 
 Value& Value::set(std::string_view key, Value v) {
   Map& m = as_map();
@@ -183,14 +207,18 @@ void Value::set_location_recursive(const SourceLocation& loc) {
 
 std::string Value::describe() const {
   switch (type()) {
-    case Type::null: return "null";
+    case Type::null:
+      return "null";
     case Type::list: {
       auto n = as_list().size();
       return n <= 4 ? to_flow() : "a list of " + std::to_string(n);
     }
-    case Type::map: return as_map().empty() ? "{}" : "a map";
-    case Type::string: return quote(as_string());
-    default: return scalar_text(*this);
+    case Type::map:
+      return as_map().empty() ? "{}" : "a map";
+    case Type::string:
+      return quote(as_string());
+    default:
+      return scalar_text(*this);
   }
 }
 
@@ -214,8 +242,9 @@ std::string Value::to_yaml(int indent) const {
   if (is_map()) {
     if (as_map().empty()) return pad + "{}\n";
     for (const auto& [k, v] : as_map()) {
-      const bool nested = (v.is_map() && !v.as_map().empty()) ||
-                          (v.is_list() && !v.as_list().empty() && (v.as_list().front().is_map() || v.as_list().size() > 8));
+      const bool nested =
+          (v.is_map() && !v.as_map().empty()) ||
+          (v.is_list() && !v.as_list().empty() && (v.as_list().front().is_map() || v.as_list().size() > 8));
       if (nested)
         out += pad + k + ":\n" + v.to_yaml(indent + 2);
       else

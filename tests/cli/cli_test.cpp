@@ -46,8 +46,8 @@ TEST(Cli, UnknownFlagIsAUserError) {
 }
 
 TEST(Cli, PluginsListsComponentsAndFailures) {
-  const auto r = loom({"plugins", "--plugin-path", fixture_dir("good").string(), "--plugin-path",
-                       fixture_dir("broken").string()});
+  const auto r =
+      loom({"plugins", "--plugin-path", fixture_dir("good").string(), "--plugin-path", fixture_dir("broken").string()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("test_scaled"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("a test schedule with options of every type"), std::string::npos);
@@ -58,8 +58,8 @@ TEST(Cli, PluginsListsComponentsAndFailures) {
 }
 
 TEST(Cli, PluginsJsonIsValidAndComplete) {
-  const auto r = loom({"plugins", "--json"}, {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" +
-                                                 fixture_dir("broken").string()});
+  const auto r = loom({"plugins", "--json"},
+                      {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" + fixture_dir("broken").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto doc = nlohmann::json::parse(r.out);
   bool found = false;
@@ -79,8 +79,8 @@ TEST(Cli, PluginsJsonIsValidAndComplete) {
 TEST(Cli, ConfigShowPrintsTheResolvedConfigWithDefaults) {
   test::TempDir dir;
   const auto file = dir.write("run.yaml", "lr_schedule:\n  type: test_scaled\n  scale: 0.5\n");
-  const auto r = loom({"config", "show", file.string(), "lr_schedule.hold_steps=7", "--plugin-path",
-                       fixture_dir("good").string()});
+  const auto r = loom(
+      {"config", "show", file.string(), "lr_schedule.hold_steps=7", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("lr_schedule:\n  type: test_scaled\n  scale: 0.5\n  hold_steps: 7\n  verbose: false\n"),
             std::string::npos)
@@ -148,7 +148,8 @@ TEST(Cli, MissingConfigFileAndBadOverrideExitTwo) {
 TEST(Cli, ConfigSchemaPrintsDeclaredOptions) {
   auto r = loom({"config", "schema", "lr_schedule/test_scaled", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("scale  a number in [0, 1]; default 0.1\n      Factor applied after the hold."), std::string::npos)
+  EXPECT_NE(r.out.find("scale  a number in [0, 1]; default 0.1\n      Factor applied after the hold."),
+            std::string::npos)
       << r.out;
   r = loom({"config", "schema", "--json", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;

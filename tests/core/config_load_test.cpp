@@ -38,7 +38,7 @@ TEST(ConfigLoad, ScalarsAreTypedByTheYamlCoreSchema) {
   EXPECT_TRUE(v.find("n")->is_null());
   EXPECT_TRUE(v.find("tilde")->is_null());
   EXPECT_EQ(v.find("s")->as_string(), "hello");
-  EXPECT_EQ(v.find("q")->as_string(), "42");    // quoted: a string
+  EXPECT_EQ(v.find("q")->as_string(), "42");     // quoted: a string
   EXPECT_EQ(v.find("sq")->as_string(), "true");  // quoted: a string
   EXPECT_EQ(v.find("list")->as_list()[1].as_string(), "two");
 }
@@ -75,12 +75,12 @@ TEST(ConfigLoad, MissingFileIsAUserError) {
 TEST(ConfigLoad, BaseConfigMergesMapsAndChildWins) {
   TempDir dir;
   dir.write("base/model.yaml", "model:\n  type: gpt2\n  hidden_dim: 768\n  layers: [1, 2, 3]\ntrainer:\n  steps: 10\n");
-  const auto child = dir.write(
-      "runs/small.yaml", "base_config: ../base/model.yaml\nmodel:\n  hidden_dim: 128\n  layers: [4]\n");
+  const auto child =
+      dir.write("runs/small.yaml", "base_config: ../base/model.yaml\nmodel:\n  hidden_dim: 128\n  layers: [4]\n");
   const Value v = config::load_file(child);
   EXPECT_EQ(v.find("base_config"), nullptr);
-  EXPECT_EQ(v.at_path("model.type")->as_string(), "gpt2");   // inherited
-  EXPECT_EQ(v.at_path("model.hidden_dim")->as_int(), 128);   // overridden
+  EXPECT_EQ(v.at_path("model.type")->as_string(), "gpt2");     // inherited
+  EXPECT_EQ(v.at_path("model.hidden_dim")->as_int(), 128);     // overridden
   EXPECT_EQ(v.at_path("model.layers")->as_list().size(), 1u);  // lists replace
   EXPECT_EQ(v.at_path("trainer.steps")->as_int(), 10);
   // Each value keeps the location of the file it came from.
@@ -158,7 +158,8 @@ TEST(ConfigOverride, ValuesParseAsYaml) {
 }
 
 TEST(ConfigOverride, MalformedOverridesAreUserErrors) {
-  EXPECT_NE(error_of([] { config::parse_override("novalue"); }).find("not of the form key.path=value"), std::string::npos);
+  EXPECT_NE(error_of([] { config::parse_override("novalue"); }).find("not of the form key.path=value"),
+            std::string::npos);
   EXPECT_NE(error_of([] { config::parse_override("=3"); }).find("not of the form"), std::string::npos);
   EXPECT_NE(error_of([] { config::parse_override("a..b=3"); }).find("is not a key path"), std::string::npos);
   EXPECT_NE(error_of([] { config::parse_override("a=[1,"); }).find("not valid YAML"), std::string::npos);
@@ -172,7 +173,7 @@ TEST(ConfigOverride, PrecedenceIsBaseThenFileThenOverridesInOrder) {
   EXPECT_DOUBLE_EQ(v.at_path("optimizer.learning_rate")->as_double(), 0.002);  // last override wins
   EXPECT_DOUBLE_EQ(v.at_path("optimizer.beta1")->as_double(), 0.8);            // file over base
   EXPECT_DOUBLE_EQ(v.at_path("optimizer.eps")->as_double(), 1e-8);             // base kept
-  EXPECT_EQ(v.at_path("new.key")->as_int(), 5);                                 // maps created
+  EXPECT_EQ(v.at_path("new.key")->as_int(), 5);                                // maps created
   EXPECT_EQ(v.at_path("optimizer.learning_rate")->location().str(),
             "command-line override 'optimizer.learning_rate=0.002'");
 }

@@ -44,17 +44,19 @@ class ValidateTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::vector<ComponentEntry> entries;
-    entries.push_back({nullptr, "lr_schedule", {"flat", "flat schedule", "1", schedule_options()},
-                       [](const Options& o, const CreateContext&) -> std::unique_ptr<Component> {
-                         return std::make_unique<Flat>(o);
-                       },
-                       "<test>"});
+    entries.push_back(
+        {nullptr,
+         "lr_schedule",
+         {"flat", "flat schedule", "1", schedule_options()},
+         [](const Options& o, const CreateContext&) -> std::unique_ptr<Component> { return std::make_unique<Flat>(o); },
+         "<test>"});
     OptionSchema none;
-    entries.push_back({nullptr, "tokenizer", {"chars", "chars", "1", none},
-                       [](const Options&, const CreateContext&) -> std::unique_ptr<Component> {
-                         return std::make_unique<Chars>();
-                       },
-                       "<test>"});
+    entries.push_back(
+        {nullptr,
+         "tokenizer",
+         {"chars", "chars", "1", none},
+         [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return std::make_unique<Chars>(); },
+         "<test>"});
     registry.add(std::move(entries));
   }
 
@@ -90,7 +92,8 @@ TEST_F(ValidateTest, FillsDefaultsInDeclarationOrder) {
   ASSERT_TRUE(v.is_map());
   std::vector<std::string> keys;
   for (const auto& [k, x] : v.as_map()) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"type", "scale", "warmup", "mode", "betas", "restart", "tokenizer", "verbose"}));
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"type", "scale", "warmup", "mode", "betas", "restart", "tokenizer", "verbose"}));
   EXPECT_EQ(v.find("warmup")->as_int(), 5);
   EXPECT_DOUBLE_EQ(v.find("scale")->as_double(), 0.5);
   EXPECT_EQ(v.at_path("restart.every")->as_int(), 10);
@@ -110,51 +113,67 @@ TEST_F(ValidateTest, IntegersAreAcceptedAsNumbersAndIntegralFloatsAsIntegers) {
 
 TEST_F(ValidateTest, UnknownKeyNamesFileLineClosestKeyAndTheOptions) {
   const std::string msg = error("lr_schedule:\n  type: flat\n  warmpu: 5\n");
-  const std::string head = file.string() + ":3:11: lr_schedule.warmpu: unknown option of lr_schedule 'flat'; did you mean 'warmup'?";
+  const std::string head =
+      file.string() + ":3:11: lr_schedule.warmpu: unknown option of lr_schedule 'flat'; did you mean 'warmup'?";
   EXPECT_EQ(msg.substr(0, msg.find('\n')), head) << msg;
   EXPECT_NE(msg.find("warmup (int, default 100): Warmup steps."), std::string::npos) << msg;
   EXPECT_NE(msg.find("scale (float, default 0.5): Scale."), std::string::npos) << msg;
 }
 
 TEST_F(ValidateTest, WrongTypeSaysWhatWasExpected) {
-  expect_error("lr_schedule:\n  type: flat\n  warmup: soon\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got \"soon\"");
-  expect_error("lr_schedule:\n  type: flat\n  verbose: 1\n", ":3:12: lr_schedule.verbose: expected a boolean (true or false), got 1");
-  expect_error("lr_schedule:\n  type: flat\n  warmup: 2.5\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got 2.5");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: soon\n",
+               ":3:11: lr_schedule.warmup: expected an integer >= 0, got \"soon\"");
+  expect_error("lr_schedule:\n  type: flat\n  verbose: 1\n",
+               ":3:12: lr_schedule.verbose: expected a boolean (true or false), got 1");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: 2.5\n",
+               ":3:11: lr_schedule.warmup: expected an integer >= 0, got 2.5");
 }
 
 TEST_F(ValidateTest, OutOfRangeValuesAreRejected) {
-  expect_error("lr_schedule:\n  type: flat\n  scale: 1.5\n", ":3:10: lr_schedule.scale: expected a number in [0, 1], got 1.5 (out of range)");
-  expect_error("lr_schedule:\n  type: flat\n  warmup: -1\n", ":3:11: lr_schedule.warmup: expected an integer >= 0, got -1 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  scale: 1.5\n",
+               ":3:10: lr_schedule.scale: expected a number in [0, 1], got 1.5 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  warmup: -1\n",
+               ":3:11: lr_schedule.warmup: expected an integer >= 0, got -1 (out of range)");
 }
 
 TEST_F(ValidateTest, ChoicesSuggestTheClosest) {
-  expect_error("lr_schedule:\n  type: flat\n  mode: cosin\n", ":3:9: lr_schedule.mode: expected a string, one of linear, cosine, got \"cosin\" (did you mean 'cosine'?)");
+  expect_error(
+      "lr_schedule:\n  type: flat\n  mode: cosin\n",
+      ":3:9: lr_schedule.mode: expected a string, one of linear, cosine, got \"cosin\" (did you mean 'cosine'?)");
 }
 
 TEST_F(ValidateTest, ListsCheckLengthAndEachElement) {
-  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9]\n", ":3:10: lr_schedule.betas: expected a list of 2 numbers in (0, 1), got [0.9] (wrong length)");
-  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9, 1.0]\n", ":3:16: lr_schedule.betas[1]: expected a list of 2 numbers in (0, 1), got 1.0 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9]\n",
+               ":3:10: lr_schedule.betas: expected a list of 2 numbers in (0, 1), got [0.9] (wrong length)");
+  expect_error("lr_schedule:\n  type: flat\n  betas: [0.9, 1.0]\n",
+               ":3:16: lr_schedule.betas[1]: expected a list of 2 numbers in (0, 1), got 1.0 (out of range)");
 }
 
 TEST_F(ValidateTest, NestedObjectsAreValidatedWithTheirPath) {
-  expect_error("lr_schedule:\n  type: flat\n  restart:\n    every: 0\n", ":4:12: lr_schedule.restart.every: expected an integer >= 1, got 0 (out of range)");
+  expect_error("lr_schedule:\n  type: flat\n  restart:\n    every: 0\n",
+               ":4:12: lr_schedule.restart.every: expected an integer >= 1, got 0 (out of range)");
   const std::string msg = error("lr_schedule:\n  type: flat\n  restart:\n    evry: 3\n");
-  EXPECT_EQ(msg.substr(0, msg.find('\n')),
-            file.string() + ":4:11: lr_schedule.restart.evry: unknown option of lr_schedule.restart; did you mean 'every'?");
+  EXPECT_EQ(
+      msg.substr(0, msg.find('\n')),
+      file.string() + ":4:11: lr_schedule.restart.evry: unknown option of lr_schedule.restart; did you mean 'every'?");
 }
 
 TEST_F(ValidateTest, ErrorsInOverridesNameTheOverride) {
   EXPECT_EQ(error("lr_schedule:\n  type: flat\n", {"lr_schedule.scale=7"}),
-            "command-line override 'lr_schedule.scale=7': lr_schedule.scale: expected a number in [0, 1], got 7 (out of range)");
+            "command-line override 'lr_schedule.scale=7': lr_schedule.scale: expected a number in [0, 1], got 7 (out "
+            "of range)");
 }
 
 TEST_F(ValidateTest, UnknownTypeListsWhatIsAvailable) {
   registry.set_search_info({"/some/dir (LOOM_PLUGIN_PATH)"}, {{"/some/dir/libloom-x.so", "not an ELF shared object"}});
   const std::string msg = error("lr_schedule:\n  type: flta\n");
-  EXPECT_EQ(msg.substr(0, msg.find('\n')), file.string() + ":2:9: lr_schedule: unknown lr_schedule 'flta'; did you mean 'flat'?");
+  EXPECT_EQ(msg.substr(0, msg.find('\n')),
+            file.string() + ":2:9: lr_schedule: unknown lr_schedule 'flta'; did you mean 'flat'?");
   EXPECT_NE(msg.find("available lr_schedules:\n  flat  <test>"), std::string::npos) << msg;
   EXPECT_NE(msg.find("plugin path searched:\n  /some/dir (LOOM_PLUGIN_PATH)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("plugins that failed to load:\n  /some/dir/libloom-x.so: not an ELF shared object"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("plugins that failed to load:\n  /some/dir/libloom-x.so: not an ELF shared object"),
+            std::string::npos)
+      << msg;
 }
 
 TEST_F(ValidateTest, UnknownNestedComponentIsReportedAtItsPath) {
@@ -163,7 +182,9 @@ TEST_F(ValidateTest, UnknownNestedComponentIsReportedAtItsPath) {
 }
 
 TEST_F(ValidateTest, MissingTypeIsExplained) {
-  expect_error("lr_schedule:\n  scale: 0.1\n", ":2:3: lr_schedule: missing `type`: which lr_schedule to use (for example `lr_schedule: {type: NAME, ...}`)");
+  expect_error(
+      "lr_schedule:\n  scale: 0.1\n",
+      ":2:3: lr_schedule: missing `type`: which lr_schedule to use (for example `lr_schedule: {type: NAME, ...}`)");
 }
 
 TEST_F(ValidateTest, RequiredOptionsMustBeGiven) {
@@ -180,7 +201,8 @@ TEST_F(ValidateTest, RequiredOptionsMustBeGiven) {
 
 TEST_F(ValidateTest, CreateGivesTheComponentItsOptions) {
   const Value root = config::load_string("lr_schedule:\n  type: flat\n  scale: 0.25\n", "c.yaml");
-  auto schedule = registry.create<LrSchedule>(ComponentRef{"lr_schedule", "", *root.find("lr_schedule"), "lr_schedule"});
+  auto schedule =
+      registry.create<LrSchedule>(ComponentRef{"lr_schedule", "", *root.find("lr_schedule"), "lr_schedule"});
   EXPECT_DOUBLE_EQ(schedule->learning_rate(0, 10, 2.0), 0.5);
 }
 

@@ -1,14 +1,15 @@
 // The plugin host: discovery order, de-duplication, shadowing, duplicate names, every way a
 // plugin can fail, and handles that keep their library loaded.
+#include "loom/core/plugin_host.hpp"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include "loom/core/plugin_host.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/lr_schedule.hpp"
-#include "loom/plugin.hpp"
 #include "loom/kinds/tokenizer.hpp"
+#include "loom/plugin.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -112,7 +113,8 @@ TEST(PluginHost, TwoPluginsClaimingOneNameIsAnErrorNamingBothFiles) {
     registry.create<LrSchedule>({"lr_schedule", "test_dup", Value(), "lr_schedule"});
     FAIL() << "expected an error";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("'test_dup' is provided by two plugins, " + a + " and " + b), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'test_dup' is provided by two plugins, " + a + " and " + b),
+              std::string::npos)
         << e.what();
   }
 }
@@ -122,7 +124,9 @@ TEST(PluginHost, TheSameFileReachedTwiceLoadsOnce) {
   fs::create_directory_symlink(fixture_dir("good"), dir.path() / "link");
   Registry registry;
   PluginHost host;
-  host.load({{fixture_dir("good"), "first"}, {dir.path() / "link", "second"}, {fixture_dir("good"), "third"},
+  host.load({{fixture_dir("good"), "first"},
+             {dir.path() / "link", "second"},
+             {fixture_dir("good"), "third"},
              {fixture_dir("good") / "libloom-test-good.so", "fourth"}},
             registry);
   ASSERT_EQ(host.plugins().size(), 1u);
@@ -137,7 +141,8 @@ TEST(PluginHost, EarlierDirectoriesShadowLaterFilesOfTheSameName) {
   ASSERT_EQ(host.plugins().size(), 2u);
   EXPECT_EQ(host.plugins()[0].status, PluginRecord::Status::loaded);
   EXPECT_EQ(host.plugins()[1].status, PluginRecord::Status::shadowed);
-  EXPECT_NE(host.plugins()[1].reason.find("shadowed by " + fs::canonical(fixture_dir("shadow") / "libloom-test-good.so").string()),
+  EXPECT_NE(host.plugins()[1].reason.find("shadowed by " +
+                                          fs::canonical(fixture_dir("shadow") / "libloom-test-good.so").string()),
             std::string::npos);
   EXPECT_NE(registry.find("lr_schedule", "test_shadow"), nullptr);
   EXPECT_EQ(registry.find("lr_schedule", "test_scaled"), nullptr);
@@ -145,9 +150,8 @@ TEST(PluginHost, EarlierDirectoriesShadowLaterFilesOfTheSameName) {
 
 TEST(PluginHost, DiscoveryOrderIsCommandLineConfigEnvironmentExecutableInstall) {
   ::setenv("LOOM_PLUGIN_PATH", "/env/one::/env/two", 1);
-  const auto search =
-      PluginHost::default_search_path({{"/cli/a", "--plugin-path"}, {"/cli/b", "--plugin-path"}},
-                                      {{"/config/c", "plugins.paths"}});
+  const auto search = PluginHost::default_search_path({{"/cli/a", "--plugin-path"}, {"/cli/b", "--plugin-path"}},
+                                                      {{"/config/c", "plugins.paths"}});
   ::unsetenv("LOOM_PLUGIN_PATH");
   ASSERT_EQ(search.size(), 7u);
   EXPECT_EQ(search[0].path, "/cli/a");

@@ -16,7 +16,8 @@ namespace loom::test {
 
 TempDir::TempDir() {
   std::random_device rd;
-  path_ = std::filesystem::temp_directory_path() / ("loom-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+  path_ =
+      std::filesystem::temp_directory_path() / ("loom-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   std::filesystem::create_directories(path_);
 }
 

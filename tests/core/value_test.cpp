@@ -1,8 +1,9 @@
+#include "loom/value.hpp"
+
 #include <gtest/gtest.h>
 
 #include "loom/core/config.hpp"
 #include "loom/error.hpp"
-#include "loom/value.hpp"
 
 namespace loom {
 namespace {

@@ -1,10 +1,9 @@
 // An lr_schedule plugin: the learning rate decays by `decay_rate` every `decay_steps` steps,
 //   lr(step) = peak * decay_rate ^ (step / decay_steps)
 // continuously (or in whole steps when `staircase` is set), as in TensorFlow's ExponentialDecay.
+#include <cmath>
 #include <loom/kinds/lr_schedule.hpp>
 #include <loom/plugin.hpp>
-
-#include <cmath>
 #include <memory>
 
 namespace {

@@ -32,7 +32,7 @@ namespace loom {
 enum class OptionType {
   boolean,
   integer,
-  number,     // floating point; integers are accepted
+  number,  // floating point; integers are accepted
   string,
   list,       // of `element` values
   object,     // a nested map validated by its own schema
@@ -132,7 +132,7 @@ class OptionSchema {
 struct ComponentRef {
   std::string kind;
   std::string name;
-  Value node;  // the whole map, `type` included; a bare name becomes {type: name}
+  Value node;        // the whole map, `type` included; a bare name becomes {type: name}
   std::string path;  // key path in the config, for messages ("model.attention")
 };
 
@@ -172,14 +172,23 @@ class Options {
   std::string path_;
 };
 
-template <> bool Options::get<bool>(std::string_view) const;
-template <> std::int64_t Options::get<std::int64_t>(std::string_view) const;
-template <> int Options::get<int>(std::string_view) const;
-template <> double Options::get<double>(std::string_view) const;
-template <> float Options::get<float>(std::string_view) const;
-template <> std::string Options::get<std::string>(std::string_view) const;
-template <> std::vector<std::int64_t> Options::get<std::vector<std::int64_t>>(std::string_view) const;
-template <> std::vector<double> Options::get<std::vector<double>>(std::string_view) const;
-template <> std::vector<std::string> Options::get<std::vector<std::string>>(std::string_view) const;
+template <>
+bool Options::get<bool>(std::string_view) const;
+template <>
+std::int64_t Options::get<std::int64_t>(std::string_view) const;
+template <>
+int Options::get<int>(std::string_view) const;
+template <>
+double Options::get<double>(std::string_view) const;
+template <>
+float Options::get<float>(std::string_view) const;
+template <>
+std::string Options::get<std::string>(std::string_view) const;
+template <>
+std::vector<std::int64_t> Options::get<std::vector<std::int64_t>>(std::string_view) const;
+template <>
+std::vector<double> Options::get<std::vector<double>>(std::string_view) const;
+template <>
+std::vector<std::string> Options::get<std::vector<std::string>>(std::string_view) const;
 
 }  // namespace loom

@@ -61,8 +61,9 @@ typedef LoomRegisterResult (*LoomRegisterFunction)(loom::Registrar&) noexcept;
 
 #if __has_include(<Eigen/src/Core/util/Macros.h>)
 #include <Eigen/src/Core/util/Macros.h>
-#define LOOM_DETAIL_EIGEN \
-  ";eigen=" LOOM_DETAIL_STR(EIGEN_WORLD_VERSION) "." LOOM_DETAIL_STR(EIGEN_MAJOR_VERSION) "." LOOM_DETAIL_STR(EIGEN_MINOR_VERSION)
+#define LOOM_DETAIL_EIGEN                                                                                      \
+  ";eigen=" LOOM_DETAIL_STR(EIGEN_WORLD_VERSION) "." LOOM_DETAIL_STR(EIGEN_MAJOR_VERSION) "." LOOM_DETAIL_STR( \
+      EIGEN_MINOR_VERSION)
 #else
 #define LOOM_DETAIL_EIGEN ""
 #endif
@@ -93,13 +94,13 @@ inline LoomRegisterResult run_registration(void (*fn)(Registrar&), Registrar& re
 
 // Declares the plugin's two entry points. `register_function` is a function
 // `void f(loom::Registrar&)` of the plugin; it may throw.
-#define LOOM_PLUGIN(register_function)                                                             \
-  namespace loom_plugin_entry {                                                                    \
-  __attribute__((section("loom_abi"), used)) const LoomAbiRecord abi_record = {                    \
-      "LOOMABI", LOOM_ABI_MAJOR, LOOM_ABI_MINOR, LOOM_VERSION_STRING, LOOM_BUILD_TAG};             \
-  LoomRegisterResult register_entry(::loom::Registrar& registrar) noexcept {                       \
-    return ::loom::detail::run_registration(&register_function, registrar);                       \
-  }                                                                                                \
-  }                                                                                                \
-  BOOST_DLL_ALIAS(loom_plugin_entry::abi_record, loom_plugin_abi)                                  \
+#define LOOM_PLUGIN(register_function)                                                                               \
+  namespace loom_plugin_entry {                                                                                      \
+  __attribute__((section("loom_abi"), used))                                                                         \
+  const LoomAbiRecord abi_record = {"LOOMABI", LOOM_ABI_MAJOR, LOOM_ABI_MINOR, LOOM_VERSION_STRING, LOOM_BUILD_TAG}; \
+  LoomRegisterResult register_entry(::loom::Registrar& registrar) noexcept {                                         \
+    return ::loom::detail::run_registration(&register_function, registrar);                                          \
+  }                                                                                                                  \
+  }                                                                                                                  \
+  BOOST_DLL_ALIAS(loom_plugin_entry::abi_record, loom_plugin_abi)                                                    \
   BOOST_DLL_ALIAS(loom_plugin_entry::register_entry, loom_plugin_register)

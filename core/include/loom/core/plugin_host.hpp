@@ -35,9 +35,9 @@ struct PluginRecord {
   std::string file;  // canonical path
   std::string origin;
   Status status = Status::failed;
-  std::string reason;           // why it failed or what shadows it
-  std::string sdk_version;      // from its ABI record, when readable
-  std::string build_tag;        // from its ABI record, when readable
+  std::string reason;                   // why it failed or what shadows it
+  std::string sdk_version;              // from its ABI record, when readable
+  std::string build_tag;                // from its ABI record, when readable
   std::vector<std::string> components;  // "kind/name" registered by it
 };
 

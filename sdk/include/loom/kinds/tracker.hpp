@@ -15,7 +15,7 @@ namespace loom {
 struct RunInfo {
   std::string run_dir;  // exists when start() is called
   std::string run_id;
-  Value config;         // the resolved config
+  Value config;                 // the resolved config
   std::int64_t start_step = 0;  // > 0 when a run resumes
 };
 
