@@ -4,9 +4,9 @@ set -e
 packages="
   build-essential cmake ninja-build git pkg-config clang-format
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
-  libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev
+  libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3-regex
 "
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 missing=""

@@ -1,0 +1,248 @@
+// The `gpt2-bpe` tokenizer: GPT-2's byte-level BPE (Radford et al., 2019), as OpenAI's
+// encoder.py defines it. Text is cut at special tokens (<|endoftext|>), each stretch is cut into
+// pieces by GPT-2's regular expression (pre_tokenizer.hpp), and each piece's bytes are merged by
+// BPE, lowest merge rank first, every occurrence of the chosen pair left to right, until no
+// adjacent pair has a rank.
+#include <algorithm>
+#include <cstring>
+#include <loom/kinds/tokenizer.hpp>
+#include <loom/plugin.hpp>
+#include <memory>
+#include <string>
+
+#include "bpe_model.hpp"
+#include "pre_tokenizer.hpp"
+#include "utf8.hpp"
+#include "word_cache.hpp"
+
+namespace loom::gpt2_bpe {
+namespace {
+
+// Unicode's White_Space property: what an added token's lstrip/rstrip takes.
+bool is_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+class Gpt2Bpe final : public Tokenizer {
+ public:
+  Gpt2Bpe(BpeModel model, bool recognize_special_tokens, std::size_t cache_size)
+      : model_(std::move(model)), cache_(cache_size) {
+    if (recognize_special_tokens) specials_ = model_.added_tokens();
+    // Longest first, so that of two special tokens starting at one place the longer wins.
+    std::stable_sort(specials_.begin(), specials_.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (const auto& s : specials_) starts_special_[static_cast<unsigned char>(s.content[0])] = true;
+    for (int b = 0; b < 256; ++b)
+      if (starts_special_[static_cast<std::size_t>(b)]) special_first_bytes_.push_back(static_cast<char>(b));
+  }
+
+  std::int64_t vocab_size() const override { return model_.vocab_size(); }
+
+  std::optional<std::int32_t> end_of_text() const override {
+    if (model_.end_of_text() < 0) return std::nullopt;
+    return model_.end_of_text();
+  }
+
+  std::vector<std::int32_t> encode(std::string_view text) const override {
+    std::vector<std::int32_t> ids;
+    ids.reserve(text.size() / 3);  // English runs at about four bytes per token
+    PreTokenizer::Scratch scratch(pre_tokenizer_);
+    std::vector<std::int32_t> symbols;
+    const auto encode_ordinary = [&](std::string_view stretch) {
+      pre_tokenizer_.split(stretch, scratch, [&](std::string_view piece) { encode_piece(piece, ids, symbols); });
+    };
+    std::size_t start = 0;  // of the text not yet encoded
+    for (std::size_t pos = 0;;) {
+      pos = next_special_start(text, pos);
+      if (pos == std::string_view::npos) break;
+      const AddedToken* special = special_at(text, pos);
+      if (!special) {
+        ++pos;
+        continue;
+      }
+      std::size_t begin = pos, end = pos + special->content.size();
+      if (special->lstrip) begin = strip_left(text, start, begin);
+      if (special->rstrip) end = strip_right(text, end);
+      encode_ordinary(text.substr(start, begin - start));
+      ids.push_back(special->id);
+      start = pos = end;
+    }
+    encode_ordinary(text.substr(start));
+    return ids;
+  }
+
+  std::string decode(std::span<const std::int32_t> ids) const override {
+    std::string text;
+    text.reserve(ids.size() * 4);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::string* token = model_.token(ids[i]);
+      if (!token)
+        throw UserError("gpt2-bpe: token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                        (ids[i] >= 0 && ids[i] < model_.vocab_size()
+                             ? " is not in the vocabulary (no token has this id)"
+                             : " is outside the vocabulary [0, " + std::to_string(model_.vocab_size()) + ")"));
+      text += *token;
+    }
+    return text;
+  }
+
+ private:
+  void encode_piece(std::string_view piece, std::vector<std::int32_t>& ids, std::vector<std::int32_t>& symbols) const {
+    if (piece.size() == 1) {
+      ids.push_back(model_.byte_id(static_cast<unsigned char>(piece[0])));
+      return;
+    }
+    const std::uint64_t hash = WordCache::hash(piece);
+    if (cache_.lookup(piece, hash, ids)) return;
+    if (model_.ignore_merges()) {
+      if (const std::int32_t whole = model_.find(piece); whole >= 0) {
+        ids.push_back(whole);
+        return;
+      }
+    }
+    symbols.resize(piece.size());
+    for (std::size_t i = 0; i < piece.size(); ++i) symbols[i] = model_.byte_id(static_cast<unsigned char>(piece[i]));
+    merge(symbols);
+    ids.insert(ids.end(), symbols.begin(), symbols.end());
+    cache_.insert(piece, hash, symbols);
+  }
+
+  // encoder.py's bpe(): while some adjacent pair has a rank, take the lowest-ranked pair and
+  // merge each of its occurrences, scanning left to right (so "a a a" becomes "aa a").
+  void merge(std::vector<std::int32_t>& symbols) const {
+    const MergeTable& merges = model_.merges();
+    std::size_t n = symbols.size();
+    while (n > 1) {
+      // A table value is (rank << 32) | merged id, so the smallest value has the lowest rank.
+      std::uint64_t best = MergeTable::kNone;
+      std::size_t best_at = 0;
+      for (std::size_t i = 0; i + 1 < n; ++i) {
+        const std::uint64_t v = merges.find(symbols[i], symbols[i + 1]);
+        if (v < best) best = v, best_at = i;
+      }
+      if (best == MergeTable::kNone) break;
+      const std::int32_t left = symbols[best_at], right = symbols[best_at + 1];
+      const auto merged = static_cast<std::int32_t>(best & 0xFFFFFFFFu);
+      std::size_t out = best_at;
+      for (std::size_t i = best_at; i < n;) {
+        if (i + 1 < n && symbols[i] == left && symbols[i + 1] == right) {
+          symbols[out++] = merged;
+          i += 2;
+        } else {
+          symbols[out++] = symbols[i++];
+        }
+      }
+      n = out;
+    }
+    symbols.resize(n);
+  }
+
+  // The next position at or after `pos` where a special token could start, or npos.
+  std::size_t next_special_start(std::string_view text, std::size_t pos) const {
+    if (special_first_bytes_.empty() || pos >= text.size()) return std::string_view::npos;
+    if (special_first_bytes_.size() == 1) {  // GPT-2: only '<'
+      const void* hit = std::memchr(text.data() + pos, special_first_bytes_[0], text.size() - pos);
+      return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - text.data()) : std::string_view::npos;
+    }
+    for (; pos < text.size(); ++pos)
+      if (starts_special_[static_cast<unsigned char>(text[pos])]) return pos;
+    return std::string_view::npos;
+  }
+
+  const AddedToken* special_at(std::string_view text, std::size_t pos) const {
+    const std::string_view rest = text.substr(pos);
+    for (const auto& s : specials_)
+      if (rest.starts_with(s.content)) return &s;
+    return nullptr;
+  }
+
+  // The start of the run of whitespace that ends at `end`, not before `floor`.
+  static std::size_t strip_left(std::string_view text, std::size_t floor, std::size_t end) {
+    while (end > floor) {
+      std::size_t start = end - 1;
+      while (start > floor && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+      const Utf8Char c = decode_utf8(text, start);
+      if (c.length != end - start || !is_white_space(c.code_point)) break;
+      end = start;
+    }
+    return end;
+  }
+
+  static std::size_t strip_right(std::string_view text, std::size_t start) {
+    while (start < text.size()) {
+      const Utf8Char c = decode_utf8(text, start);
+      if (c.length == 0 || !is_white_space(c.code_point)) break;
+      start += c.length;
+    }
+    return start;
+  }
+
+  BpeModel model_;
+  PreTokenizer pre_tokenizer_;
+  mutable WordCache cache_;  // encode is const, and safe to call concurrently: the cache locks
+  std::vector<AddedToken> specials_;
+  std::array<bool, 256> starts_special_{};
+  std::string special_first_bytes_;
+};
+
+OptionSchema options() {
+  OptionSchema s;
+  s.string("encoder_json", "",
+           "OpenAI's encoder.json (token -> id); give it with `vocab_bpe`, or give `tokenizer_json` instead. "
+           "Relative to the current directory.")
+      .nullable();
+  s.string("vocab_bpe", "", "OpenAI's vocab.bpe (the merges, in rank order); goes with `encoder_json`.").nullable();
+  s.string("tokenizer_json", "",
+           "A Hugging Face tokenizer.json with a byte-level BPE model, instead of `encoder_json` + `vocab_bpe`. "
+           "Relative to the current directory.")
+      .nullable();
+  s.string("end_of_text", "<|endoftext|>",
+           "The token that separates documents (end_of_text()); \"\" or null when the vocabulary has none.")
+      .nullable();
+  s.boolean("recognize_special_tokens", true,
+            "Encode special tokens written in the text (<|endoftext|>, a tokenizer.json's added tokens) as their "
+            "ids; when false they are encoded as ordinary text.");
+  s.integer("cache_size", 100000, "How many distinct pieces (words) to remember the encoding of; 0 turns it off.")
+      .range(0, 10000000);
+  return s;
+}
+
+std::string optional_string(const Options& o, const char* name) {
+  return o.get_optional<std::string>(name).value_or("");
+}
+
+std::unique_ptr<Tokenizer> create(const Options& o) {
+  const std::string encoder_json = optional_string(o, "encoder_json");
+  const std::string vocab_bpe = optional_string(o, "vocab_bpe");
+  const std::string tokenizer_json = optional_string(o, "tokenizer_json");
+  const std::string end_of_text = optional_string(o, "end_of_text");
+  const bool openai = !encoder_json.empty() || !vocab_bpe.empty();
+  if (openai && !tokenizer_json.empty())
+    throw UserError(
+        "gpt2-bpe: give either `encoder_json` and `vocab_bpe` (OpenAI's files) or `tokenizer_json` "
+        "(a Hugging Face file), not both");
+  if (!openai && tokenizer_json.empty())
+    throw UserError(
+        "gpt2-bpe: no vocabulary given; set `encoder_json` and `vocab_bpe` to OpenAI's GPT-2 files, or "
+        "`tokenizer_json` to a Hugging Face tokenizer.json");
+  if (openai && (encoder_json.empty() || vocab_bpe.empty()))
+    throw UserError(std::string("gpt2-bpe: `") + (encoder_json.empty() ? "vocab_bpe" : "encoder_json") +
+                    "` is set but `" + (encoder_json.empty() ? "encoder_json" : "vocab_bpe") +
+                    "` is not; OpenAI's format needs both files");
+  BpeModel model = openai ? BpeModel::from_openai_files(encoder_json, vocab_bpe, end_of_text)
+                          : BpeModel::from_tokenizer_json(tokenizer_json, end_of_text);
+  return std::make_unique<Gpt2Bpe>(std::move(model), o.get<bool>("recognize_special_tokens"),
+                                   static_cast<std::size_t>(o.get<std::int64_t>("cache_size")));
+}
+
+void register_components(Registrar& registrar) {
+  registrar.add<Tokenizer>(
+      {"gpt2-bpe", "GPT-2 byte-level BPE (OpenAI encoder.json + vocab.bpe, or a tokenizer.json)", "1.0.0", options()},
+      [](const Options& o, const CreateContext&) { return create(o); });
+}
+
+}  // namespace
+}  // namespace loom::gpt2_bpe
+
+LOOM_PLUGIN(loom::gpt2_bpe::register_components)
