@@ -1,0 +1,290 @@
+// The `gpt2` model: GPT-2 (Radford et al. 2019) as Levanter's Gpt2Config describes it. Learned
+// position embeddings, pre-LayerNorm blocks, GELU (tanh form) MLP, tied input and output
+// embeddings. Parameter names and layouts follow the Hugging Face / OpenAI checkpoints
+// ("h.0.attn.c_attn.weight" is [hidden, 3 * hidden]: Conv1D's [in, out]).
+#include <cmath>
+#include <loom/kinds/attention.hpp>
+#include <loom/kinds/model.hpp>
+#include <loom/model_support.hpp>
+#include <loom/plugin.hpp>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using loom::Activation;
+using loom::Ops;
+using loom::Parameter;
+using loom::ParameterRole;
+using loom::Shape;
+using loom::Tensor;
+
+struct Gpt2Options {
+  std::int64_t seq_len, hidden_dim, num_layers, num_heads, mlp_scale;
+  double initializer_range;
+  float embed_pdrop, resid_pdrop, layer_norm_epsilon;
+  bool scale_attn_by_inverse_layer_idx, use_bias, tie_word_embeddings;
+  std::int64_t vocab_size;  // 0: from the tokenizer
+};
+
+struct Block {
+  Parameter *ln_1_weight = nullptr, *ln_1_bias = nullptr;
+  Parameter *c_attn_weight = nullptr, *c_attn_bias = nullptr;
+  Parameter *attn_proj_weight = nullptr, *attn_proj_bias = nullptr;
+  Parameter *ln_2_weight = nullptr, *ln_2_bias = nullptr;
+  Parameter *c_fc_weight = nullptr, *c_fc_bias = nullptr;
+  Parameter *mlp_proj_weight = nullptr, *mlp_proj_bias = nullptr;
+};
+
+Tensor value(const Parameter* p) {
+  return p ? p->tensor() : Tensor();
+}
+
+class Gpt2Model final : public loom::Model {
+ public:
+  Gpt2Model(const Gpt2Options& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
+      : o_(o), kernel_(std::move(kernel)), execution_(&execution), head_dim_(o.hidden_dim / o.num_heads) {}
+
+  void build(const loom::ModelSetup& setup) override {
+    if (store_.allocated()) throw loom::InternalError("gpt2: build called twice");
+    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (gpt2)");
+    const std::int64_t c = o_.hidden_dim, mlp = o_.hidden_dim * o_.mlp_scale;
+    const bool bias = o_.use_bias;
+    store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_);
+    store_.declare("wpe.weight", Shape{o_.seq_len, c}, ParameterRole::embedding, &wpe_);
+    blocks_.resize(static_cast<std::size_t>(o_.num_layers));
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) {
+      Block& b = blocks_[static_cast<std::size_t>(l)];
+      const std::string p = "h." + std::to_string(l) + ".";
+      store_.declare(p + "ln_1.weight", Shape{c}, ParameterRole::norm, &b.ln_1_weight);
+      if (bias) store_.declare(p + "ln_1.bias", Shape{c}, ParameterRole::norm, &b.ln_1_bias);
+      store_.declare(p + "attn.c_attn.weight", Shape{c, 3 * c}, ParameterRole::weight, &b.c_attn_weight);
+      if (bias) store_.declare(p + "attn.c_attn.bias", Shape{3 * c}, ParameterRole::bias, &b.c_attn_bias);
+      store_.declare(p + "attn.c_proj.weight", Shape{c, c}, ParameterRole::weight, &b.attn_proj_weight);
+      if (bias) store_.declare(p + "attn.c_proj.bias", Shape{c}, ParameterRole::bias, &b.attn_proj_bias);
+      store_.declare(p + "ln_2.weight", Shape{c}, ParameterRole::norm, &b.ln_2_weight);
+      if (bias) store_.declare(p + "ln_2.bias", Shape{c}, ParameterRole::norm, &b.ln_2_bias);
+      store_.declare(p + "mlp.c_fc.weight", Shape{c, mlp}, ParameterRole::weight, &b.c_fc_weight);
+      if (bias) store_.declare(p + "mlp.c_fc.bias", Shape{mlp}, ParameterRole::bias, &b.c_fc_bias);
+      store_.declare(p + "mlp.c_proj.weight", Shape{mlp, c}, ParameterRole::weight, &b.mlp_proj_weight);
+      if (bias) store_.declare(p + "mlp.c_proj.bias", Shape{c}, ParameterRole::bias, &b.mlp_proj_bias);
+    }
+    store_.declare("ln_f.weight", Shape{c}, ParameterRole::norm, &ln_f_weight_);
+    if (bias) store_.declare("ln_f.bias", Shape{c}, ParameterRole::norm, &ln_f_bias_);
+    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    store_.allocate();
+  }
+
+  void initialize(std::uint64_t seed) override {
+    require_built("initialize");
+    // GPT-2's initialisation: normal(0, initializer_range) for every matrix and embedding, the
+    // two projections that write into the residual stream scaled down by 1/sqrt(2 * layers),
+    // biases 0, LayerNorm weights 1.
+    const double std = o_.initializer_range;
+    const double residual_std = std / std::sqrt(2.0 * static_cast<double>(o_.num_layers));
+    const auto& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      Parameter* p = params[i].parameter;
+      const std::uint64_t key = loom::stream_key(seed, 1, i);
+      if (params[i].role == ParameterRole::norm) {
+        const bool is_weight = p->name().ends_with(".weight");
+        loom::models::fill_constant(p->data(), is_weight ? 1.0f : 0.0f);
+      } else if (params[i].role == ParameterRole::bias) {
+        loom::models::fill_constant(p->data(), 0.0f);
+      } else {
+        const bool residual = p->name().ends_with("c_proj.weight");
+        loom::models::fill_normal(p->data(), key, residual ? residual_std : std, *execution_);
+      }
+    }
+  }
+
+  std::vector<loom::ModelParameter> parameters() override {
+    require_built("parameters");
+    return store_.parameters();
+  }
+
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::int64_t max_seq_len() const override { return o_.seq_len; }
+  std::int64_t num_parameters() const override {
+    require_built("num_parameters");
+    return store_.num_elements();
+  }
+  double flops_per_token(std::int64_t seq_len) const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = s.num_kv_heads = o_.num_heads;
+    s.head_dim = head_dim_;
+    s.intermediate_dim = o_.hidden_dim * o_.mlp_scale;
+    s.vocab_size = vocab_;
+    return loom::models::training_flops_per_token(s, seq_len);
+  }
+
+  Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) override {
+    require_built("loss");
+    loom::models::check_batch(tokens, targets, segments, vocab_, o_.seq_len, "model (gpt2)", true);
+    const Tensor x = forward(ops, tokens, segments, nullptr);
+    loom::CrossEntropyOptions ce;
+    ce.ignore_index = -1;
+    return ops.linear_cross_entropy(x, head(), targets, ce);
+  }
+
+  Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) override {
+    require_built("logits");
+    loom::models::check_batch(tokens, Tensor(), segments, vocab_, o_.seq_len, "model (gpt2)", false);
+    return ops.linear(forward(ops, tokens, segments, nullptr), head());
+  }
+
+  std::unique_ptr<loom::KvCache> new_cache(std::int64_t batch, std::int64_t max_len) override {
+    require_built("new_cache");
+    if (batch <= 0 || max_len <= 0 || max_len > o_.seq_len)
+      throw loom::UserError("model (gpt2): a KV cache needs batch >= 1 and 1 <= max_len <= seq_len (" +
+                            std::to_string(o_.seq_len) + "), not batch " + std::to_string(batch) + " and max_len " +
+                            std::to_string(max_len));
+    return std::make_unique<loom::models::LayerKvCache>(this, o_.num_layers, batch, max_len, o_.num_heads, head_dim_);
+  }
+
+  Tensor next_logits(Ops& ops, const Tensor& tokens, loom::KvCache& cache) override {
+    require_built("next_logits");
+    auto& c = loom::models::check_cache(cache, this, tokens, vocab_, "model (gpt2)");
+    loom::models::InferenceScope scope(ops);
+    const Tensor x = forward(ops, tokens, Tensor(), &c);
+    return ops.linear(x.select(1, x.size(1) - 1), head());
+  }
+
+ private:
+  void require_built(const char* what) const {
+    if (!store_.allocated()) throw loom::InternalError(std::string("gpt2: ") + what + " before build");
+  }
+
+  Tensor head() const { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
+
+  // The final hidden states (after ln_f) of `tokens` [batch, seq]. With a cache, the tokens
+  // follow the cached positions, and their keys and values are appended to it.
+  Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) {
+    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), c = o_.hidden_dim, heads = o_.num_heads;
+    const std::int64_t offset = cache ? cache->length() : 0;
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(batch * seq));
+    for (std::int64_t i = 0; i < batch * seq; ++i)
+      pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(offset + i % seq);
+    const Tensor positions = Tensor::from(std::span<const std::int32_t>(pos), Shape{batch, seq});
+
+    const Tensor tok = ops.embedding(wte_->tensor(), tokens);
+    const Tensor pe = ops.embedding(wpe_->tensor(), positions);
+    const Block& first = blocks_.front();
+    Tensor h, x;
+    if (o_.embed_pdrop > 0.0f && ops.training()) {
+      h = ops.dropout(ops.add(tok, pe), o_.embed_pdrop);
+      x = ops.layer_norm(h, value(first.ln_1_weight), value(first.ln_1_bias), o_.layer_norm_epsilon);
+    } else {
+      std::tie(h, x) =
+          ops.add_layer_norm(tok, pe, value(first.ln_1_weight), value(first.ln_1_bias), o_.layer_norm_epsilon);
+    }
+
+    loom::LinearOptions in_out;
+    in_out.weight_in_out = true;
+    loom::LinearOptions in_out_gelu = in_out;
+    in_out_gelu.activation = Activation::gelu_tanh;
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      const Block& b = blocks_[l];
+      // One GEMM for q, k and v; the three are column slices of its output, which the attention
+      // kernel reads in place (and whose gradients land in one buffer).
+      const Tensor qkv = ops.linear(x, b.c_attn_weight->tensor(), value(b.c_attn_bias), in_out)
+                             .view(Shape{batch, seq, 3 * heads, head_dim_});
+      const Tensor q = qkv.slice(2, 0, heads);
+      Tensor k = qkv.slice(2, heads, 2 * heads);
+      Tensor v = qkv.slice(2, 2 * heads, 3 * heads);
+      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+      loom::AttentionParams params;
+      params.causal = true;
+      if (o_.scale_attn_by_inverse_layer_idx)
+        params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
+      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, c});
+      const Tensor attn_out =
+          ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), o_.resid_pdrop);
+      std::tie(h, x) =
+          ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), o_.layer_norm_epsilon);
+      const Tensor m = ops.linear(x, b.c_fc_weight->tensor(), value(b.c_fc_bias), in_out_gelu);
+      const Tensor mlp_out =
+          ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), o_.resid_pdrop);
+      // The residual add fused with the next norm: the next block's ln_1, or ln_f after the last.
+      const bool last = l + 1 == blocks_.size();
+      const Parameter* norm_w = last ? ln_f_weight_ : blocks_[l + 1].ln_1_weight;
+      const Parameter* norm_b = last ? ln_f_bias_ : blocks_[l + 1].ln_1_bias;
+      std::tie(h, x) = ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), o_.layer_norm_epsilon);
+    }
+    if (cache) cache->advance(seq);
+    return x;
+  }
+
+  Gpt2Options o_;
+  loom::Handle<loom::AttentionKernel> kernel_;
+  loom::ExecutionContext* execution_;
+  std::int64_t head_dim_;
+  std::int64_t vocab_ = 0;
+  loom::models::ParameterStore store_;
+  Parameter *wte_ = nullptr, *wpe_ = nullptr, *ln_f_weight_ = nullptr, *ln_f_bias_ = nullptr, *lm_head_ = nullptr;
+  std::vector<Block> blocks_;
+};
+
+loom::OptionSchema gpt2_schema() {
+  loom::OptionSchema s;
+  s.integer("seq_len", 1024, "Longest sequence: the number of learned positions.").min(1);
+  s.integer("hidden_dim", 768, "Width of the residual stream (n_embd).").min(1);
+  s.integer("num_layers", 12, "Transformer blocks (n_layer).").min(1);
+  s.integer("num_heads", 12, "Attention heads; must divide hidden_dim.").min(1);
+  s.integer("mlp_scale", 4, "MLP width as a multiple of hidden_dim.").min(1);
+  s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
+  s.number("embed_pdrop", 0.0, "Dropout on the summed token and position embeddings.").min(0.0).max(1.0, false);
+  s.number("resid_pdrop", 0.0, "Dropout on each block's attention and MLP outputs.").min(0.0).max(1.0, false);
+  s.number("attn_pdrop", 0.0, "Dropout on attention probabilities: must be 0, loom's attention kernels have none.")
+      .min(0.0)
+      .max(1.0, false);
+  s.number("layer_norm_epsilon", 1e-5, "LayerNorm epsilon.").min(0.0);
+  s.boolean("scale_attn_by_inverse_layer_idx", false,
+            "Divide attention scores of layer i (from 0) by i + 1 as well as by sqrt(head_dim) (Mistral's tweak).");
+  s.boolean("use_bias", true, "Biases in every linear layer and LayerNorm.");
+  s.boolean("tie_word_embeddings", true, "Use the token embedding (wte) as the output projection.");
+  // required() then nullable(): no default value, so null (take the tokenizer's) unless given.
+  s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
+  return s;
+}
+
+void register_components(loom::Registrar& registrar) {
+  registrar.add<loom::Model>(
+      {"gpt2", "GPT-2: learned positions, pre-LayerNorm, GELU MLP, tied embeddings", "1.0.0", gpt2_schema()},
+      [](const loom::Options& options, const loom::CreateContext& ctx) {
+        Gpt2Options o;
+        o.seq_len = options.get<std::int64_t>("seq_len");
+        o.hidden_dim = options.get<std::int64_t>("hidden_dim");
+        o.num_layers = options.get<std::int64_t>("num_layers");
+        o.num_heads = options.get<std::int64_t>("num_heads");
+        o.mlp_scale = options.get<std::int64_t>("mlp_scale");
+        o.initializer_range = options.get<double>("initializer_range");
+        o.embed_pdrop = options.get<float>("embed_pdrop");
+        o.resid_pdrop = options.get<float>("resid_pdrop");
+        o.layer_norm_epsilon = options.get<float>("layer_norm_epsilon");
+        o.scale_attn_by_inverse_layer_idx = options.get<bool>("scale_attn_by_inverse_layer_idx");
+        o.use_bias = options.get<bool>("use_bias");
+        o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
+        o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
+        const std::string at = options.path().empty() ? "model" : options.path();
+        if (o.hidden_dim % o.num_heads != 0)
+          throw loom::UserError(at + ": num_heads (" + std::to_string(o.num_heads) + ") must divide hidden_dim (" +
+                                std::to_string(o.hidden_dim) + ")");
+        if (options.get<double>("attn_pdrop") != 0.0)
+          throw loom::UserError(at +
+                                ".attn_pdrop: must be 0: loom's attention kernels apply no dropout to "
+                                "attention probabilities (use resid_pdrop or embed_pdrop)");
+        auto kernel = ctx.create<loom::AttentionKernel>(options.component("attention"));
+        return std::make_unique<Gpt2Model>(o, std::move(kernel), ctx.execution());
+      });
+}
+
+}  // namespace
+
+LOOM_PLUGIN(register_components)

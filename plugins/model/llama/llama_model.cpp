@@ -1,0 +1,344 @@
+// The `llama` model: Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024) as Levanter's
+// LlamaConfig describes it. RMSNorm pre-norm blocks, rotary position embeddings (optionally with
+// Llama 3.1's frequency rescaling), SwiGLU MLP, grouped-query attention; `sliding_window` gives
+// Mistral's local attention and `use_qk_norm` Qwen3's per-head RMSNorm of queries and keys.
+// q, k and v come from one fused projection (qkv_proj, rows [q heads | k heads | v heads]).
+#include <cmath>
+#include <loom/kinds/attention.hpp>
+#include <loom/kinds/model.hpp>
+#include <loom/model_support.hpp>
+#include <loom/plugin.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using loom::Ops;
+using loom::Parameter;
+using loom::ParameterRole;
+using loom::Shape;
+using loom::Tensor;
+
+struct LlamaOptions {
+  std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
+  double initializer_range;
+  float layer_norm_epsilon;
+  bool tie_word_embeddings, use_bias, use_qk_norm;
+  std::int64_t sliding_window;  // 0: none
+  loom::RopeConfig rope;
+  std::int64_t vocab_size;  // 0: from the tokenizer
+};
+
+struct Layer {
+  Parameter* input_norm = nullptr;
+  Parameter *qkv_weight = nullptr, *qkv_bias = nullptr;
+  Parameter *q_norm = nullptr, *k_norm = nullptr;
+  Parameter *o_weight = nullptr, *o_bias = nullptr;
+  Parameter* post_attention_norm = nullptr;
+  Parameter *gate_weight = nullptr, *gate_bias = nullptr;
+  Parameter *up_weight = nullptr, *up_bias = nullptr;
+  Parameter *down_weight = nullptr, *down_bias = nullptr;
+};
+
+Tensor value(const Parameter* p) {
+  return p ? p->tensor() : Tensor();
+}
+
+class LlamaModel final : public loom::Model {
+ public:
+  LlamaModel(const LlamaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
+      : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
+
+  void build(const loom::ModelSetup& setup) override {
+    if (store_.allocated()) throw loom::InternalError("llama: build called twice");
+    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (llama)");
+    const std::int64_t c = o_.hidden_dim, d = o_.head_dim, q = o_.num_heads * d, kv = o_.num_kv_heads * d;
+    const std::int64_t mlp = o_.intermediate_dim;
+    const bool bias = o_.use_bias;
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    layers_.resize(static_cast<std::size_t>(o_.num_layers));
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) {
+      Layer& y = layers_[static_cast<std::size_t>(l)];
+      const std::string p = "layers." + std::to_string(l) + ".";
+      store_.declare(p + "input_layernorm.weight", Shape{c}, ParameterRole::norm, &y.input_norm);
+      store_.declare(p + "self_attn.qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &y.qkv_weight);
+      if (bias) store_.declare(p + "self_attn.qkv_proj.bias", Shape{q + 2 * kv}, ParameterRole::bias, &y.qkv_bias);
+      if (o_.use_qk_norm) {
+        store_.declare(p + "self_attn.q_norm.weight", Shape{d}, ParameterRole::norm, &y.q_norm);
+        store_.declare(p + "self_attn.k_norm.weight", Shape{d}, ParameterRole::norm, &y.k_norm);
+      }
+      store_.declare(p + "self_attn.o_proj.weight", Shape{c, q}, ParameterRole::weight, &y.o_weight);
+      if (bias) store_.declare(p + "self_attn.o_proj.bias", Shape{c}, ParameterRole::bias, &y.o_bias);
+      store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
+      store_.declare(p + "mlp.gate_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.gate_weight);
+      if (bias) store_.declare(p + "mlp.gate_proj.bias", Shape{mlp}, ParameterRole::bias, &y.gate_bias);
+      store_.declare(p + "mlp.up_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.up_weight);
+      if (bias) store_.declare(p + "mlp.up_proj.bias", Shape{mlp}, ParameterRole::bias, &y.up_bias);
+      store_.declare(p + "mlp.down_proj.weight", Shape{c, mlp}, ParameterRole::weight, &y.down_weight);
+      if (bias) store_.declare(p + "mlp.down_proj.bias", Shape{c}, ParameterRole::bias, &y.down_bias);
+    }
+    store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
+    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    store_.allocate();
+    rope_.emplace(o_.rope, d, o_.seq_len);
+  }
+
+  void initialize(std::uint64_t seed) override {
+    require_built("initialize");
+    // Hugging Face's Llama initialisation: normal(0, initializer_range) for every matrix and the
+    // embedding, biases 0, RMSNorm weights 1.
+    const auto& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor t = params[i].parameter->data();
+      switch (params[i].role) {
+        case ParameterRole::norm:
+          loom::models::fill_constant(t, 1.0f);
+          break;
+        case ParameterRole::bias:
+          loom::models::fill_constant(t, 0.0f);
+          break;
+        default:
+          loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+      }
+    }
+  }
+
+  std::vector<loom::ModelParameter> parameters() override {
+    require_built("parameters");
+    return store_.parameters();
+  }
+
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::int64_t max_seq_len() const override { return o_.seq_len; }
+  std::int64_t num_parameters() const override {
+    require_built("num_parameters");
+    return store_.num_elements();
+  }
+  double flops_per_token(std::int64_t seq_len) const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    s.intermediate_dim = o_.intermediate_dim;
+    s.glu = true;
+    s.vocab_size = vocab_;
+    s.sliding_window = o_.sliding_window;
+    return loom::models::training_flops_per_token(s, seq_len);
+  }
+
+  Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) override {
+    require_built("loss");
+    loom::models::check_batch(tokens, targets, segments, vocab_, o_.seq_len, "model (llama)", true);
+    const Tensor x = forward(ops, tokens, segments, nullptr);
+    loom::CrossEntropyOptions ce;
+    ce.ignore_index = -1;
+    return ops.linear_cross_entropy(x, head(), targets, ce);
+  }
+
+  Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) override {
+    require_built("logits");
+    loom::models::check_batch(tokens, Tensor(), segments, vocab_, o_.seq_len, "model (llama)", false);
+    return ops.linear(forward(ops, tokens, segments, nullptr), head());
+  }
+
+  std::unique_ptr<loom::KvCache> new_cache(std::int64_t batch, std::int64_t max_len) override {
+    require_built("new_cache");
+    if (batch <= 0 || max_len <= 0 || max_len > o_.seq_len)
+      throw loom::UserError("model (llama): a KV cache needs batch >= 1 and 1 <= max_len <= seq_len (" +
+                            std::to_string(o_.seq_len) + "), not batch " + std::to_string(batch) + " and max_len " +
+                            std::to_string(max_len));
+    return std::make_unique<loom::models::LayerKvCache>(this, o_.num_layers, batch, max_len, o_.num_kv_heads,
+                                                        o_.head_dim);
+  }
+
+  Tensor next_logits(Ops& ops, const Tensor& tokens, loom::KvCache& cache) override {
+    require_built("next_logits");
+    auto& c = loom::models::check_cache(cache, this, tokens, vocab_, "model (llama)");
+    loom::models::InferenceScope scope(ops);
+    const Tensor x = forward(ops, tokens, Tensor(), &c);
+    return ops.linear(x.select(1, x.size(1) - 1), head());
+  }
+
+ private:
+  void require_built(const char* what) const {
+    if (!store_.allocated()) throw loom::InternalError(std::string("llama: ") + what + " before build");
+  }
+
+  Tensor head() const { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
+
+  // The final hidden states (after the last RMSNorm) of `tokens` [batch, seq]; with a cache, the
+  // tokens follow the cached positions and their keys and values are appended to it.
+  Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) {
+    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), d = o_.head_dim;
+    const std::int64_t heads = o_.num_heads, kv_heads = o_.num_kv_heads;
+    const std::int64_t offset = cache ? cache->length() : 0;
+    const float eps = o_.layer_norm_epsilon;
+    loom::AttentionParams params;
+    params.causal = true;
+    params.window = o_.sliding_window;
+
+    Tensor h = ops.embedding(embed_->tensor(), tokens);
+    Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& y = layers_[l];
+      // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
+      const Tensor qkv =
+          ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias)).view(Shape{batch, seq, heads + 2 * kv_heads, d});
+      Tensor q = qkv.slice(2, 0, heads);
+      Tensor k = qkv.slice(2, heads, heads + kv_heads);
+      Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+      if (o_.use_qk_norm) {
+        q = ops.rms_norm(q, y.q_norm->tensor(), eps);
+        k = ops.rms_norm(k, y.k_norm->tensor(), eps);
+      }
+      q = ops.rope(q, *rope_, Tensor(), offset);
+      k = ops.rope(k, *rope_, Tensor(), offset);
+      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+      const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
+      std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
+      const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
+      const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
+      const Tensor mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
+      // The residual add fused with the next norm: the next layer's input norm, or the final one.
+      const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+      std::tie(h, x) = ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+    }
+    if (cache) cache->advance(seq);
+    return x;
+  }
+
+  LlamaOptions o_;
+  loom::Handle<loom::AttentionKernel> kernel_;
+  loom::ExecutionContext* execution_;
+  std::int64_t vocab_ = 0;
+  loom::models::ParameterStore store_;
+  Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
+  std::vector<Layer> layers_;
+  std::optional<loom::RopeTable> rope_;
+};
+
+loom::OptionSchema rope_schema() {
+  loom::OptionSchema s;
+  s.string("type", "default", "default: plain RoPE; llama3: Llama 3.1's rescaled frequencies.")
+      .one_of({"default", "llama3"});
+  // required() then nullable(): no default value, so null unless given; the type decides.
+  s.number("theta", 0.0, "Base of the frequencies; null: 10000 (default) or 500000 (llama3).")
+      .required()
+      .nullable()
+      .min(0.0, false);
+  s.number("factor", 0.0,
+           "Scaling factor; null: 1 (default) or 8 (llama3). For default, every frequency is divided by it "
+           "(linear position interpolation).")
+      .required()
+      .nullable()
+      .min(0.0, false);
+  s.number("low_freq_factor", 1.0, "llama3: wavelengths above original_max_position_embeddings / this are scaled.")
+      .min(0.0, false);
+  s.number("high_freq_factor", 4.0, "llama3: wavelengths below original_max_position_embeddings / this are kept.")
+      .min(0.0, false);
+  s.integer("original_max_position_embeddings", 8192, "llama3: the context length the model was trained at.").min(1);
+  return s;
+}
+
+loom::OptionSchema llama_schema() {
+  loom::OptionSchema s;
+  s.integer("seq_len", 2048, "Longest sequence (the RoPE table's length).").min(1);
+  s.integer("hidden_dim", 4096, "Width of the residual stream.").min(1);
+  s.integer("intermediate_dim", 11008, "Width of the SwiGLU MLP.").min(1);
+  s.integer("num_layers", 32, "Decoder layers.").min(1);
+  s.integer("num_heads", 32, "Query heads.").min(1);
+  s.integer("num_kv_heads", 32, "Key/value heads (grouped-query attention; 1 is multi-query); divides num_heads.")
+      .min(1);
+  s.integer("head_dim", 0, "Width of one head (even); null: hidden_dim / num_heads.").required().nullable().min(2);
+  s.object("rope", rope_schema(), "Rotary position embedding.");
+  s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
+  s.number("layer_norm_epsilon", 1e-5, "RMSNorm epsilon.").min(0.0);
+  s.boolean("tie_word_embeddings", false, "Use the token embedding as the output projection.");
+  s.boolean("use_bias", false, "Biases in every linear projection (q, k, v, o and the MLP).");
+  s.integer("sliding_window", 0, "Attend to the last this many positions only (Mistral); null: all.")
+      .required()
+      .nullable()
+      .min(1);
+  s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
+  s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
+  return s;
+}
+
+LlamaOptions read_options(const loom::Options& options) {
+  const std::string at = options.path().empty() ? "model" : options.path();
+  LlamaOptions o;
+  o.seq_len = options.get<std::int64_t>("seq_len");
+  o.hidden_dim = options.get<std::int64_t>("hidden_dim");
+  o.intermediate_dim = options.get<std::int64_t>("intermediate_dim");
+  o.num_layers = options.get<std::int64_t>("num_layers");
+  o.num_heads = options.get<std::int64_t>("num_heads");
+  o.num_kv_heads = options.get<std::int64_t>("num_kv_heads");
+  o.initializer_range = options.get<double>("initializer_range");
+  o.layer_norm_epsilon = options.get<float>("layer_norm_epsilon");
+  o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
+  o.use_bias = options.get<bool>("use_bias");
+  o.use_qk_norm = options.get<bool>("use_qk_norm");
+  o.sliding_window = options.get_optional<std::int64_t>("sliding_window").value_or(0);
+  o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
+  if (o.num_heads % o.num_kv_heads != 0)
+    throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +
+                          std::to_string(o.num_heads) + ")");
+  if (const auto head_dim = options.get_optional<std::int64_t>("head_dim")) {
+    o.head_dim = *head_dim;
+  } else {
+    if (o.hidden_dim % o.num_heads != 0)
+      throw loom::UserError(at + ": num_heads (" + std::to_string(o.num_heads) + ") must divide hidden_dim (" +
+                            std::to_string(o.hidden_dim) + ") unless head_dim is set");
+    o.head_dim = o.hidden_dim / o.num_heads;
+  }
+  if (o.head_dim % 2 != 0)
+    throw loom::UserError(at + ": head_dim is " + std::to_string(o.head_dim) +
+                          "; rotary embeddings rotate pairs of features, so it must be even");
+
+  const loom::Options rope = options.object("rope");
+  const bool llama3 = rope.get<std::string>("type") == "llama3";
+  o.rope.base = rope.get_optional<double>("theta").value_or(llama3 ? 500000.0 : 10000.0);
+  const double factor = rope.get_optional<double>("factor").value_or(llama3 ? 8.0 : 1.0);
+  if (llama3) {
+    o.rope.llama3_scaling = true;
+    o.rope.factor = factor;
+    o.rope.low_freq_factor = rope.get<double>("low_freq_factor");
+    o.rope.high_freq_factor = rope.get<double>("high_freq_factor");
+    o.rope.original_max_positions = static_cast<double>(rope.get<std::int64_t>("original_max_position_embeddings"));
+    if (!(o.rope.high_freq_factor > o.rope.low_freq_factor))
+      throw loom::UserError(at + ".rope: high_freq_factor (" + std::to_string(o.rope.high_freq_factor) +
+                            ") must exceed low_freq_factor (" + std::to_string(o.rope.low_freq_factor) + ")");
+  } else if (factor != 1.0) {
+    // Linear scaling divides every frequency by `factor`. RopeTable's Llama 3 rule divides every
+    // wavelength longer than original_max_positions / low_freq_factor by it; with a limit far
+    // below the shortest wavelength (2 pi) that is every frequency, which is exactly this.
+    o.rope.llama3_scaling = true;
+    o.rope.factor = factor;
+    o.rope.low_freq_factor = 1.0;
+    o.rope.high_freq_factor = 2.0;
+    o.rope.original_max_positions = 1e-6;
+  }
+  return o;
+}
+
+void register_components(loom::Registrar& registrar) {
+  registrar.add<loom::Model>(
+      {"llama", "Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention; sliding window and qk-norm variants", "1.0.0",
+       llama_schema()},
+      [](const loom::Options& options, const loom::CreateContext& ctx) {
+        const LlamaOptions o = read_options(options);
+        auto kernel = ctx.create<loom::AttentionKernel>(options.component("attention"));
+        return std::make_unique<LlamaModel>(o, std::move(kernel), ctx.execution());
+      });
+}
+
+}  // namespace
+
+LOOM_PLUGIN(register_components)

@@ -1,0 +1,254 @@
+// Building blocks that transformer model plugins share (header-only; kinds/model.hpp is the
+// contract, this is help for implementing it):
+//   * ParameterStore: every parameter a view into one flat, aligned buffer, with its role;
+//   * fill_normal / fill_constant: deterministic, counter-based initialisation (random.hpp);
+//   * check_batch: the UserErrors a model gives for bad token, target and segment tensors;
+//   * LayerKvCache: per-layer key and value buffers for generation;
+//   * TransformerShape and training_flops_per_token: the FLOPs formula of docs/models.md.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/autograd.hpp"
+#include "loom/error.hpp"
+#include "loom/execution.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/random.hpp"
+
+namespace loom::models {
+
+// Declares parameters, then allocates them all at once as views into one buffer, each starting
+// on a 64-byte boundary (one cache line, one AVX-512 vector). One buffer makes a whole-model
+// pass (an optimizer step, a checkpoint) one sweep over memory.
+class ParameterStore {
+ public:
+  // Declares a parameter; after allocate(), *slot points to it. Order of declaration is the
+  // order of parameters() and of the initialisation streams.
+  void declare(std::string name, Shape shape, ParameterRole role, Parameter** slot) {
+    if (allocated()) throw InternalError("ParameterStore::declare after allocate");
+    specs_.push_back({std::move(name), shape, role, slot});
+  }
+
+  void allocate() {
+    if (allocated()) throw InternalError("ParameterStore::allocate called twice");
+    constexpr std::int64_t align = 16;  // floats
+    std::int64_t total = 0;
+    std::vector<std::int64_t> offsets;
+    for (const auto& s : specs_) {
+      offsets.push_back(total);
+      total += (s.shape.numel() + align - 1) / align * align;
+    }
+    buffer_ = Tensor::zeros(Shape{std::max<std::int64_t>(total, 1)});
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const auto& s = specs_[i];
+      Tensor view = buffer_.slice(0, offsets[i], offsets[i] + s.shape.numel()).view(s.shape);
+      Parameter& p = storage_.emplace_back(s.name, std::move(view));
+      *s.slot = &p;
+      list_.push_back({&p, s.role});
+    }
+  }
+
+  bool allocated() const { return buffer_.defined(); }
+  const std::vector<ModelParameter>& parameters() const { return list_; }
+  // Elements of every parameter (padding excluded).
+  std::int64_t num_elements() const {
+    std::int64_t n = 0;
+    for (const auto& s : specs_) n += s.shape.numel();
+    return n;
+  }
+
+ private:
+  struct Spec {
+    std::string name;
+    Shape shape;
+    ParameterRole role;
+    Parameter** slot;
+  };
+  std::vector<Spec> specs_;
+  Tensor buffer_;
+  std::deque<Parameter> storage_;  // stable addresses
+  std::vector<ModelParameter> list_;
+};
+
+// Fills `t` (contiguous f32) with normal(0, stddev) values: element i is random_normal(key, i),
+// so the result does not depend on the thread count.
+inline void fill_normal(const Tensor& t, std::uint64_t key, double stddev, const ExecutionContext& execution) {
+  float* data = t.data<float>();
+  const auto scale = static_cast<float>(stddev);
+  execution.parallel_for(t.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) data[i] = scale * random_normal(key, static_cast<std::uint32_t>(i));
+  });
+}
+
+inline void fill_constant(const Tensor& t, float value) {
+  std::fill_n(t.data<float>(), t.numel(), value);
+}
+
+// The vocabulary size a model uses: its own option when set (it may exceed the tokenizer's, never
+// fall short of it), else the tokenizer's.
+inline std::int64_t resolve_vocab_size(std::int64_t option, const ModelSetup& setup, const std::string& model) {
+  if (option > 0) {
+    if (setup.vocab_size > option)
+      throw UserError(model + ": the tokenizer has " + std::to_string(setup.vocab_size) + " tokens but vocab_size is " +
+                      std::to_string(option) + "; raise vocab_size or leave it null to take the tokenizer's");
+    return option;
+  }
+  if (setup.vocab_size <= 0)
+    throw UserError(model + ": vocab_size is null and no tokenizer gives one; set " + model +
+                    ".vocab_size or configure a tokenizer");
+  return setup.vocab_size;
+}
+
+namespace detail {
+inline void check_ids(const Tensor& t, const char* what, std::int64_t batch, std::int64_t seq, bool allow_ignore,
+                      std::int64_t vocab, const std::string& model) {
+  if (!t.defined()) throw UserError(model + ": " + what + " are missing");
+  if (t.dtype() != DType::i32 || !t.is_contiguous() || t.rank() != 2)
+    throw UserError(model + ": " + what + " must be a contiguous i32 [batch, seq] tensor, not " + t.str());
+  if (t.size(0) != batch || t.size(1) != seq)
+    throw UserError(model + ": " + what + " " + t.shape().str() + " do not match the tokens [" + std::to_string(batch) +
+                    ", " + std::to_string(seq) + "]");
+  if (vocab <= 0) return;
+  const std::int32_t* id = t.data<std::int32_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if ((id[i] >= 0 && id[i] < vocab) || (allow_ignore && id[i] == -1)) continue;
+    throw UserError(model + ": " + what + " [" + std::to_string(i / seq) + ", " + std::to_string(i % seq) + "] is " +
+                    std::to_string(id[i]) + ", outside the model's vocabulary [0, " + std::to_string(vocab) + ")" +
+                    (allow_ignore ? " (and not -1, which means ignore)" : ""));
+  }
+}
+}  // namespace detail
+
+// Validates a batch: tokens i32 [batch, seq] with ids in [0, vocab) and 0 < seq <= max_seq_len;
+// targets (when defined) the same shape with ids in [0, vocab) or -1; segments undefined or
+// i32 of the same shape. Throws UserError naming `model` and what is wrong.
+inline void check_batch(const Tensor& tokens, const Tensor& targets, const Tensor& segments, std::int64_t vocab,
+                        std::int64_t max_seq_len, const std::string& model, bool need_targets) {
+  if (!tokens.defined() || tokens.rank() != 2)
+    throw UserError(model + ": tokens must be an i32 [batch, seq] tensor, not " +
+                    (tokens.defined() ? tokens.str() : std::string("undefined")));
+  const std::int64_t batch = tokens.size(0), seq = tokens.size(1);
+  if (batch <= 0 || seq <= 0) throw UserError(model + ": empty batch " + tokens.shape().str());
+  if (seq > max_seq_len)
+    throw UserError(model + ": sequences of " + std::to_string(seq) + " tokens exceed the model's seq_len of " +
+                    std::to_string(max_seq_len));
+  detail::check_ids(tokens, "tokens", batch, seq, false, vocab, model);
+  if (need_targets) detail::check_ids(targets, "targets", batch, seq, true, vocab, model);
+  if (segments.defined()) detail::check_ids(segments, "segments", batch, seq, false, 0, model);
+}
+
+// Keys and values of every layer for `batch` sequences of up to `max_len` positions:
+// [batch, max_len, kv_heads, head_dim] per layer, filled from position 0 on.
+class LayerKvCache final : public KvCache {
+ public:
+  LayerKvCache(const void* owner, std::int64_t layers, std::int64_t batch, std::int64_t max_len, std::int64_t kv_heads,
+               std::int64_t head_dim)
+      : owner_(owner), batch_(batch), max_len_(max_len) {
+    for (std::int64_t l = 0; l < layers; ++l) {
+      keys_.push_back(Tensor::zeros(Shape{batch, max_len, kv_heads, head_dim}));
+      values_.push_back(Tensor::zeros(Shape{batch, max_len, kv_heads, head_dim}));
+    }
+  }
+
+  std::int64_t length() const override { return length_; }
+  void reset() override { length_ = 0; }
+
+  const void* owner() const { return owner_; }
+  std::int64_t batch() const { return batch_; }
+  std::int64_t max_len() const { return max_len_; }
+
+  // Writes the keys and values of positions [length, length + n) of `layer` (k, v:
+  // [batch, n, kv_heads, head_dim], any token stride) and returns views of positions
+  // [0, length + n). The length itself advances once every layer has been written (advance).
+  std::pair<Tensor, Tensor> append(std::int64_t layer, const Tensor& k, const Tensor& v) {
+    const std::int64_t n = k.size(1);
+    const auto l = static_cast<std::size_t>(layer);
+    keys_[l].slice(1, length_, length_ + n).copy_from(k.detach());
+    values_[l].slice(1, length_, length_ + n).copy_from(v.detach());
+    return {keys_[l].slice(1, 0, length_ + n), values_[l].slice(1, 0, length_ + n)};
+  }
+  void advance(std::int64_t n) { length_ += n; }
+
+ private:
+  const void* owner_;
+  std::int64_t batch_, max_len_;
+  std::int64_t length_ = 0;
+  std::vector<Tensor> keys_, values_;
+};
+
+// Validates a next_logits call against `cache` and returns it as a LayerKvCache.
+inline LayerKvCache& check_cache(KvCache& cache, const void* owner, const Tensor& tokens, std::int64_t vocab,
+                                 const std::string& model) {
+  auto* c = dynamic_cast<LayerKvCache*>(&cache);
+  if (!c || c->owner() != owner) throw UserError(model + ": the KV cache was not made by this model (new_cache)");
+  if (!tokens.defined() || tokens.rank() != 2 || tokens.size(0) != c->batch())
+    throw UserError(model + ": next_logits needs i32 tokens [" + std::to_string(c->batch()) +
+                    ", new] for this cache, not " + (tokens.defined() ? tokens.str() : std::string("undefined")));
+  if (c->length() + tokens.size(1) > c->max_len())
+    throw UserError(model + ": the KV cache holds " + std::to_string(c->length()) + " of at most " +
+                    std::to_string(c->max_len()) + " positions; " + std::to_string(tokens.size(1)) +
+                    " more do not fit");
+  detail::check_ids(tokens, "tokens", c->batch(), tokens.size(1), false, vocab, model);
+  return *c;
+}
+
+// Runs the model without recording and without dropout for as long as it lives (generation).
+class InferenceScope {
+ public:
+  explicit InferenceScope(Ops& ops) : ops_(ops), training_(ops.training()) {
+    if (ops.tape()) guard_.emplace(*ops.tape());
+    ops_.set_training(false);
+  }
+  ~InferenceScope() { ops_.set_training(training_); }
+  InferenceScope(const InferenceScope&) = delete;
+  InferenceScope& operator=(const InferenceScope&) = delete;
+
+ private:
+  Ops& ops_;
+  bool training_;
+  std::optional<NoGradGuard> guard_;
+};
+
+// What the FLOPs formula needs to know about a decoder-only transformer.
+struct TransformerShape {
+  std::int64_t num_layers = 0;
+  std::int64_t hidden_dim = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t intermediate_dim = 0;
+  bool glu = false;  // gated MLP (three matrices) instead of two
+  std::int64_t vocab_size = 0;
+  std::int64_t sliding_window = 0;  // 0: every query sees the whole prefix
+};
+
+// Weights that take part in a matrix product per token: the q, k, v and output projections,
+// the MLP and the output (LM head) projection. Embedding lookups, position tables, norms and
+// biases are not matrix products and are not counted.
+inline double matmul_weights(const TransformerShape& s) {
+  const double attn = static_cast<double>(s.hidden_dim) * static_cast<double>(s.head_dim) *
+                      static_cast<double>(2 * s.num_heads + 2 * s.num_kv_heads);
+  const double mlp = static_cast<double>(s.hidden_dim) * static_cast<double>(s.intermediate_dim) * (s.glu ? 3.0 : 2.0);
+  return static_cast<double>(s.num_layers) * (attn + mlp) +
+         static_cast<double>(s.hidden_dim) * static_cast<double>(s.vocab_size);
+}
+
+// Training FLOPs per token at sequence length `seq_len` (docs/models.md):
+//   6 * matmul_weights + 12 * layers * heads * head_dim * keys
+// where keys = seq_len, or min(seq_len, sliding_window): the forward pass costs 2 FLOPs per weight
+// and 4 * heads * head_dim per (query, key) pair (Q K^T and P V), the backward pass twice that.
+// Every query is charged for all `keys` positions, as PaLM, nanoGPT and Levanter count (no causal
+// halving; MaxText halves).
+inline double training_flops_per_token(const TransformerShape& s, std::int64_t seq_len) {
+  const std::int64_t keys = s.sliding_window > 0 ? std::min(seq_len, s.sliding_window) : seq_len;
+  return 6.0 * matmul_weights(s) + 12.0 * static_cast<double>(s.num_layers) * static_cast<double>(s.num_heads) *
+                                       static_cast<double>(s.head_dim) * static_cast<double>(keys);
+}
+
+}  // namespace loom::models
