@@ -6,7 +6,7 @@ packages="
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
   libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
-  libgtest-dev libgmock-dev libbenchmark-dev python3-regex
+  libgtest-dev libgmock-dev libbenchmark-dev python3-regex python3-torch
 "
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 missing=""

@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""Expected optimizer trajectories from PyTorch, for loom's optimizer conformance test.
+
+Writes OUT_DIR/index.json and OUT_DIR/data.bin (little-endian float32). For each case: random
+parameters, a sequence of gradients (some parameters without a gradient at some steps, some
+without weight decay), a learning rate per step, the parameters PyTorch holds after every step
+and its optimizer state after the last one. AdamW and SGD are torch.optim.AdamW and
+torch.optim.SGD; Lion is the update rule of Chen et al. (2023), Algorithm 2, written below with
+torch operations. Nothing here runs loom.
+
+When torch cannot be imported, index.json says why ({"skipped": "..."}) and the script still
+exits 0, so that the build goes on and the test reports the skip.
+
+Usage: torch_reference.py OUT_DIR
+"""
+
+import json
+import os
+import struct
+import sys
+
+STEPS = 10
+
+# name, shape, weight decay on. Odd sizes; the last parameter is large enough to be split into
+# several parallel chunks by the optimizers (32 Ki elements per chunk).
+PARAMETERS = [
+    ("h.0.attn.c_attn.weight", [37, 19], True),
+    ("h.0.attn.c_attn.bias", [19], False),
+    ("h.0.mlp.c_fc.weight", [3, 5, 7], True),
+    ("ln_f.weight", [1], False),
+    ("wte.weight", [101, 693], True),
+]
+
+
+def lion_step(params, grads, moments, lr, beta1, beta2, weight_decays):
+    """One Lion update, Chen et al. (2023), Algorithm 2, in float32 torch operations."""
+    import torch
+
+    for p, g, m, wd in zip(params, grads, moments, weight_decays):
+        if g is None:
+            continue
+        c = m * beta1 + g * (1.0 - beta1)
+        p.sub_(lr * (torch.sign(c) + wd * p))
+        m.mul_(beta2).add_(g, alpha=1.0 - beta2)
+
+
+class Writer:
+    def __init__(self):
+        self.chunks = []
+        self.size = 0
+
+    def add(self, tensor):
+        """Appends a float32 tensor; returns its offset in elements."""
+        values = tensor.detach().to("cpu").contiguous().reshape(-1).tolist()
+        offset = self.size
+        self.chunks.append(struct.pack("<%df" % len(values), *values))
+        self.size += len(values)
+        return offset
+
+
+def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
+    """missing: set of (step, parameter index) pairs that get no gradient at that step."""
+    gen = torch.Generator().manual_seed(seed)
+    params = []
+    for i, (_, shape, _) in enumerate(PARAMETERS):
+        p = torch.randn(shape, generator=gen, dtype=torch.float32) * (0.5 + 0.25 * i)
+        params.append(torch.nn.Parameter(p))
+    case = {
+        "name": name,
+        "optimizer": optimizer,
+        "options": options,
+        "steps": STEPS,
+        "lr": [],
+        "params": [
+            {"name": pname, "shape": shape, "weight_decay": wd, "initial": writer.add(params[i])}
+            for i, (pname, shape, wd) in enumerate(PARAMETERS)
+        ],
+        "grads": [],
+        "expected": [],
+    }
+    decayed = [p for p, (_, _, wd) in zip(params, PARAMETERS) if wd]
+    undecayed = [p for p, (_, _, wd) in zip(params, PARAMETERS) if not wd]
+    wd = options.get("weight_decay", 0.0)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": wd}, {"params": undecayed, "weight_decay": 0.0}],
+            lr=lr0, betas=(options["beta1"], options["beta2"]), eps=options["epsilon"])
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(
+            [{"params": decayed, "weight_decay": wd}, {"params": undecayed, "weight_decay": 0.0}],
+            lr=lr0, momentum=options["momentum"], dampening=options["dampening"],
+            nesterov=options["nesterov"])
+    elif optimizer == "lion":
+        moments = [torch.zeros_like(p) for p in params]
+        lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in PARAMETERS]
+    else:
+        raise ValueError(optimizer)
+
+    for step in range(STEPS):
+        # A schedule of sorts: the optimizers must use the lr they are given at each step.
+        lr = lr0 * (1.0 - 0.5 * step / STEPS)
+        case["lr"].append(lr)
+        grads = []
+        for i, p in enumerate(params):
+            if (step, i) in missing:
+                grads.append(None)
+                continue
+            g = torch.randn(p.shape, generator=gen, dtype=torch.float32) * (10.0 ** -(i % 3))
+            if optimizer == "lion":
+                # Keep c = beta1 m + (1 - beta1) g away from 0, where float rounding could flip
+                # its sign between two correct implementations.
+                b1 = options["beta1"]
+                m = moments[i]
+                while True:
+                    c = m.double() * b1 + g.double() * (1.0 - b1)
+                    near = c.abs() < 1e-3 * (10.0 ** -(i % 3))
+                    if not bool(near.any()):
+                        break
+                    g = torch.where(near, g + 0.05 * (10.0 ** -(i % 3)), g)
+            grads.append(g)
+        case["grads"].append([None if g is None else writer.add(g) for g in grads])
+        if optimizer == "lion":
+            with torch.no_grad():
+                lion_step(params, grads, moments, lr, options["beta1"], options["beta2"], lion_wd)
+        else:
+            for p, g in zip(params, grads):
+                p.grad = None if g is None else g.clone()
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+        case["expected"].append([writer.add(p) for p in params])
+
+    state = {}
+    for i, (pname, _, _) in enumerate(PARAMETERS):
+        if optimizer == "lion":
+            state["exp_avg/" + pname] = writer.add(moments[i])
+            continue
+        s = opt.state.get(params[i], {})
+        for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+            if s.get(key) is not None:
+                state[key + "/" + pname] = writer.add(s[key])
+    case["expected_state"] = state
+    return case
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: torch_reference.py OUT_DIR")
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    index_path = os.path.join(out_dir, "index.json")
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a broken installation
+        with open(index_path, "w") as f:
+            json.dump({"skipped": "PyTorch is not importable by %s (%s: %s); install python3-torch "
+                       "(scripts/install-deps.sh) to run the optimizer conformance test"
+                       % (sys.executable, type(e).__name__, e)}, f)
+        return
+    torch.set_num_threads(1)
+    writer = Writer()
+    adamw_defaults = {"beta1": 0.9, "beta2": 0.95, "epsilon": 1e-8, "weight_decay": 0.1}
+    cases = [
+        run_case(torch, writer, "adamw_levanter_defaults", "adamw", adamw_defaults, 6e-4, 1, set()),
+        run_case(torch, writer, "adamw_large_lr", "adamw",
+                 {"beta1": 0.8, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01}, 3e-2, 2, set()),
+        run_case(torch, writer, "adamw_no_decay", "adamw",
+                 {"beta1": 0.9, "beta2": 0.99, "epsilon": 1e-8, "weight_decay": 0.0}, 1e-2, 3, set()),
+        run_case(torch, writer, "sgd_plain_l2", "sgd",
+                 {"momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 1e-2}, 0.1, 4,
+                 {(3, 1)}),
+        run_case(torch, writer, "sgd_momentum_dampening", "sgd",
+                 {"momentum": 0.9, "dampening": 0.1, "nesterov": False, "weight_decay": 1e-2}, 0.05, 5,
+                 {(0, 3), (1, 3), (4, 1)}),
+        run_case(torch, writer, "sgd_nesterov", "sgd",
+                 {"momentum": 0.9, "dampening": 0.0, "nesterov": True, "weight_decay": 1e-3}, 0.05, 6,
+                 {(0, 1), (5, 3)}),
+        run_case(torch, writer, "lion_paper_defaults", "lion",
+                 {"beta1": 0.9, "beta2": 0.99, "weight_decay": 1.0}, 1e-3, 7, {(2, 3)}),
+        run_case(torch, writer, "lion_other_betas", "lion",
+                 {"beta1": 0.95, "beta2": 0.98, "weight_decay": 0.1}, 3e-3, 8, {(0, 1), (6, 4)}),
+    ]
+    with open(os.path.join(out_dir, "data.bin"), "wb") as f:
+        for chunk in writer.chunks:
+            f.write(chunk)
+    with open(index_path, "w") as f:
+        json.dump({"torch_version": torch.__version__, "cases": cases}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
