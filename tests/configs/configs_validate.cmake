@@ -1,0 +1,21 @@
+# Runs `loom config show` on every configs/*.yaml with only the built plugins, and fails naming
+# each file that does not validate, with loom's message.
+file(GLOB configs ${CONFIG_DIR}/*.yaml)
+if(NOT configs)
+  message(FATAL_ERROR "no configs in ${CONFIG_DIR}")
+endif()
+set(failed "")
+foreach(config ${configs})
+  execute_process(COMMAND ${LOOM} config show ${config} --no-default-plugin-path --plugin-path ${PLUGIN_DIR}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  get_filename_component(name ${config} NAME)
+  if(rc EQUAL 0)
+    message(STATUS "ok      ${name}")
+  else()
+    message(STATUS "FAILED  ${name} (exit ${rc}):\n${err}")
+    list(APPEND failed ${name})
+  endif()
+endforeach()
+if(failed)
+  message(FATAL_ERROR "configs that do not validate: ${failed}")
+endif()

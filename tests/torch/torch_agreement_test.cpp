@@ -1,0 +1,203 @@
+// loom's models against independent PyTorch implementations (reference_models.py).
+//
+// The Python script writes, per case, random weights under loom's parameter names and a batch
+// with PyTorch's loss, logits and the gradient of every parameter. Here each case is loaded into
+// loom's model (through the real plugin host, load_parameters and the model's own options) and
+// run with every registered backend and every registered attention kernel; loss, logits, every
+// gradient and the KV-cached generation logits must agree to a relative error of 1e-4:
+//   error(loom, torch) = max |loom - torch| / max |torch|      (per tensor)
+// The largest error of each case, backend and kernel is printed (and recorded as a test
+// property) so the figures can be quoted.
+//
+// Skips, saying why, when /usr/bin/python3 cannot import torch (Debian's python3-torch).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iomanip>
+#include <loom/autograd.hpp>
+#include <loom/core/plugin_host.hpp>
+#include <loom/core/registry.hpp>
+#include <loom/kinds/model.hpp>
+#include <loom/safetensors.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = loom::safetensors;
+using loom::Tensor;
+using loom::Value;
+
+constexpr double tolerance = 1e-4;
+
+Value to_value(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null:
+      return Value();
+    case nlohmann::json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return Value(j.get<std::int64_t>());
+    case nlohmann::json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return Value(j.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      Value::List list;
+      for (const auto& e : j) list.push_back(to_value(e));
+      return Value(std::move(list));
+    }
+    case nlohmann::json::value_t::object: {
+      Value map = Value::map();
+      for (const auto& [k, e] : j.items()) map.set(k, to_value(e));
+      return map;
+    }
+    default:
+      return Value();
+  }
+}
+
+double relative_error(const Tensor& got, const Tensor& expected) {
+  const auto g = got.to_vector(), e = expected.to_vector();
+  if (g.size() != e.size()) return INFINITY;
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(g[i]) - e[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+class TorchAgreement : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+      skip_reason_ =
+          "/usr/bin/python3 cannot import torch: install Debian's python3-torch (scripts/install-deps.sh) to compare "
+          "loom's models with PyTorch";
+      return;
+    }
+    dir_ = fs::temp_directory_path() / ("loom_torch_agreement_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const std::string command =
+        "/usr/bin/python3 '" LOOM_SOURCE_DIR "/tests/torch/reference_models.py' '" + dir_.string() + "'";
+    generated_ = std::system(command.c_str()) == 0;
+  }
+  static void TearDownTestSuite() {
+    if (!dir_.empty()) fs::remove_all(dir_);
+    std::cout << summary_.str();
+  }
+
+  void SetUp() override {
+    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    ASSERT_TRUE(generated_) << "tests/torch/reference_models.py failed";
+    loom::PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
+  }
+
+  // Runs `name` with every backend and kernel; returns the largest error seen.
+  void check(const std::string& name) {
+    const st::Reader data(dir_ / (name + ".data.safetensors"));
+    const st::Reader weights_file(dir_ / (name + ".weights.safetensors"));
+    const Value options = to_value(nlohmann::json::parse(weights_file.metadata().at("model")));
+    const std::string type = options.find("type")->as_string();
+    const Tensor tokens = data.read("input.tokens"), targets = data.read("input.targets");
+    const Tensor segments = data.contains("input.segments") ? data.read("input.segments") : Tensor();
+    const Tensor expected_logits = data.read("expected.logits");
+
+    const auto kernels = registry_.list("attention");
+    const auto backends = registry_.list("backend");
+    ASSERT_FALSE(kernels.empty()) << "no attention kernel is built in " << LOOM_PLUGIN_DIR;
+    ASSERT_FALSE(backends.empty()) << "no backend is built in " << LOOM_PLUGIN_DIR;
+    for (const auto* backend_entry : backends) {
+      for (const auto* kernel_entry : kernels) {
+        const std::string combo =
+            name + " [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
+        SCOPED_TRACE(combo);
+        auto backend = registry_.create<loom::Backend>(
+            loom::ComponentRef{"backend", backend_entry->decl.name, Value(), "backend"});
+        Value o = options;
+        o.set("attention", kernel_entry->decl.name);
+        auto model = registry_.create<loom::Model>(loom::ComponentRef{"model", type, o, "model"});
+        model->build(loom::ModelSetup{0});
+        st::load_parameters(weights_file.path(), model->parameters());
+
+        loom::Tape tape;
+        loom::Ops ops(*backend, &tape);
+        const Tensor loss = model->loss(ops, tokens, targets, segments);
+        const double loss_error = relative_error(loss, data.read("expected.loss"));
+        tape.backward(loss);
+        double grad_error = 0;
+        std::string worst_grad;
+        for (const auto& p : model->parameters()) {
+          ASSERT_TRUE(p.parameter->has_grad()) << p.parameter->name() << " got no gradient";
+          const double e = relative_error(p.parameter->grad(), data.read("grad." + p.parameter->name()));
+          EXPECT_LE(e, tolerance) << "gradient of " << p.parameter->name();
+          if (e >= grad_error) {
+            grad_error = e;
+            worst_grad = p.parameter->name();
+          }
+        }
+        loom::Ops eval(*backend);
+        const double logits_error = relative_error(model->logits(eval, tokens, segments), expected_logits);
+        EXPECT_LE(loss_error, tolerance) << "loss";
+        EXPECT_LE(logits_error, tolerance) << "logits";
+
+        // Generation with the KV cache: a prefill, then one token at a time (unpacked rows only).
+        double cache_error = 0;
+        if (!segments.defined()) {
+          const std::int64_t batch = tokens.size(0), seq = tokens.size(1), prefill = 4;
+          auto cache = model->new_cache(batch, seq);
+          for (std::int64_t t = prefill - 1; t < seq; ++t) {
+            const Tensor step =
+                t == prefill - 1 ? tokens.slice(1, 0, prefill).clone() : tokens.slice(1, t, t + 1).clone();
+            const Tensor got = model->next_logits(eval, step, *cache);
+            cache_error = std::max(cache_error, relative_error(got, expected_logits.select(1, t).clone()));
+          }
+          EXPECT_LE(cache_error, tolerance) << "KV-cached logits";
+        }
+        const double worst = std::max({loss_error, logits_error, grad_error, cache_error});
+        std::ostringstream line;
+        line << std::scientific << std::setprecision(2) << "agreement " << std::left << std::setw(56) << combo
+             << " loss " << loss_error << "  logits " << logits_error << "  grads " << grad_error << " (" << worst_grad
+             << ")";
+        if (!segments.defined()) line << "  cached " << cache_error;
+        line << "  max " << worst << "\n";
+        summary_ << line.str();
+        RecordProperty(backend_entry->decl.name + "_" + kernel_entry->decl.name + "_max_relative_error",
+                       std::to_string(worst));
+      }
+    }
+  }
+
+  loom::Registry registry_;
+  static inline std::string skip_reason_;
+  static inline fs::path dir_;
+  static inline bool generated_ = false;
+  static inline std::ostringstream summary_;
+};
+
+TEST_F(TorchAgreement, Gpt2) {
+  check("gpt2");
+}
+TEST_F(TorchAgreement, Gpt2PackedUntied) {
+  check("gpt2_packed_untied");
+}
+TEST_F(TorchAgreement, LlamaGroupedQueryAttention) {
+  check("llama");
+}
+TEST_F(TorchAgreement, Llama3RopeQkNormTied) {
+  check("llama3_qk_norm");
+}
+TEST_F(TorchAgreement, MistralSlidingWindowPacked) {
+  check("mistral_window");
+}
+
+}  // namespace
