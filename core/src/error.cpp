@@ -8,6 +8,9 @@ namespace loom {
 Error::Error(ErrorKind kind, std::string message) : kind_(kind), message_(std::move(message)) {
   rebuild();
 }
+Error::~Error() = default;
+UserError::~UserError() = default;
+InternalError::~InternalError() = default;
 
 void Error::add_context(std::string context) {
   context_.insert(context_.begin(), std::move(context));

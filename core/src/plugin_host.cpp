@@ -51,6 +51,14 @@ class CollectingRegistrar final : public Registrar {
   std::vector<ComponentEntry> entries_;
 };
 
+// Every library the host has mapped, kept until the process exits (deliberately never
+// destroyed): a library is never unloaded during a run, so nothing a plugin made, registered or
+// threw can outlive its code.
+std::vector<std::shared_ptr<LoadedLibrary>>& resident_libraries() {
+  static auto* libraries = new std::vector<std::shared_ptr<LoadedLibrary>>;
+  return *libraries;
+}
+
 bool is_plugin_file_name(const std::string& name) {
   return name.size() > 11 && name.rfind("libloom-", 0) == 0 && name.compare(name.size() - 3, 3, ".so") == 0;
 }
@@ -145,7 +153,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     const auto entry =
         reinterpret_cast<LoomRegisterFunction>(const_cast<void*>(library.get<const void*>("loom_plugin_register")));
     auto loaded = std::make_shared<LoadedLibrary>(std::move(library));
-    failed_libraries_.push_back(loaded);  // until it registers successfully
+    resident_libraries().push_back(loaded);
 
     // 3. Register, as one transaction.
     CollectingRegistrar registrar(record.file, loaded);
@@ -157,7 +165,6 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     std::vector<ComponentEntry> entries = registrar.take();
     for (const auto& e : entries) record.components.push_back(e.kind + "/" + e.decl.name);
     registry.add(std::move(entries));
-    failed_libraries_.pop_back();  // the registry's entries hold it now
     record.status = PluginRecord::Status::loaded;
   } catch (const std::exception& e) {
     record.status = PluginRecord::Status::failed;

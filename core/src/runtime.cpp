@@ -18,12 +18,13 @@ const OptionSchema& run_config_schema() {
                  "paths are relative to the config file that names them.");
     OptionSchema s;
     s.object("plugins", std::move(plugins), "Where to find plugins.");
-    s.component("backend", "backend", "", "The backend that implements the tensor operations.").nullable();
-    s.component("model", "model", "", "The model architecture.").nullable();
-    s.component("optimizer", "optimizer", "", "The optimizer.").nullable();
-    s.component("lr_schedule", "lr_schedule", "", "The learning-rate schedule.").nullable();
+    s.component("backend", "backend", "cpu", "The backend that implements the tensor operations.");
+    s.component("model", "model", "", "The model architecture (its `attention` option names the kernel).").nullable();
+    s.component("optimizer", "optimizer", "adamw", "The optimizer (its learning_rate is the schedule's peak).");
+    s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
     s.component("data", "dataset", "", "The training and validation data.").nullable();
-    s.component("tokenizer", "tokenizer", "", "The tokenizer.").nullable();
+    s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+
     return s;
   }();
   return schema;
@@ -92,9 +93,12 @@ std::string pad(const std::string& s, std::size_t width) {
 
 const char* status_name(PluginRecord::Status s) {
   switch (s) {
-    case PluginRecord::Status::loaded: return "loaded";
-    case PluginRecord::Status::failed: return "failed";
-    case PluginRecord::Status::shadowed: return "shadowed";
+    case PluginRecord::Status::loaded:
+      return "loaded";
+    case PluginRecord::Status::failed:
+      return "failed";
+    case PluginRecord::Status::shadowed:
+      return "shadowed";
   }
   return "?";
 }
@@ -115,8 +119,9 @@ std::string describe_plugins(const Runtime& runtime) {
     const auto entries = registry.list(kind.name);
     if (entries.empty()) out += "  (none)\n";
     for (const auto* e : entries)
-      out += "  " + pad(e->decl.name, name_width) + "  " + pad(e->decl.version.empty() ? "-" : e->decl.version, version_width) +
-             "  " + pad(e->decl.description, description_width) + "  " + e->plugin_file + "\n";
+      out += "  " + pad(e->decl.name, name_width) + "  " +
+             pad(e->decl.version.empty() ? "-" : e->decl.version, version_width) + "  " +
+             pad(e->decl.description, description_width) + "  " + e->plugin_file + "\n";
   }
   bool header = false;
   for (const auto& p : runtime.plugin_host().plugins()) {
@@ -165,11 +170,16 @@ namespace {
 
 nlohmann::json value_json(const Value& v) {
   switch (v.type()) {
-    case Value::Type::null: return nullptr;
-    case Value::Type::boolean: return v.as_bool();
-    case Value::Type::integer: return v.as_int();
-    case Value::Type::number: return v.as_double();
-    case Value::Type::string: return v.as_string();
+    case Value::Type::null:
+      return nullptr;
+    case Value::Type::boolean:
+      return v.as_bool();
+    case Value::Type::integer:
+      return v.as_int();
+    case Value::Type::number:
+      return v.as_double();
+    case Value::Type::string:
+      return v.as_string();
     case Value::Type::list: {
       auto a = nlohmann::json::array();
       for (const auto& e : v.as_list()) a.push_back(value_json(e));
@@ -214,8 +224,10 @@ void schema_lines(const OptionSchema& schema, const std::string& prefix, std::st
       continue;
     }
     out += "  " + prefix + o.name() + "  " + o.expectation();
-    if (!(o.is_required() && !o.is_nullable())) out += "; default " + o.default_value().to_flow();
-    else out += "; required";
+    if (!(o.is_required() && !o.is_nullable()))
+      out += "; default " + o.default_value().to_flow();
+    else
+      out += "; required";
     out += "\n      " + o.doc() + "\n";
   }
 }
@@ -280,8 +292,10 @@ namespace {
 std::string markdown_escape(std::string s) {
   std::string out;
   for (char c : s) {
-    if (c == '|') out += "\\|";
-    else out += c;
+    if (c == '|')
+      out += "\\|";
+    else
+      out += c;
   }
   return out;
 }
@@ -293,9 +307,10 @@ void markdown_rows(const OptionSchema& schema, const std::string& prefix, std::s
       markdown_rows(*o.object_schema(), prefix + o.name() + ".", out);
       continue;
     }
-    const std::string def = (o.is_required() && !o.is_nullable()) ? "required" : "`" + o.default_value().to_flow() + "`";
-    out += "| `" + prefix + o.name() + "` | " + markdown_escape(o.expectation()) + " | " + markdown_escape(def) + " | " +
-           markdown_escape(o.doc()) + " |\n";
+    const std::string def =
+        (o.is_required() && !o.is_nullable()) ? "required" : "`" + o.default_value().to_flow() + "`";
+    out += "| `" + prefix + o.name() + "` | " + markdown_escape(o.expectation()) + " | " + markdown_escape(def) +
+           " | " + markdown_escape(o.doc()) + " |\n";
   }
 }
 

@@ -20,9 +20,13 @@ namespace loom {
 
 enum class ErrorKind { user, internal };
 
+// The destructors are defined in libloom_core.so, which makes them the classes' key functions:
+// their vtables and type information live in the core, not in each plugin that throws them, so
+// an exception thrown by a plugin never refers to the plugin's code once it is caught.
 class Error : public std::exception {
  public:
   Error(ErrorKind kind, std::string message);
+  ~Error() override;
 
   ErrorKind kind() const noexcept { return kind_; }
   // The innermost message, without context.
@@ -46,12 +50,14 @@ class Error : public std::exception {
 class UserError : public Error {
  public:
   explicit UserError(std::string message) : Error(ErrorKind::user, std::move(message)) {}
+  ~UserError() override;
 };
 
 // A bug: a broken invariant in loom or in a plugin.
 class InternalError : public Error {
  public:
   explicit InternalError(std::string message) : Error(ErrorKind::internal, std::move(message)) {}
+  ~InternalError() override;
 };
 
 // Runs `body`; a loom::Error escaping it gets `context` added, and any other exception becomes

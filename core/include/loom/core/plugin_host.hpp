@@ -11,6 +11,9 @@
 // canonical path) loads once. A file whose name was already loaded from an earlier directory is
 // shadowed (recorded, not loaded): earlier directories override later ones, as with PATH.
 //
+// A library, once mapped, stays mapped until the process exits, whether its registration
+// succeeded or not (its static initialisers have run).
+//
 // A plugin that fails (not an ELF shared object, no ABI record, ABI mismatch, missing register
 // symbol, unloadable, register threw or returned an error, or a component name another plugin
 // already claims) is recorded with its reason and never crashes the host.
@@ -69,9 +72,6 @@ class PluginHost {
  private:
   void load_file(const std::filesystem::path& file, const std::string& origin, Registry& registry);
   std::vector<PluginRecord> plugins_;
-  // Libraries whose registration failed after they were loaded. Their static initialisers have
-  // run, so they stay loaded (never unloaded during a run) even though nothing refers to them.
-  std::vector<std::shared_ptr<LoadedLibrary>> failed_libraries_;
 };
 
 }  // namespace loom
