@@ -22,10 +22,13 @@
 // adds into its own dq partial and the partials are summed in stripe order afterwards. Either
 // way the result depends only on the inputs and the thread count.
 //
-// Tiles: the GEMMs on tiles are single-threaded cblas_sgemm calls on the strided operands (no
-// packing copies); with block_q = block_kv = 64 and head_dim 64 a query tile, a key tile, a
-// value tile, the score tile and the output tile take 80 KiB, inside the 1 MiB L2 of a core of
-// this machine (and the score tile alone fits the 32 KiB L1).
+// Tiles: the GEMMs on tiles are single-threaded cblas_sgemm calls on the strided operands. The
+// products with K^T and V^T (S = Q K^T, dP = dO V^T) use an explicitly transposed key/value
+// tile: row-major A B^T is OpenBLAS's column-major "TN" case, which its small-matrix kernels do
+// not take, and its general path (packing both operands) costs about twice as much on tiles of
+// this size; a 64 x 64 transpose in registers costs a few percent of one product. With block_q = block_kv = 64 and
+// head_dim 64 a query tile, a key tile, a value tile, the score tile and the output tile take 80 KiB, inside the 1 MiB
+// L2 of a core of this machine (and the score tile alone fits the 32 KiB L1).
 #include <cblas.h>
 
 #include <algorithm>
@@ -143,13 +146,16 @@ class FlashAttention final : public loom::AttentionKernel {
     const int64_t q_tiles = (a.q_len + block_q_ - 1) / block_q_;
     const int64_t items = a.batch * a.q_heads * q_tiles;
     execution_.parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-      loom::Tensor scratch = loom::Tensor::empty(loom::Shape{block_q_ * block_kv_ + 2 * block_q_});
+      loom::Tensor scratch =
+          loom::Tensor::empty(loom::Shape{block_q_ * block_kv_ + a.head_dim * block_kv_ + 2 * block_q_});
       float* scores = scratch.data<float>();
-      float* max = scores + block_q_ * block_kv_;
+      float* keys_t = scores + block_q_ * block_kv_;
+      float* max = keys_t + a.head_dim * block_kv_;
       float* sum = max + block_q_;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t bh = item / q_tiles;
-        forward_tile(a, bh / a.q_heads, bh % a.q_heads, balanced_tile(item % q_tiles, q_tiles), scores, max, sum);
+        forward_tile(a, bh / a.q_heads, bh % a.q_heads, balanced_tile(item % q_tiles, q_tiles), scores, keys_t, max,
+                     sum);
       }
     });
   }
@@ -184,9 +190,10 @@ class FlashAttention final : public loom::AttentionKernel {
     float* partials = stripes > 1 ? partial_buffer.data<float>() : nullptr;
 
     execution_.parallel_for(pairs * stripes, 1, [&](int64_t begin, int64_t end) {
-      loom::Tensor scratch = loom::Tensor::empty(loom::Shape{3, block_q_, block_kv_});
-      BackwardTiles tiles{scratch.data<float>(), scratch.data<float>() + block_q_ * block_kv_,
-                          scratch.data<float>() + 2 * block_q_ * block_kv_};
+      const int64_t tile = block_q_ * block_kv_, operand = d * block_kv_;
+      loom::Tensor scratch = loom::Tensor::empty(loom::Shape{3 * tile + 2 * operand});
+      float* base = scratch.data<float>();
+      BackwardTiles tiles{base, base + tile, base + 2 * tile, base + 3 * tile, base + 3 * tile + operand};
       for (int64_t item = begin; item < end; ++item) {
         const int64_t pair = item / stripes, stripe = item % stripes;
         const int64_t b = pair / a.kv_heads, g = pair % a.kv_heads;
@@ -229,6 +236,8 @@ class FlashAttention final : public loom::AttentionKernel {
     float* capped;  // soft-capped scores (read for the cap's derivative)
     float* probs;   // P, recomputed from the log-sum-exp
     float* grads;   // dP, then dS
+    float* keys_t;  // K_j^T and V_j^T (head_dim x block_kv)
+    float* values_t;
   };
   // dQ of head h, row i of one batch element starts at data + i * token_stride + h * head_stride
   // (head_stride 0 means the heads sit within a token: offset h * head_dim).
@@ -243,8 +252,8 @@ class FlashAttention final : public loom::AttentionKernel {
   // chunks of parallel_for carry similar work.
   static int64_t balanced_tile(int64_t k, int64_t n) { return k % 2 == 0 ? k / 2 : n - 1 - k / 2; }
 
-  void forward_tile(const loom::AttentionForwardArgs& a, int64_t b, int64_t h, int64_t qt, float* scores, float* max,
-                    float* sum) const {
+  void forward_tile(const loom::AttentionForwardArgs& a, int64_t b, int64_t h, int64_t qt, float* scores, float* keys_t,
+                    float* max, float* sum) const {
     const Mask mask(a);
     const int64_t d = a.head_dim, g = h / (a.q_heads / a.kv_heads);
     const int64_t i0 = qt * block_q_, count = std::min(block_q_, a.q_len - i0);
@@ -263,8 +272,10 @@ class FlashAttention final : public loom::AttentionKernel {
       if (cover == Cover::none) continue;
       const float* k = a.k.data + b * a.k.batch_stride + j0 * a.k.token_stride + g * d;
       const float* v = a.v.data + b * a.v.batch_stride + j0 * a.v.token_stride + g * d;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_blas(count), to_blas(cols), to_blas(d), a.params.scale, q,
-                  to_blas(a.q.token_stride), k, to_blas(a.k.token_stride), 0.0f, scores, to_blas(block_kv_));
+      // S = scale Q K^T, as Q times an explicit K^T (see the comment at the top).
+      rows::transpose(k, cols, d, a.k.token_stride, keys_t, block_kv_);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d), a.params.scale,
+                  q, to_blas(a.q.token_stride), keys_t, to_blas(block_kv_), 0.0f, scores, to_blas(block_kv_));
       for (int64_t r = 0; r < count; ++r) {
         float* row = scores + r * block_kv_;
         if (a.params.softcap > 0.0f) rows::softcap_row(row, cols, a.params.softcap);
@@ -308,6 +319,8 @@ class FlashAttention final : public loom::AttentionKernel {
     if (dk && !args.dk.accumulate) zero_rows(dk, cols, d, args.dk.token_stride);
     if (dv && !args.dv.accumulate) zero_rows(dv, cols, d, args.dv.token_stride);
     const blasint bk = to_blas(block_kv_);
+    rows::transpose(k, cols, d, a.k.token_stride, tiles.keys_t, block_kv_);
+    rows::transpose(v, cols, d, a.v.token_stride, tiles.values_t, block_kv_);
 
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const float* lse = a.lse + (b * a.q_heads + h) * a.q_len;
@@ -318,8 +331,8 @@ class FlashAttention final : public loom::AttentionKernel {
         if (cover == Cover::none) continue;
         const float* q = a.q.data + b * a.q.batch_stride + i0 * a.q.token_stride + h * d;
         const float* dout = args.dout + (b * a.q_len + i0) * out_ld + h * d;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_blas(count), to_blas(cols), to_blas(d), a.params.scale,
-                    q, to_blas(a.q.token_stride), k, to_blas(a.k.token_stride), 0.0f, tiles.capped, bk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d),
+                    a.params.scale, q, to_blas(a.q.token_stride), tiles.keys_t, bk, 0.0f, tiles.capped, bk);
         for (int64_t r = 0; r < count; ++r) {
           float* capped = tiles.capped + r * block_kv_;
           float* p = tiles.probs + r * block_kv_;
@@ -336,8 +349,8 @@ class FlashAttention final : public loom::AttentionKernel {
                       tiles.probs, bk, dout, to_blas(out_ld), 1.0f, dv, to_blas(args.dv.token_stride));
         if (!dk && !dq.data) continue;
         // dP = dO V^T, then dS = P (dP - D) (times the cap's derivative)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_blas(count), to_blas(cols), to_blas(d), 1.0f, dout,
-                    to_blas(out_ld), v, to_blas(a.v.token_stride), 0.0f, tiles.grads, bk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d), 1.0f, dout,
+                    to_blas(out_ld), tiles.values_t, bk, 0.0f, tiles.grads, bk);
         for (int64_t r = 0; r < count; ++r)
           rows::softmax_grad_row(tiles.grads + r * block_kv_, tiles.probs + r * block_kv_, tiles.capped + r * block_kv_,
                                  cols, row_delta[i0 + r], cap);

@@ -1,5 +1,5 @@
 // Row operations of the flash kernel's tiles: max, exp with a shift (and its sum), soft-cap,
-// scaling, the softmax gradient and dot products. AVX-512 where the build targets it (loom
+// scaling, the softmax gradient, dot products, and tile transposes. AVX-512 where the build targets it (loom
 // builds with -march=native), scalar loops otherwise; both give the same results to float32
 // rounding.
 //
@@ -127,6 +127,43 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return _mm512_reduce_add_ps(s);
 }
 
+// t[c, r] = a[r, c] for a rows x cols block (row strides lda and ldt): 16 x 16 blocks in
+// registers (the usual unpack / shuffle network), a plain loop for the ragged edges.
+inline void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float* t, int64_t ldt) {
+  int64_t r0 = 0;
+  for (; r0 + 16 <= rows; r0 += 16) {
+    int64_t c0 = 0;
+    for (; c0 + 16 <= cols; c0 += 16) {
+      __m512 r[16], u[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(a + (r0 + i) * lda + c0);
+      for (int i = 0; i < 16; i += 2) {
+        u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+      }
+      for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+      }
+      for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; ++j) {
+          u[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+          u[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+      for (int j = 0; j < 8; ++j) {
+        r[j] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(u[j], u[j + 8], 0xdd);
+      }
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(t + (c0 + i) * ldt + r0, r[i]);
+    }
+    for (int64_t r = r0; r < r0 + 16; ++r)
+      for (int64_t c = c0; c < cols; ++c) t[c * ldt + r] = a[r * lda + c];
+  }
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * ldt + r] = a[r * lda + c];
+}
+
 #else  // scalar fallback
 
 inline float exp1(float x) {
@@ -166,6 +203,11 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
   return s;
+}
+
+inline void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float* t, int64_t ldt) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * ldt + r] = a[r * lda + c];
 }
 
 #endif
