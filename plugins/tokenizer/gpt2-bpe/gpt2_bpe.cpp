@@ -1,8 +1,8 @@
 // The `gpt2-bpe` tokenizer: GPT-2's byte-level BPE (Radford et al., 2019), as OpenAI's
 // encoder.py defines it. Text is cut at special tokens (<|endoftext|>), each stretch is cut into
 // pieces by GPT-2's regular expression (pre_tokenizer.hpp), and each piece's bytes are merged by
-// BPE, lowest merge rank first, every occurrence of the chosen pair left to right, until no
-// adjacent pair has a rank.
+// BPE (bpe_merge.hpp), lowest merge rank first, every occurrence of the chosen pair left to right,
+// until no adjacent pair has a rank.
 #include <algorithm>
 #include <cstring>
 #include <loom/kinds/tokenizer.hpp>
@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "bpe_merge.hpp"
 #include "bpe_model.hpp"
 #include "pre_tokenizer.hpp"
 #include "utf8.hpp"
@@ -48,9 +49,9 @@ class Gpt2Bpe final : public Tokenizer {
     std::vector<std::int32_t> ids;
     ids.reserve(text.size() / 3);  // English runs at about four bytes per token
     PreTokenizer::Scratch scratch(pre_tokenizer_);
-    std::vector<std::int32_t> symbols;
+    Buffers buffers;
     const auto encode_ordinary = [&](std::string_view stretch) {
-      pre_tokenizer_.split(stretch, scratch, [&](std::string_view piece) { encode_piece(piece, ids, symbols); });
+      pre_tokenizer_.split(stretch, scratch, [&](std::string_view piece) { encode_piece(piece, ids, buffers); });
     };
     std::size_t start = 0;  // of the text not yet encoded
     for (std::size_t pos = 0;;) {
@@ -88,7 +89,13 @@ class Gpt2Bpe final : public Tokenizer {
   }
 
  private:
-  void encode_piece(std::string_view piece, std::vector<std::int32_t>& ids, std::vector<std::int32_t>& symbols) const {
+  // Reused from piece to piece within one encode call.
+  struct Buffers {
+    std::vector<std::int32_t> symbols;
+    MergeScratch merge;
+  };
+
+  void encode_piece(std::string_view piece, std::vector<std::int32_t>& ids, Buffers& buffers) const {
     if (piece.size() == 1) {
       ids.push_back(model_.byte_id(static_cast<unsigned char>(piece[0])));
       return;
@@ -101,41 +108,12 @@ class Gpt2Bpe final : public Tokenizer {
         return;
       }
     }
+    std::vector<std::int32_t>& symbols = buffers.symbols;
     symbols.resize(piece.size());
     for (std::size_t i = 0; i < piece.size(); ++i) symbols[i] = model_.byte_id(static_cast<unsigned char>(piece[i]));
-    merge(symbols);
+    bpe_merge(model_.merges(), symbols, buffers.merge);
     ids.insert(ids.end(), symbols.begin(), symbols.end());
     cache_.insert(piece, hash, symbols);
-  }
-
-  // encoder.py's bpe(): while some adjacent pair has a rank, take the lowest-ranked pair and
-  // merge each of its occurrences, scanning left to right (so "a a a" becomes "aa a").
-  void merge(std::vector<std::int32_t>& symbols) const {
-    const MergeTable& merges = model_.merges();
-    std::size_t n = symbols.size();
-    while (n > 1) {
-      // A table value is (rank << 32) | merged id, so the smallest value has the lowest rank.
-      std::uint64_t best = MergeTable::kNone;
-      std::size_t best_at = 0;
-      for (std::size_t i = 0; i + 1 < n; ++i) {
-        const std::uint64_t v = merges.find(symbols[i], symbols[i + 1]);
-        if (v < best) best = v, best_at = i;
-      }
-      if (best == MergeTable::kNone) break;
-      const std::int32_t left = symbols[best_at], right = symbols[best_at + 1];
-      const auto merged = static_cast<std::int32_t>(best & 0xFFFFFFFFu);
-      std::size_t out = best_at;
-      for (std::size_t i = best_at; i < n;) {
-        if (i + 1 < n && symbols[i] == left && symbols[i + 1] == right) {
-          symbols[out++] = merged;
-          i += 2;
-        } else {
-          symbols[out++] = symbols[i++];
-        }
-      }
-      n = out;
-    }
-    symbols.resize(n);
   }
 
   // The next position at or after `pos` where a special token could start, or npos.
@@ -189,13 +167,16 @@ class Gpt2Bpe final : public Tokenizer {
 OptionSchema options() {
   OptionSchema s;
   s.string("encoder_json", "",
-           "OpenAI's encoder.json (token -> id); give it with `vocab_bpe`, or give `tokenizer_json` instead. "
-           "Relative to the current directory.")
+           "OpenAI's encoder.json (token -> id), given with `vocab_bpe`; or give `tokenizer_json` instead. A path "
+           "relative to the current directory; \"\" or null: not given.")
       .nullable();
-  s.string("vocab_bpe", "", "OpenAI's vocab.bpe (the merges, in rank order); goes with `encoder_json`.").nullable();
+  s.string("vocab_bpe", "",
+           "OpenAI's vocab.bpe (the merges, in rank order), given with `encoder_json`. A path relative to the current "
+           "directory.")
+      .nullable();
   s.string("tokenizer_json", "",
-           "A Hugging Face tokenizer.json with a byte-level BPE model, instead of `encoder_json` + `vocab_bpe`. "
-           "Relative to the current directory.")
+           "A Hugging Face tokenizer.json with a byte-level BPE model, instead of `encoder_json` + `vocab_bpe`. A "
+           "path relative to the current directory.")
       .nullable();
   s.string("end_of_text", "<|endoftext|>",
            "The token that separates documents (end_of_text()); \"\" or null when the vocabulary has none.")
