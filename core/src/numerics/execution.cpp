@@ -45,7 +45,7 @@ class TbbExecutionContext final : public ExecutionContext {
                     FunctionRef<void(std::int64_t, std::int64_t)> body) const override {
     if (n <= 0) return;
     grain = std::max<std::int64_t>(1, grain);
-    const std::int64_t chunks = std::min<std::int64_t>((n + grain - 1) / grain, std::int64_t{threads_} * 4);
+    const std::int64_t chunks = std::min<std::int64_t>(n / grain, std::int64_t{threads_} * 4);
     if (threads_ == 1 || chunks <= 1) {
       body(0, n);
       return;

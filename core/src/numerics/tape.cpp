@@ -128,29 +128,44 @@ void TapeState::add_output(Node& node, Tensor& out) {
   ++node.num_outputs;
 }
 
-void TapeState::backward(const Tensor& root, const Tensor* seed, float scalar_seed) {
-  if (!root.defined()) throw InternalError("backward: undefined root tensor");
-  if (TensorAccess::var(root) == 0)
-    throw InternalError("backward: " + root.str() +
-                        " was not recorded (no input required a gradient, or recording was off)");
-  requires_grad(root, "backward");
-  Tensor g;
-  if (seed) {
-    if (!(seed->shape() == root.shape()) || seed->dtype() != DType::f32)
-      throw InternalError("backward: seed " + seed->str() + " does not match root " + root.str());
-    g = seed->clone();
-  } else {
-    if (root.numel() != 1)
-      throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
-    g = Tensor::full(root.shape(), scalar_seed);
-  }
-  const GradTarget rt = target(root);
-  Variable& rv = vars_[rt.var];
-  if (rt.covers_base) {
-    rv.grad = g.view(rv.shape);
-  } else {
-    rv.grad = Tensor::zeros(rv.shape);
-    TensorAccess::view_of(rv.grad, rv.grad.offset() + rt.offset, rt.shape, rt.strides).copy_from(g);
+void TapeState::backward(std::span<const Tensor> roots, std::span<const Tensor> seeds, float scalar_seed) {
+  if (!seeds.empty() && seeds.size() != roots.size())
+    throw InternalError("backward: " + std::to_string(roots.size()) + " roots but " + std::to_string(seeds.size()) +
+                        " seeds");
+  try {
+    for (std::size_t r = 0; r < roots.size(); ++r) {
+      const Tensor& root = roots[r];
+      if (!root.defined()) throw InternalError("backward: undefined root tensor");
+      if (TensorAccess::var(root) == 0)
+        throw InternalError("backward: " + root.str() +
+                            " was not recorded (no input required a gradient, or recording was off)");
+      requires_grad(root, "backward");
+      Tensor g;
+      if (!seeds.empty()) {
+        const Tensor& seed = seeds[r];
+        if (!seed.defined() || !(seed.shape() == root.shape()) || seed.dtype() != DType::f32)
+          throw InternalError("backward: seed " + seed.str() + " does not match root " + root.str());
+        g = seed.clone();
+      } else {
+        if (root.numel() != 1)
+          throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
+        g = Tensor::full(root.shape(), scalar_seed);
+      }
+      const GradTarget rt = target(root);
+      Variable& rv = vars_[rt.var];
+      if (!rv.grad.defined()) rv.grad = Tensor::zeros(rv.shape);
+      const Tensor view = TensorAccess::view_of(rv.grad, rv.grad.offset() + rt.offset, rt.shape, rt.strides);
+      const float* src = g.data<float>();
+      float* dst = view.data<float>();
+      for_each_row_pair(
+          rt.shape, contiguous_strides(rt.shape), rt.strides, [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
+            const std::int64_t ds = rt.shape.rank() ? rt.strides[static_cast<std::size_t>(rt.shape.rank() - 1)] : 1;
+            for (std::int64_t i = 0; i < len; ++i) dst[dof + i * ds] += src[so + i];
+          });
+    }
+  } catch (...) {
+    clear();
+    throw;
   }
   try {
     for (std::size_t i = nodes_.size(); i-- > 0;) {
@@ -258,10 +273,16 @@ void Tape::set_enabled(bool enabled) {
   state_->enabled = enabled;
 }
 void Tape::backward(const Tensor& root, float grad) {
-  state_->backward(root, nullptr, grad);
+  state_->backward(std::span<const Tensor>(&root, 1), {}, grad);
 }
 void Tape::backward(const Tensor& root, const Tensor& seed) {
-  state_->backward(root, &seed, 0.0f);
+  state_->backward(std::span<const Tensor>(&root, 1), std::span<const Tensor>(&seed, 1), 0.0f);
+}
+void Tape::backward(std::span<const Tensor> roots, std::span<const Tensor> seeds) {
+  if (seeds.size() != roots.size())
+    throw InternalError("backward: " + std::to_string(roots.size()) + " roots but " + std::to_string(seeds.size()) +
+                        " seeds");
+  state_->backward(roots, seeds, 0.0f);
 }
 void Tape::clear() {
   state_->clear();

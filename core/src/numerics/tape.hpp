@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -112,7 +113,9 @@ class TapeState {
   // Gives `out` (a fresh, contiguous tensor) the identity of the next output of `node`.
   void add_output(Node& node, Tensor& out);
 
-  void backward(const Tensor& root, const Tensor* seed, float scalar_seed);
+  // Seeds each root with its gradient (seeds[i], or a tensor of scalar_seed when seeds is
+  // empty), runs every node backward in reverse order, then clears the tape.
+  void backward(std::span<const Tensor> roots, std::span<const Tensor> seeds, float scalar_seed);
   void clear();
   std::size_t size() const { return nodes_.size(); }
   std::vector<Variable>& variables() { return vars_; }

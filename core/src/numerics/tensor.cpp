@@ -270,7 +270,15 @@ std::vector<std::int32_t> Tensor::to_int_vector() const {
 
 float Tensor::item() const {
   if (numel() != 1) fail("item() of " + str() + ": not a single element");
-  return to_vector()[0];
+  switch (dtype_) {
+    case DType::f32:
+      return *static_cast<const float*>(raw_data());
+    case DType::bf16:
+      return to_float(*static_cast<const bfloat16*>(raw_data()));
+    case DType::i32:
+      break;
+  }
+  return static_cast<float>(*static_cast<const std::int32_t*>(raw_data()));
 }
 
 std::string Tensor::str() const {

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -97,6 +98,9 @@ class Tape {
   void backward(const Tensor& root, float grad = 1.0f);
   // The same with a seed gradient of root's shape, for a non-scalar root.
   void backward(const Tensor& root, const Tensor& seed);
+  // Several roots at once, roots[i] seeded with seeds[i] (same shape): the gradients of all of
+  // them are summed, in one pass over the tape.
+  void backward(std::span<const Tensor> roots, std::span<const Tensor> seeds);
   // Drops the recorded graph (and the activations it kept) without a backward pass. Tensors
   // recorded before a clear lose their identity: using one in a recorded operation afterwards
   // is an error.

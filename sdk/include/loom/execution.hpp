@@ -9,8 +9,8 @@
 // one single-threaded BLAS call per panel through parallel_for (the `cpu` backend does). So:
 //   * BLAS may be called from any parallel_for body: it runs on the calling thread only;
 //   * OpenBLAS's own worker threads are never woken, so they never compete with the pool;
-//   * splitting a GEMM along M or N leaves every output element's reduction over K unchanged,
-//     so GEMM results do not depend on the thread count.
+//   * a backend decides how a GEMM is split; the `cpu` backend splits so that results do not
+//     depend on the thread count (see plugins/backend/cpu/gemm.cpp).
 #pragma once
 
 #include <cstdint>
@@ -52,10 +52,11 @@ class ExecutionContext {
   virtual int num_threads() const = 0;
 
   // Calls body(begin, end) over disjoint chunks covering [0, n) and returns when all are done.
-  //  * Chunks are at least `grain` long (except possibly the last); n <= grain, or a context with
-  //    one thread, runs body(0, n) on the calling thread with no synchronisation at all.
+  //  * Chunks are at least `grain` long (except possibly the last); n < 2 * grain, or a context
+  //    with one thread, runs body(0, n) on the calling thread with no synchronisation at all.
   //  * The chunking depends only on n, grain and num_threads(): there are
-  //    min(ceil(n / grain), 4 * num_threads()) chunks of equal length (the last one shorter).
+  //    max(1, min(floor(n / grain), 4 * num_threads())) chunks of equal length ceil(n / chunks)
+  //    (the last one shorter, never empty).
   //    In particular parallel_for(p, 1, ...) with p <= 4 * num_threads() calls the body once per
   //    index, each as its own task: the way to run p panels of similar cost.
   //  * Which thread runs which chunk is unspecified: a body must write disjoint memory. Results

@@ -1,0 +1,104 @@
+// backend/cpu: the fast CPU backend. OpenBLAS for every GEMM (split into panels over the core's
+// pool, one single-threaded BLAS call per panel), 16-float vector kernels parallelised through
+// the ExecutionContext for everything else, fused passes where they save memory traffic.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <loom/execution.hpp>
+#include <loom/kinds/backend.hpp>
+#include <vector>
+
+namespace loom::cpu {
+
+using std::int64_t;
+
+struct CpuOptions {
+  // GEMMs with m * n * k below this run as one BLAS call on the calling thread.
+  int64_t gemm_parallel_min_work = int64_t{1} << 21;
+  // Elements per chunk of the elementwise kernels (a parallel loop smaller than this runs
+  // inline, with no synchronisation).
+  int64_t grain = 16384;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(ExecutionContext& execution, const CpuOptions& options) : ex_(execution), options_(options) {}
+
+  void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
+  void gemm_batched(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                    int64_t ldc, int64_t stride_c, int64_t batch) override;
+
+  void bias_activation_forward(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                               Activation act) override;
+  void bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias, bool accumulate_dbias,
+                                int64_t rows, int64_t cols, Activation act) override;
+
+  void activation_forward(Activation act, const float* x, float* y, int64_t n) override;
+  void activation_backward(Activation act, const float* x, const float* dy, float* dx, int64_t n,
+                           bool accumulate) override;
+  void swiglu_forward(const float* gate, const float* up, float* y, int64_t n) override;
+  void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, bool accumulate_dgate,
+                       float* dup, bool accumulate_dup, int64_t n) override;
+  void add(const float* a, const float* b, float* y, int64_t n) override;
+  void scale(const float* x, float alpha, float* y, int64_t n, bool accumulate) override;
+  void fill(float* y, float value, int64_t n) override;
+  void dropout(const float* x, float* y, int64_t n, float p, std::uint64_t key, bool accumulate) override;
+
+  void layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd,
+                          int64_t rows, int64_t cols, float eps) override;
+  void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy,
+                           float* dx, bool accumulate_dx, float* dweight, bool accumulate_dweight, float* dbias,
+                           bool accumulate_dbias, int64_t rows, int64_t cols) override;
+  void add_layer_norm_forward(const float* a, const float* b, float* sum, const float* weight, const float* bias,
+                              float* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) override;
+  void rms_norm_forward(const float* x, const float* weight, float* y, float* rstd, int64_t rows, int64_t cols,
+                        float eps) override;
+  void rms_norm_backward(const float* x, const float* weight, const float* rstd, const float* dy, float* dx,
+                         bool accumulate_dx, float* dweight, bool accumulate_dweight, int64_t rows,
+                         int64_t cols) override;
+  void add_rms_norm_forward(const float* a, const float* b, float* sum, const float* weight, float* y, float* rstd,
+                            int64_t rows, int64_t cols, float eps) override;
+
+  void embedding_forward(const float* table, const std::int32_t* ids, float* out, int64_t n, int64_t dim,
+                         int64_t vocab) override;
+  void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim,
+                          int64_t vocab) override;
+  void rope(const float* x, int64_t x_batch_stride, int64_t x_token_stride, float* y, int64_t y_batch_stride,
+            int64_t y_token_stride, const float* cos, const float* sin, const std::int32_t* positions,
+            int64_t position_offset, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool interleaved,
+            bool inverse, bool accumulate) override;
+
+  void cross_entropy_forward(const float* logits, int64_t ld, const std::int32_t* targets, float* losses, float* lse,
+                             int64_t rows, int64_t vocab, std::int32_t ignore_index) override;
+  void cross_entropy_backward(float* logits, int64_t ld, const std::int32_t* targets, const float* lse,
+                              float grad_scale, int64_t rows, int64_t vocab, std::int32_t ignore_index) override;
+
+ private:
+  // Rows per chunk of a row-wise reduction: a function of cols only, so that per-chunk partial
+  // sums, and therefore results, do not depend on the thread count.
+  static int64_t rows_per_chunk(int64_t cols) {
+    return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, cols));
+  }
+  // Rows per parallel chunk of a row-wise kernel without cross-row reductions.
+  int64_t row_grain(int64_t cols) const { return std::max<int64_t>(1, options_.grain / std::max<int64_t>(1, cols)); }
+  // A scratch buffer of at least n floats, kept between calls (the backend is used by one
+  // thread at a time).
+  float* scratch(std::size_t n) {
+    if (scratch_.size() < n) scratch_.resize(n);
+    return scratch_.data();
+  }
+  // out[j] (+)= sum over c < chunks, in chunk order, of partials[c * stride + j], for j < cols.
+  void reduce_partials(const float* partials, int64_t chunks, int64_t stride, int64_t cols, float* out,
+                       bool accumulate);
+  void gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+  ExecutionContext& ex_;
+  CpuOptions options_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace loom::cpu

@@ -1,0 +1,91 @@
+// GEMMs: OpenBLAS, split into panels over the core's pool.
+//
+// OpenBLAS is held to one thread for the whole process (execution.hpp, "BLAS policy"). A GEMM
+// large enough to be worth it is cut into one panel per thread, along the larger of m and n,
+// and each panel is one single-threaded sgemm.
+//
+// Thread-count independence: OpenBLAS's regular kernel sums each output element over k in the
+// same order whatever the panel, but for small problems (m*n*k up to about 1e6 on this
+// OpenBLAS) it switches to "small matrix" kernels that round differently. Panels are therefore
+// never smaller than half of gemm_parallel_min_work (2^20 by default): a problem is computed by
+// the same kernel whether it is split or not, and GEMM results do not depend on the thread
+// count (tests/numerics/cpu_backend_test.cpp checks it).
+#include <cblas.h>
+
+#include "cpu_backend.hpp"
+
+namespace loom::cpu {
+
+namespace {
+
+CBLAS_TRANSPOSE cblas_trans(bool t) {
+  return t ? CblasTrans : CblasNoTrans;
+}
+
+// Start of panel i of p over [0, n), rounded to a multiple of `align`.
+int64_t panel_start(int64_t n, int64_t i, int64_t p, int64_t align) {
+  if (i >= p) return n;
+  return std::min(n, (n * i / p + align / 2) / align * align);
+}
+
+}  // namespace
+
+void CpuBackend::gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
+  const int64_t threads = ex_.num_threads();
+  const int64_t work = m * n * std::max<int64_t>(k, 1);
+  const bool split_m = m >= n;
+  const int64_t extent = split_m ? m : n;
+  const int64_t panels =
+      std::min({threads, extent / 16, work / std::max<int64_t>(1, options_.gemm_parallel_min_work / 2)});
+  if (work < options_.gemm_parallel_min_work || panels < 2) {
+    gemm_single(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  ex_.parallel_for(panels, 1, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t s = panel_start(extent, p, panels, 16), e = panel_start(extent, p + 1, panels, 16);
+      if (s >= e) continue;
+      if (split_m)
+        gemm_single(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta, c + s * ldc, ldc);
+      else
+        gemm_single(ta, tb, m, e - s, k, alpha, a, lda, tb ? b + s * ldb : b + s, ldb, beta, c + s, ldc);
+    }
+  });
+}
+
+void CpuBackend::gemm_batched(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                              int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (batch <= 0) return;
+  const int64_t work = m * n * std::max<int64_t>(k, 1);
+  if (batch == 1 || (work >= options_.gemm_parallel_min_work && batch < 2 * ex_.num_threads())) {
+    // Few large products: split each one.
+    for (int64_t i = 0; i < batch; ++i)
+      gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+    return;
+  }
+  // Many products: one single-threaded GEMM per batch entry, batch entries in parallel.
+  const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
+  const int64_t grain = std::max<int64_t>(1, options_.gemm_parallel_min_work / std::max<int64_t>(1, work));
+  ex_.parallel_for(batch, grain, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      gemm_single(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+  });
+}
+
+}  // namespace loom::cpu

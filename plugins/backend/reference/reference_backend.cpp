@@ -1,0 +1,331 @@
+// backend/reference: every kernel of the backend contract as a plain loop accumulating in
+// float64. The oracle of the conformance suite; written to be obviously right, not fast.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <loom/kinds/backend.hpp>
+#include <loom/plugin.hpp>
+#include <loom/random.hpp>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using std::int64_t;
+
+constexpr double sqrt_2_over_pi = 0.7978845608028654;
+constexpr double gelu_coeff = 0.044715;
+
+double act_value(loom::Activation act, double x) {
+  switch (act) {
+    case loom::Activation::gelu_tanh:
+      return 0.5 * x * (1.0 + std::tanh(sqrt_2_over_pi * (x + gelu_coeff * x * x * x)));
+    case loom::Activation::silu:
+      return x / (1.0 + std::exp(-x));
+    case loom::Activation::none:
+      break;
+  }
+  return x;
+}
+
+double act_derivative(loom::Activation act, double x) {
+  switch (act) {
+    case loom::Activation::gelu_tanh: {
+      const double t = std::tanh(sqrt_2_over_pi * (x + gelu_coeff * x * x * x));
+      return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * sqrt_2_over_pi * (1.0 + 3.0 * gelu_coeff * x * x);
+    }
+    case loom::Activation::silu: {
+      const double s = 1.0 / (1.0 + std::exp(-x));
+      return s * (1.0 + x * (1.0 - s));
+    }
+    case loom::Activation::none:
+      break;
+  }
+  return 1.0;
+}
+
+void store(float* y, int64_t i, double v, bool accumulate) {
+  y[i] = accumulate ? static_cast<float>(static_cast<double>(y[i]) + v) : static_cast<float>(v);
+}
+
+class ReferenceBackend final : public loom::Backend {
+ public:
+  void gemm(loom::Transpose trans_a, loom::Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    const bool ta = trans_a == loom::Transpose::yes, tb = trans_b == loom::Transpose::yes;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double av = ta ? a[p * lda + i] : a[i * lda + p];
+          const double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+          acc += av * bv;
+        }
+        const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c[i * ldc + j];
+        c[i * ldc + j] = static_cast<float>(static_cast<double>(alpha) * acc + prior);
+      }
+  }
+
+  void gemm_batched(loom::Transpose trans_a, loom::Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                    float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) override {
+    for (int64_t i = 0; i < batch; ++i)
+      gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+  }
+
+  void bias_activation_forward(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                               loom::Activation act) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        float& p = pre[r * cols + j];
+        if (bias) p = static_cast<float>(static_cast<double>(p) + bias[j]);
+        if (act != loom::Activation::none) out[r * cols + j] = static_cast<float>(act_value(act, p));
+      }
+  }
+
+  void bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias, bool accumulate_dbias,
+                                int64_t rows, int64_t cols, loom::Activation act) override {
+    std::vector<double> sums(static_cast<std::size_t>(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t i = r * cols + j;
+        const double d = act == loom::Activation::none ? static_cast<double>(dout[i])
+                                                       : static_cast<double>(dout[i]) * act_derivative(act, pre[i]);
+        if (act != loom::Activation::none || dpre != dout) dpre[i] = static_cast<float>(d);
+        sums[static_cast<std::size_t>(j)] += d;
+      }
+    if (dbias)
+      for (int64_t j = 0; j < cols; ++j) store(dbias, j, sums[static_cast<std::size_t>(j)], accumulate_dbias);
+  }
+
+  void activation_forward(loom::Activation act, const float* x, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(act_value(act, x[i]));
+  }
+
+  void activation_backward(loom::Activation act, const float* x, const float* dy, float* dx, int64_t n,
+                           bool accumulate) override {
+    for (int64_t i = 0; i < n; ++i) store(dx, i, static_cast<double>(dy[i]) * act_derivative(act, x[i]), accumulate);
+  }
+
+  void swiglu_forward(const float* gate, const float* up, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = static_cast<float>(act_value(loom::Activation::silu, gate[i]) * static_cast<double>(up[i]));
+  }
+
+  void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, bool accumulate_dgate,
+                       float* dup, bool accumulate_dup, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = gate[i], u = up[i], d = dy[i];
+      if (dgate) store(dgate, i, d * u * act_derivative(loom::Activation::silu, g), accumulate_dgate);
+      if (dup) store(dup, i, d * act_value(loom::Activation::silu, g), accumulate_dup);
+    }
+  }
+
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<double>(a[i]) + b[i]);
+  }
+
+  void scale(const float* x, float alpha, float* y, int64_t n, bool accumulate) override {
+    for (int64_t i = 0; i < n; ++i) store(y, i, static_cast<double>(alpha) * x[i], accumulate);
+  }
+
+  void fill(float* y, float value, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = value;
+  }
+
+  void dropout(const float* x, float* y, int64_t n, float p, std::uint64_t key, bool accumulate) override {
+    const std::uint32_t threshold = loom::dropout_threshold(p);
+    const float scale = loom::dropout_scale(p);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep = loom::dropout_keep(key, static_cast<std::uint32_t>(i), threshold);
+      store(y, i, keep ? static_cast<double>(x[i] * scale) : 0.0, accumulate);
+    }
+  }
+
+  void layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd,
+                          int64_t rows, int64_t cols, float eps) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      double mu = 0.0;
+      for (int64_t j = 0; j < cols; ++j) mu += xr[j];
+      mu /= static_cast<double>(cols);
+      double var = 0.0;
+      for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+      var /= static_cast<double>(cols);
+      const double rs = 1.0 / std::sqrt(var + eps);
+      mean[r] = static_cast<float>(mu);
+      rstd[r] = static_cast<float>(rs);
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = (xr[j] - mu) * rs;
+        y[r * cols + j] = static_cast<float>(xhat * (weight ? weight[j] : 1.0) + (bias ? bias[j] : 0.0));
+      }
+    }
+  }
+
+  void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy,
+                           float* dx, bool accumulate_dx, float* dweight, bool accumulate_dweight, float* dbias,
+                           bool accumulate_dbias, int64_t rows, int64_t cols) override {
+    std::vector<double> dw(static_cast<std::size_t>(cols), 0.0), db(static_cast<std::size_t>(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* gr = dy + r * cols;
+      const double mu = mean[r], rs = rstd[r];
+      double sum_g = 0.0, sum_gx = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = (xr[j] - mu) * rs;
+        const double g = static_cast<double>(gr[j]) * (weight ? weight[j] : 1.0);
+        sum_g += g;
+        sum_gx += g * xhat;
+        dw[static_cast<std::size_t>(j)] += gr[j] * xhat;
+        db[static_cast<std::size_t>(j)] += gr[j];
+      }
+      sum_g /= static_cast<double>(cols);
+      sum_gx /= static_cast<double>(cols);
+      if (dx)
+        for (int64_t j = 0; j < cols; ++j) {
+          const double xhat = (xr[j] - mu) * rs;
+          const double g = static_cast<double>(gr[j]) * (weight ? weight[j] : 1.0);
+          store(dx, r * cols + j, rs * (g - sum_g - xhat * sum_gx), accumulate_dx);
+        }
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      if (dweight) store(dweight, j, dw[static_cast<std::size_t>(j)], accumulate_dweight);
+      if (dbias) store(dbias, j, db[static_cast<std::size_t>(j)], accumulate_dbias);
+    }
+  }
+
+  void add_layer_norm_forward(const float* a, const float* b, float* sum, const float* weight, const float* bias,
+                              float* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) override {
+    add(a, b, sum, rows * cols);
+    layer_norm_forward(sum, weight, bias, y, mean, rstd, rows, cols, eps);
+  }
+
+  void rms_norm_forward(const float* x, const float* weight, float* y, float* rstd, int64_t rows, int64_t cols,
+                        float eps) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      double ms = 0.0;
+      for (int64_t j = 0; j < cols; ++j) ms += static_cast<double>(xr[j]) * xr[j];
+      ms /= static_cast<double>(cols);
+      const double rs = 1.0 / std::sqrt(ms + eps);
+      rstd[r] = static_cast<float>(rs);
+      for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = static_cast<float>(xr[j] * rs * (weight ? weight[j] : 1.0));
+    }
+  }
+
+  void rms_norm_backward(const float* x, const float* weight, const float* rstd, const float* dy, float* dx,
+                         bool accumulate_dx, float* dweight, bool accumulate_dweight, int64_t rows,
+                         int64_t cols) override {
+    std::vector<double> dw(static_cast<std::size_t>(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* gr = dy + r * cols;
+      const double rs = rstd[r];
+      double sum_gx = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = xr[j] * rs;
+        sum_gx += static_cast<double>(gr[j]) * (weight ? weight[j] : 1.0) * xhat;
+        dw[static_cast<std::size_t>(j)] += gr[j] * xhat;
+      }
+      sum_gx /= static_cast<double>(cols);
+      if (dx)
+        for (int64_t j = 0; j < cols; ++j) {
+          const double xhat = xr[j] * rs;
+          const double g = static_cast<double>(gr[j]) * (weight ? weight[j] : 1.0);
+          store(dx, r * cols + j, rs * (g - xhat * sum_gx), accumulate_dx);
+        }
+    }
+    if (dweight)
+      for (int64_t j = 0; j < cols; ++j) store(dweight, j, dw[static_cast<std::size_t>(j)], accumulate_dweight);
+  }
+
+  void add_rms_norm_forward(const float* a, const float* b, float* sum, const float* weight, float* y, float* rstd,
+                            int64_t rows, int64_t cols, float eps) override {
+    add(a, b, sum, rows * cols);
+    rms_norm_forward(sum, weight, y, rstd, rows, cols, eps);
+  }
+
+  void embedding_forward(const float* table, const std::int32_t* ids, float* out, int64_t n, int64_t dim,
+                         int64_t /*vocab*/) override {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < dim; ++j) out[i * dim + j] = table[static_cast<int64_t>(ids[i]) * dim + j];
+  }
+
+  void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim,
+                          int64_t vocab) override {
+    // Sum every id's rows in float64, then add once.
+    std::vector<double> acc(static_cast<std::size_t>(vocab * dim), 0.0);
+    std::vector<bool> seen(static_cast<std::size_t>(vocab), false);
+    for (int64_t i = 0; i < n; ++i) {
+      seen[static_cast<std::size_t>(ids[i])] = true;
+      for (int64_t j = 0; j < dim; ++j) acc[static_cast<std::size_t>(ids[i] * dim + j)] += dout[i * dim + j];
+    }
+    for (int64_t v = 0; v < vocab; ++v)
+      if (seen[static_cast<std::size_t>(v)])
+        for (int64_t j = 0; j < dim; ++j) store(dtable, v * dim + j, acc[static_cast<std::size_t>(v * dim + j)], true);
+  }
+
+  void rope(const float* x, int64_t x_batch_stride, int64_t x_token_stride, float* y, int64_t y_batch_stride,
+            int64_t y_token_stride, const float* cos, const float* sin, const std::int32_t* positions,
+            int64_t position_offset, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool interleaved,
+            bool inverse, bool accumulate) override {
+    const int64_t half = head_dim / 2;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t t = 0; t < seq; ++t) {
+        const int64_t pos = positions ? positions[b * seq + t] : position_offset + t;
+        const float* xt = x + b * x_batch_stride + t * x_token_stride;
+        float* yt = y + b * y_batch_stride + t * y_token_stride;
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t ia = h * head_dim + (interleaved ? 2 * i : i);
+            const int64_t ib = h * head_dim + (interleaved ? 2 * i + 1 : i + half);
+            const double c = cos[pos * half + i];
+            const double s = inverse ? -static_cast<double>(sin[pos * half + i]) : sin[pos * half + i];
+            const double a = xt[ia], bv = xt[ib];
+            store(yt, ia, a * c - bv * s, accumulate);
+            store(yt, ib, a * s + bv * c, accumulate);
+          }
+      }
+  }
+
+  void cross_entropy_forward(const float* logits, int64_t ld, const std::int32_t* targets, float* losses, float* lse,
+                             int64_t rows, int64_t vocab, std::int32_t ignore_index) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* l = logits + r * ld;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(l[j]));
+      double sum = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(l[j] - mx);
+      const double z = mx + std::log(sum);
+      lse[r] = static_cast<float>(z);
+      losses[r] = targets[r] == ignore_index ? 0.0f : static_cast<float>(z - l[targets[r]]);
+    }
+  }
+
+  void cross_entropy_backward(float* logits, int64_t ld, const std::int32_t* targets, const float* lse,
+                              float grad_scale, int64_t rows, int64_t vocab, std::int32_t ignore_index) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* l = logits + r * ld;
+      const bool ignored = targets[r] == ignore_index;
+      for (int64_t j = 0; j < vocab; ++j) {
+        if (ignored) {
+          l[j] = 0.0f;
+          continue;
+        }
+        const double p = std::exp(static_cast<double>(l[j]) - lse[r]);
+        l[j] = static_cast<float>(grad_scale * (p - (j == targets[r] ? 1.0 : 0.0)));
+      }
+    }
+  }
+};
+
+void register_components(loom::Registrar& registrar) {
+  registrar.add<loom::Backend>(
+      {"reference", "plain loops with float64 accumulation: the oracle every backend is tested against", "1.0.0",
+       loom::OptionSchema{}},
+      [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<ReferenceBackend>(); });
+}
+
+}  // namespace
+
+LOOM_PLUGIN(register_components)

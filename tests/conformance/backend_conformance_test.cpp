@@ -1,0 +1,65 @@
+// Every operation of every registered backend against `reference`: values, and gradients in
+// three modes (all inputs trainable; operations applied twice so gradients accumulate; every
+// other input frozen), on three random shapes per operation.
+#include <gtest/gtest.h>
+
+#include "op_cases.hpp"
+
+namespace loom::test {
+namespace {
+
+std::vector<std::string> backends_under_test() {
+  std::vector<std::string> names;
+  for (const auto& n : registered("backend"))
+    if (n != "reference") names.push_back(n);
+  return names;
+}
+
+using Param = std::tuple<std::string, std::string>;  // backend, operation
+
+class BackendConformance : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BackendConformance, MatchesReference) {
+  const auto& [backend_name, case_name] = GetParam();
+  const OpCase& c = op_case(case_name);
+  Handle<Backend> backend = make_backend(backend_name);
+  Handle<Backend> reference = make_backend("reference");
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    Dims dims(seed);
+    const CaseData data = c.make(dims);
+    for (Mode mode : {Mode::all, Mode::twice, Mode::frozen}) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + ", mode " + std::to_string(static_cast<int>(mode)));
+      const Evaluation got = evaluate(*backend, c, data, mode, true);
+      const Evaluation want = evaluate(*reference, c, data, mode, true);
+      ASSERT_EQ(got.outputs.size(), want.outputs.size());
+      for (std::size_t i = 0; i < got.outputs.size(); ++i)
+        EXPECT_TRUE(all_close(got.outputs[i], want.outputs[i], c.rtol)) << "output " << i;
+      ASSERT_EQ(got.grads.size(), want.grads.size());
+      for (std::size_t i = 0; i < got.grads.size(); ++i) {
+        EXPECT_EQ(got.grads[i].empty(), want.grads[i].empty()) << "gradient " << i << " presence";
+        EXPECT_TRUE(all_close(got.grads[i], want.grads[i], c.rtol)) << "gradient of input " << i;
+      }
+      if (mode == Mode::frozen) {
+        for (std::size_t i = 1; i < got.grads.size(); i += 2) {
+          EXPECT_TRUE(got.grads[i].empty()) << "a frozen input got a gradient";
+        }
+      }
+    }
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  std::string name = std::get<0>(info.param);
+  name += '_';
+  name += std::get<1>(info.param);
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registered, BackendConformance,
+                         ::testing::Combine(::testing::ValuesIn(backends_under_test()),
+                                            ::testing::ValuesIn(op_case_names())),
+                         param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformance);
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,52 @@
+// Determinism, operation by operation: every registered backend gives bit-identical values and
+// gradients when run twice (the contract); the cpu backend also gives the same bits on one
+// thread and on three (its reductions use fixed chunks, whatever the thread count).
+#include <gtest/gtest.h>
+
+#include "op_cases.hpp"
+
+namespace loom::test {
+namespace {
+
+void expect_bitwise(const Evaluation& a, const Evaluation& b) {
+  ASSERT_EQ(a.outputs.size(), b.outputs.size());
+  for (std::size_t i = 0; i < a.outputs.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.outputs[i], b.outputs[i])) << "output " << i;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (std::size_t i = 0; i < a.grads.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << "gradient " << i;
+}
+
+class Determinism : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Determinism, RepeatedRunsAreBitIdentical) {
+  for (const std::string& name : registered("backend")) {
+    SCOPED_TRACE(name);
+    Handle<Backend> backend = make_backend(name);
+    const OpCase& c = op_case(GetParam());
+    Dims dims(7);
+    const CaseData data = c.make(dims);
+    expect_bitwise(evaluate(*backend, c, data, Mode::twice, true), evaluate(*backend, c, data, Mode::twice, true));
+  }
+}
+
+TEST_P(Determinism, CpuIsIndependentOfTheThreadCount) {
+  auto one = make_execution_context(1);
+  auto three = make_execution_context(3);
+  Value fine = Value::map();  // split even these small problems into chunks
+  fine.set("grain", 256);
+  Handle<Backend> serial = make_backend("cpu", one.get(), fine);
+  Handle<Backend> parallel = make_backend("cpu", three.get(), fine);
+  const OpCase& c = op_case(GetParam());
+  for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+    Dims dims(seed);
+    const CaseData data = c.make(dims);
+    expect_bitwise(evaluate(*serial, c, data, Mode::twice, true), evaluate(*parallel, c, data, Mode::twice, true));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Operations, Determinism, ::testing::ValuesIn(op_case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,52 @@
+// Helpers shared by the numerics tests and the conformance suite: the plugins of this build,
+// deterministic random tensors, tolerant comparison, and a naive attention kernel.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <loom/autograd.hpp>
+#include <loom/core/registry.hpp>
+#include <loom/kinds/attention.hpp>
+#include <loom/kinds/backend.hpp>
+#include <string>
+#include <vector>
+
+namespace loom::test {
+
+// The registry with every plugin of this build's plugin directory and of LOOM_PLUGIN_PATH,
+// loaded on first use.
+Registry& plugin_registry();
+// Names of the registered components of `kind`, sorted.
+std::vector<std::string> registered(std::string_view kind);
+// Creates backend `name` on `execution` (default: the process's), with `options` (a map of its
+// options; defaults for the rest).
+Handle<Backend> make_backend(const std::string& name, ExecutionContext* execution = nullptr,
+                             const Value& options = Value::map());
+
+// Normal(0, scale) values, a pure function of `key`.
+Tensor random_tensor(const Shape& shape, std::uint64_t key, float scale = 1.0f);
+// Ids uniform in [0, vocab), a pure function of `key`.
+Tensor random_ids(const Shape& shape, std::int32_t vocab, std::uint64_t key);
+
+// Passes when |actual[i] - expected[i]| <= rtol * (|expected[i]| + max_j |expected[j]|) for
+// every i: relative to each element and to the scale of the whole result. Reports the worst
+// element otherwise.
+::testing::AssertionResult all_close(const std::vector<float>& actual, const std::vector<float>& expected, double rtol);
+
+// Bit-for-bit equality.
+::testing::AssertionResult bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
+
+// Attention as its definition in kinds/attention.hpp, in float64 loops: the oracle for attention
+// kernels, and the kernel the numerics tests use for the attention operation. Allocates only
+// when a problem is larger than any before.
+class NaiveAttention final : public AttentionKernel {
+ public:
+  void forward(const AttentionForwardArgs& args) override;
+  void backward(const AttentionBackwardArgs& args) override;
+
+ private:
+  std::vector<double> p_, dp_, dq_, dk_, dv_;
+};
+
+}  // namespace loom::test
