@@ -10,6 +10,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
       {"config", "show a resolved config, or the options every component declares", run_config},
+      {"tokenize", "turn text or JSON-lines files into token shards for the tokens dataset", run_tokenize},
       {"bench", "measure components: `loom bench attention` times attention kernels", run_bench},
   };
   return table;
