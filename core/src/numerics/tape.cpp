@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "loom/error.hpp"
 #include "numerics/strided.hpp"
@@ -128,7 +129,7 @@ void TapeState::add_output(Node& node, Tensor& out) {
   ++node.num_outputs;
 }
 
-void TapeState::backward(std::span<const Tensor> roots, std::span<const Tensor> seeds, float scalar_seed) {
+void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds, float scalar_seed, bool adopt_seeds) {
   if (!seeds.empty() && seeds.size() != roots.size())
     throw InternalError("backward: " + std::to_string(roots.size()) + " roots but " + std::to_string(seeds.size()) +
                         " seeds");
@@ -140,28 +141,34 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<const Tensor> 
         throw InternalError("backward: " + root.str() +
                             " was not recorded (no input required a gradient, or recording was off)");
       requires_grad(root, "backward");
-      Tensor g;
-      if (!seeds.empty()) {
-        const Tensor& seed = seeds[r];
-        if (!seed.defined() || !(seed.shape() == root.shape()) || seed.dtype() != DType::f32)
-          throw InternalError("backward: seed " + seed.str() + " does not match root " + root.str());
-        g = seed.clone();
-      } else {
-        if (root.numel() != 1)
-          throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
-        g = Tensor::full(root.shape(), scalar_seed);
-      }
+      Tensor* seed = seeds.empty() ? nullptr : &seeds[r];
+      if (seed && (!seed->defined() || !(seed->shape() == root.shape()) || seed->dtype() != DType::f32))
+        throw InternalError("backward: seed " + seed->str() + " does not match root " + root.str());
+      if (!seed && root.numel() != 1)
+        throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
       const GradTarget rt = target(root);
       Variable& rv = vars_[rt.var];
+      if (!rv.grad.defined() && rt.covers_base) {
+        // The first seed of a whole variable becomes its gradient: adopted when the caller gave
+        // it up, else copied (the backward pass writes into gradient buffers).
+        if (!seed)
+          rv.grad = Tensor::full(rv.shape, scalar_seed);
+        else if (adopt_seeds && seed->is_contiguous() && seed->storage_use_count() == 1)
+          rv.grad = std::exchange(*seed, Tensor()).detach().view(rv.shape);
+        else
+          rv.grad = seed->clone().view(rv.shape);
+        continue;
+      }
+      const Tensor g = seed ? *seed : Tensor::full(root.shape(), scalar_seed);
       if (!rv.grad.defined()) rv.grad = Tensor::zeros(rv.shape);
       const Tensor view = TensorAccess::view_of(rv.grad, rv.grad.offset() + rt.offset, rt.shape, rt.strides);
-      const float* src = g.data<float>();
       float* dst = view.data<float>();
-      for_each_row_pair(
-          rt.shape, contiguous_strides(rt.shape), rt.strides, [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
-            const std::int64_t ds = rt.shape.rank() ? rt.strides[static_cast<std::size_t>(rt.shape.rank() - 1)] : 1;
-            for (std::int64_t i = 0; i < len; ++i) dst[dof + i * ds] += src[so + i];
-          });
+      const std::int64_t ds = rt.shape.rank() ? rt.strides[static_cast<std::size_t>(rt.shape.rank() - 1)] : 1;
+      const std::int64_t ss = g.rank() ? g.stride(-1) : 1;
+      const float* src = g.data<float>();
+      for_each_row_pair(rt.shape, g.strides(), rt.strides, [&](std::int64_t so, std::int64_t dof, std::int64_t len) {
+        for (std::int64_t i = 0; i < len; ++i) dst[dof + i * ds] += src[so + i * ss];
+      });
     }
   } catch (...) {
     clear();
@@ -273,16 +280,22 @@ void Tape::set_enabled(bool enabled) {
   state_->enabled = enabled;
 }
 void Tape::backward(const Tensor& root, float grad) {
-  state_->backward(std::span<const Tensor>(&root, 1), {}, grad);
+  state_->backward(std::span<const Tensor>(&root, 1), {}, grad, false);
 }
 void Tape::backward(const Tensor& root, const Tensor& seed) {
-  state_->backward(std::span<const Tensor>(&root, 1), std::span<const Tensor>(&seed, 1), 0.0f);
+  Tensor handle = seed;  // copied into a gradient buffer, never adopted
+  state_->backward(std::span<const Tensor>(&root, 1), std::span<Tensor>(&handle, 1), 0.0f, false);
+}
+void Tape::backward(const Tensor& root, Tensor&& seed) {
+  Tensor owned = std::move(seed);
+  state_->backward(std::span<const Tensor>(&root, 1), std::span<Tensor>(&owned, 1), 0.0f, true);
 }
 void Tape::backward(std::span<const Tensor> roots, std::span<const Tensor> seeds) {
   if (seeds.size() != roots.size())
     throw InternalError("backward: " + std::to_string(roots.size()) + " roots but " + std::to_string(seeds.size()) +
                         " seeds");
-  state_->backward(roots, seeds, 0.0f);
+  // Not adopted, so the seeds are only read.
+  state_->backward(roots, std::span<Tensor>(const_cast<Tensor*>(seeds.data()), seeds.size()), 0.0f, false);
 }
 void Tape::clear() {
   state_->clear();

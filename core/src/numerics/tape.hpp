@@ -114,8 +114,9 @@ class TapeState {
   void add_output(Node& node, Tensor& out);
 
   // Seeds each root with its gradient (seeds[i], or a tensor of scalar_seed when seeds is
-  // empty), runs every node backward in reverse order, then clears the tape.
-  void backward(std::span<const Tensor> roots, std::span<const Tensor> seeds, float scalar_seed);
+  // empty), runs every node backward in reverse order, then clears the tape. With adopt_seeds,
+  // a seed nobody else refers to becomes the root's gradient buffer without a copy.
+  void backward(std::span<const Tensor> roots, std::span<Tensor> seeds, float scalar_seed, bool adopt_seeds);
   void clear();
   std::size_t size() const { return nodes_.size(); }
   std::vector<Variable>& variables() { return vars_; }

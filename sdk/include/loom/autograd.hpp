@@ -96,8 +96,11 @@ class Tape {
   // Back-propagates from `root`, a one-element tensor recorded on this tape (the loss), with
   // seed gradient `grad`, accumulating into every parameter reached; then clears the tape.
   void backward(const Tensor& root, float grad = 1.0f);
-  // The same with a seed gradient of root's shape, for a non-scalar root.
+  // The same with a seed gradient of root's shape, for a non-scalar root. The seed is copied;
+  // pass it as an rvalue (std::move) to let the backward pass use its buffer, and overwrite
+  // it, when no other tensor refers to it.
   void backward(const Tensor& root, const Tensor& seed);
+  void backward(const Tensor& root, Tensor&& seed);
   // Several roots at once, roots[i] seeded with seeds[i] (same shape): the gradients of all of
   // them are summed, in one pass over the tape.
   void backward(std::span<const Tensor> roots, std::span<const Tensor> seeds);
