@@ -14,15 +14,15 @@
 // Google Benchmark's flags (--benchmark_filter, --benchmark_format=json, ...) apply.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
-#include <loom/autograd.hpp>
-#include <loom/core/plugin_host.hpp>
-#include <loom/core/registry.hpp>
-#include <loom/random.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <loom/autograd.hpp>
+#include <loom/core/plugin_host.hpp>
+#include <loom/core/registry.hpp>
+#include <loom/random.hpp>
 #include <map>
 #include <memory>
 #include <string>
@@ -220,9 +220,9 @@ void register_operations(const Batch& batch) {
     int64_t in, out;
     loom::Activation act;
   };
-  for (Linear lin : {Linear{"qkv", C, 3 * C, loom::Activation::none}, Linear{"attn_proj", C, C, loom::Activation::none},
-                     Linear{"mlp_fc_gelu", C, C4, loom::Activation::gelu_tanh},
-                     Linear{"mlp_proj", C4, C, loom::Activation::none}}) {
+  for (Linear lin :
+       {Linear{"qkv", C, 3 * C, loom::Activation::none}, Linear{"attn_proj", C, C, loom::Activation::none},
+        Linear{"mlp_fc_gelu", C, C4, loom::Activation::gelu_tanh}, Linear{"mlp_proj", C4, C, loom::Activation::none}}) {
     Make make = [=] {
       return Inputs{param("x", {batch.b, batch.t, lin.in}, 1), param("w", {lin.out, lin.in}, 2, 0.02f),
                     param("b", {lin.out}, 3, 0.02f)};
@@ -239,9 +239,7 @@ void register_operations(const Batch& batch) {
   }
   {
     // Output projection and cross-entropy: logits, loss and both gradients, chunked.
-    Make make = [=] {
-      return Inputs{param("x", {batch.b, batch.t, C}, 4), param("wte", {V, C}, 5, 0.02f)};
-    };
+    Make make = [=] { return Inputs{param("x", {batch.b, batch.t, C}, 4), param("wte", {V, C}, 5, 0.02f)}; };
     auto targets = std::make_shared<Tensor>(random_ids({batch.b, batch.t}, V, 6));
     Run run = [targets](Ops& ops, const Inputs& in) {
       return ops.linear_cross_entropy(in[0]->tensor(), in[1]->tensor(), *targets);
@@ -251,8 +249,7 @@ void register_operations(const Batch& batch) {
     const std::string raw = raw_sgemm({logits, dx, dw}, "linear_cross_entropy/forward+backward/" + l, iters);
     // Recording computes the gradients in the forward pass, so forward + backward is the unit.
     add(
-        "linear_cross_entropy/forward+backward/" + l,
-        {Kind::gemm_bound, logits.flops() + dx.flops() + dw.flops(), raw},
+        "linear_cross_entropy/forward+backward/" + l, {Kind::gemm_bound, logits.flops() + dx.flops() + dw.flops(), raw},
         [make, run](benchmark::State& state) {
           const Inputs in = make();
           Tape tape;
@@ -293,9 +290,8 @@ void register_operations(const Batch& batch) {
     forward(op + "/forward/" + l, {Kind::memory_bound, fwd_bytes, ""}, make, run);
     if (bwd_bytes > 0) backward(op + "/backward/" + l, {Kind::memory_bound, bwd_bytes, ""}, make, run);
   };
-  mem("layer_norm", 2 * nc * f, 3 * nc * f, norm_in, [](Ops& ops, const Inputs& in) {
-    return ops.layer_norm(in[0]->tensor(), in[1]->tensor(), in[2]->tensor());
-  });
+  mem("layer_norm", 2 * nc * f, 3 * nc * f, norm_in,
+      [](Ops& ops, const Inputs& in) { return ops.layer_norm(in[0]->tensor(), in[1]->tensor(), in[2]->tensor()); });
   // Fused residual add + norm (forward: read two, write two). Backward through y: the norm's
   // backward writes d(sum), handed to one input and copied for the other.
   mem("add_layer_norm", 4 * nc * f, 5 * nc * f, norm_in, [](Ops& ops, const Inputs& in) {
@@ -307,17 +303,24 @@ void register_operations(const Batch& batch) {
   mem("silu", 2 * n4c * f, 3 * n4c * f, x_4c, [](Ops& ops, const Inputs& in) { return ops.silu(in[0]->tensor()); });
   mem(
       "swiglu", 3 * n4c * f, 5 * n4c * f,
-      [=] { return Inputs{param("g", {batch.b, batch.t, C4}, 16), param("u", {batch.b, batch.t, C4}, 17)}; },
+      [=] {
+        return Inputs{param("g", {batch.b, batch.t, C4}, 16), param("u", {batch.b, batch.t, C4}, 17)};
+      },
       [](Ops& ops, const Inputs& in) { return ops.swiglu(in[0]->tensor(), in[1]->tensor()); });
   // Residual add: the backward hands the gradient to one input and copies it for the other.
   mem("residual_add", 3 * nc * f, 2 * nc * f, norm_in,
       [](Ops& ops, const Inputs& in) { return ops.add(in[0]->tensor(), in[3]->tensor()); });
-  mem("scale", 2 * nc * f, 2 * nc * f, x_c, [](Ops& ops, const Inputs& in) { return ops.scale(in[0]->tensor(), 0.5f); });
-  mem("dropout", 2 * nc * f, 2 * nc * f, x_c, [](Ops& ops, const Inputs& in) { return ops.dropout(in[0]->tensor(), 0.1f); });
+  mem("scale", 2 * nc * f, 2 * nc * f, x_c,
+      [](Ops& ops, const Inputs& in) { return ops.scale(in[0]->tensor(), 0.5f); });
+  mem("dropout", 2 * nc * f, 2 * nc * f, x_c,
+      [](Ops& ops, const Inputs& in) { return ops.dropout(in[0]->tensor(), 0.1f); });
   {
     auto table = std::make_shared<loom::RopeTable>(loom::RopeConfig{}, D, batch.t);
     mem(
-        "rope", 2 * nc * f, 2 * nc * f, [=] { return Inputs{param("q", {batch.b, batch.t, H, D}, 18)}; },
+        "rope", 2 * nc * f, 2 * nc * f,
+        [=] {
+          return Inputs{param("q", {batch.b, batch.t, H, D}, 18)};
+        },
         [table](Ops& ops, const Inputs& in) { return ops.rope(in[0]->tensor(), *table); });
   }
   {

@@ -108,6 +108,27 @@ TEST(StepAllocation, WarmedUpTrainingStepAllocatesNothing) {
   }
 }
 
+TEST(StepAllocation, ATapePerStepAllocatesNothing) {
+  // The natural training loop makes its tape inside the step.
+  Handle<Backend> backend = make_backend("cpu");
+  NaiveAttention attention;
+  TinyModel model({});
+  auto step = [&](std::uint64_t s) {
+    Tape tape;
+    Ops ops(*backend, &tape);
+    ops.set_dropout_seed(3, s);
+    auto [tokens, targets] = model.batch(s);
+    tape.backward(model.loss(ops, attention, tokens, targets));
+    for (Parameter& p : model.parameters()) p.zero_grad();
+  };
+  for (std::uint64_t s = 0; s < 3; ++s) step(s);
+  allocations = 0;
+  counting = true;
+  for (std::uint64_t s = 3; s < 5; ++s) step(s);
+  counting = false;
+  EXPECT_EQ(allocations.load(), 0);
+}
+
 TEST(StepAllocation, EvaluationWithoutTapeAllocatesNothing) {
   Handle<Backend> backend = make_backend("cpu");
   NaiveAttention attention;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <utility>
 
 #include "loom/error.hpp"
@@ -271,8 +272,45 @@ void BackwardPass::give(const GradTarget& target, Tensor&& g) {
 
 // ---- Tape
 
-Tape::Tape() : state_(std::make_unique<detail::TapeState>()) {}
-Tape::~Tape() = default;
+namespace {
+
+// Tapes are often made per step (`Tape tape;` in the training loop). Their states are recycled
+// so that a new tape reuses the arena chunks and vectors of an old one and allocates nothing.
+struct TapePool {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<detail::TapeState>> states;
+};
+TapePool& tape_pool() {
+  static auto* pool = new TapePool;  // never destroyed: tapes may outlive static destruction
+  return *pool;
+}
+constexpr std::size_t max_pooled_tapes = 8;
+
+}  // namespace
+
+Tape::Tape() {
+  TapePool& pool = tape_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    if (!pool.states.empty()) {
+      state_ = std::move(pool.states.back());
+      pool.states.pop_back();
+    }
+  }
+  if (!state_) {
+    state_ = std::make_unique<detail::TapeState>();
+    std::lock_guard<std::mutex> lock(tape_pool().mutex);
+    pool.states.reserve(max_pooled_tapes);
+  }
+}
+
+Tape::~Tape() {
+  state_->clear();
+  state_->enabled = true;
+  TapePool& pool = tape_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  if (pool.states.size() < max_pooled_tapes) pool.states.push_back(std::move(state_));
+}
 bool Tape::recording() const {
   return state_->enabled;
 }
