@@ -8,10 +8,12 @@ namespace loom::app {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
+      {"train", "train a model from a config", run_train},
+      {"generate", "continue a prompt with a trained model", run_generate},
       {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
       {"config", "show a resolved config, or the options every component declares", run_config},
-      {"tokenize", "turn text or JSON-lines files into token shards for the tokens dataset", run_tokenize},
       {"bench", "measure components: `loom bench attention` times attention kernels", run_bench},
+      {"tokenize", "turn text or JSON-lines files into token shards for the tokens dataset", run_tokenize},
   };
   return table;
 }
@@ -45,7 +47,8 @@ RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<st
     if (!is_override && !r.config) {
       r.config = arg;
     } else if (!is_override) {
-      throw UserError("unexpected argument '" + arg + "': give one config file, then overrides of the form a.b.c=value");
+      throw UserError("unexpected argument '" + arg +
+                      "': give one config file, then overrides of the form a.b.c=value");
     } else {
       r.overrides.push_back(arg);
     }

@@ -40,7 +40,9 @@ RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<st
 
 int run_plugins(const std::vector<std::string>& args);
 int run_config(const std::vector<std::string>& args);
-int run_tokenize(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_tokenize(const std::vector<std::string>& args);
+int run_train(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
 
 }  // namespace loom::app

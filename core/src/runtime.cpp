@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/config.hpp"
+#include "loom/core/trainer.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds.hpp"
 
@@ -24,6 +25,7 @@ const OptionSchema& run_config_schema() {
     s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
     s.component("data", "dataset", "", "The training and validation data.").nullable();
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+    s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
 
     return s;
   }();

@@ -64,6 +64,7 @@ class Model : public Component {
 
   virtual std::int64_t vocab_size() const = 0;
   // The longest sequence it accepts (learned positions, or the RoPE table's length).
+  // Valid from creation (before build): the trainer sizes the data with it.
   virtual std::int64_t max_seq_len() const = 0;
   // Parameters counted once (tied embeddings once).
   virtual std::int64_t num_parameters() const = 0;

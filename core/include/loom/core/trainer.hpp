@@ -1,0 +1,57 @@
+// The trainer: `loom train CONFIG [overrides]`.
+//
+// Builds every component of a run from the resolved config through the registry (backend,
+// tokenizer, dataset, model with its attention kernel, optimizer, learning-rate schedule,
+// trackers), then runs trainer.num_train_steps steps:
+//
+//   for each step:  batch (prefetched on another thread while the previous step ran)
+//                   -> for each micro-batch: forward, loss, backward (gradients accumulate)
+//                   -> global gradient norm -> NaN/Inf check -> skip-bad-step check -> clip
+//                   -> optimizer step with the scheduled learning rate
+//                   -> metrics (loss, lr, grad norm, tokens/s, MFU) to the trackers and the terminal
+//                   -> every steps_per_eval: validation loss; every sample_every: a sample
+//
+// Everything is deterministic for a given config, seed and thread count: initialisation,
+// data order and dropout draw from separate counter-based streams of trainer.seed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include "loom/core/runtime.hpp"
+
+namespace loom {
+
+// The schema of the `trainer` section (also part of run_config_schema()).
+OptionSchema trainer_schema();
+
+struct TrainSummary {
+  std::string run_dir;
+  std::int64_t steps = 0;
+  double final_train_loss = 0;  // mean over the last log interval
+  double final_eval_loss = -1;  // -1 when there was no evaluation
+  double wall_seconds = 0;
+  double tokens_per_second = 0;  // over the whole run, evaluation excluded
+  double mfu = 0;                // model FLOPs utilisation over the whole run
+  double peak_flops = 0;         // the roof MFU is measured against
+  std::int64_t skipped_steps = 0;
+  std::string final_sample;
+};
+
+struct TrainOptions {
+  std::ostream* out = nullptr;  // progress and log lines (stdout when null)
+  // Whether `out` is a terminal: a live progress line instead of plain log lines.
+  bool interactive = false;
+};
+
+// Runs the training described by runtime's config. Throws UserError for a bad config or data,
+// and for a diverged run when crash_on_nan / crash_on_inf are set.
+TrainSummary train(Runtime& runtime, const TrainOptions& options = {});
+
+// Model FLOPs the machine can do per second, measured by a short single-precision GEMM probe
+// on `backend` (what the MFU figure is relative to when trainer.peak_flops is unset).
+double probe_peak_flops(class Backend& backend);
+
+}  // namespace loom
