@@ -31,10 +31,8 @@ std::int32_t sample_token(std::vector<float>& logits, const SamplingOptions& opt
     return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
            (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
   };
-  if (keep < ids.size() || options.top_p < 1.0) {
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), by_logit);
-    ids.resize(keep);
-  }
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), by_logit);
+  ids.resize(keep);
   double max_logit = -INFINITY;
   for (auto id : ids) max_logit = std::max(max_logit, static_cast<double>(logits[static_cast<std::size_t>(id)]));
   std::vector<double> p(ids.size());

@@ -185,43 +185,6 @@ class Prefetcher {
   std::thread worker_;
 };
 
-// Levanter's skip-step rule: with at least max(2, window / 2) past steps, a step whose loss or
-// gradient norm exceeds the past window's mean + sigma * std (population std, floored at 1e-6)
-// is skipped. Every step, skipped or not, enters the window.
-class SkipStepRule {
- public:
-  SkipStepRule(std::int64_t window, double sigma) : capacity_(static_cast<std::size_t>(window) + 1), sigma_(sigma) {}
-
-  bool should_skip(double loss, double grad_norm) {
-    bool skip = false;
-    const std::size_t min_points = std::max<std::size_t>(2, (capacity_ - 1) / 2);
-    if (losses_.size() >= min_points) {
-      skip = loss > threshold(losses_) || grad_norm > threshold(norms_);
-    }
-    push(losses_, loss);
-    push(norms_, grad_norm);
-    return skip;
-  }
-
- private:
-  double threshold(const std::deque<double>& xs) const {
-    double mean = 0;
-    for (double x : xs) mean += x;
-    mean /= static_cast<double>(xs.size());
-    double var = 0;
-    for (double x : xs) var += (x - mean) * (x - mean);
-    var /= static_cast<double>(xs.size());
-    return mean + sigma_ * std::max(std::sqrt(var), 1e-6);
-  }
-  void push(std::deque<double>& xs, double x) {
-    xs.push_back(x);
-    if (xs.size() > capacity_) xs.pop_front();
-  }
-  std::size_t capacity_;
-  double sigma_;
-  std::deque<double> losses_, norms_;
-};
-
 // The training state of one run, and the step.
 class Run {
  public:
@@ -665,6 +628,33 @@ TrainSummary Run::execute() {
 }
 
 }  // namespace
+
+SkipStepRule::SkipStepRule(std::int64_t window, double sigma)
+    : capacity_(static_cast<std::size_t>(window) + 1), sigma_(sigma) {}
+
+bool SkipStepRule::should_skip(double loss, double grad_norm) {
+  bool skip = false;
+  const std::size_t min_points = std::max<std::size_t>(2, (capacity_ - 1) / 2);
+  if (losses_.size() >= min_points) skip = loss > threshold(losses_) || grad_norm > threshold(norms_);
+  push(losses_, loss);
+  push(norms_, grad_norm);
+  return skip;
+}
+
+double SkipStepRule::threshold(const std::deque<double>& xs) const {
+  double mean = 0;
+  for (double x : xs) mean += x;
+  mean /= static_cast<double>(xs.size());
+  double var = 0;
+  for (double x : xs) var += (x - mean) * (x - mean);
+  var /= static_cast<double>(xs.size());
+  return mean + sigma_ * std::max(std::sqrt(var), 1e-6);
+}
+
+void SkipStepRule::push(std::deque<double>& xs, double x) {
+  xs.push_back(x);
+  if (xs.size() > capacity_) xs.pop_front();
+}
 
 double probe_peak_flops(Backend& backend) {
   // A few square sgemms large enough for the backend's fastest path; the best of them.

@@ -121,7 +121,8 @@ class JsonlTracker final : public loom::Tracker {
 
   void write_pending() {
     if (!pending_step_ || !file_) return;
-    const std::string line = pending_.dump() + "\n";
+    // Text samples of byte-level models may be invalid UTF-8: replace what is not, never throw.
+    const std::string line = pending_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     pending_step_.reset();
     // Flushed line by line so that `tail -f` and a crash see every completed step.
     if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <iosfwd>
 #include <string>
@@ -49,6 +50,24 @@ struct TrainOptions {
 // Runs the training described by runtime's config. Throws UserError for a bad config or data,
 // and for a diverged run when crash_on_nan / crash_on_inf are set.
 TrainSummary train(Runtime& runtime, const TrainOptions& options = {});
+
+// Levanter's skip-step rule (SkipStepConfig): once the window holds max(2, window / 2) past
+// steps, a step whose loss or gradient norm exceeds that history's mean + sigma * std
+// (population std, floored at 1e-6) is skipped. Every step, skipped or not, enters the window,
+// which keeps the last window + 1 steps.
+class SkipStepRule {
+ public:
+  SkipStepRule(std::int64_t window, double sigma);
+  // Decides for the current step, then records it.
+  bool should_skip(double loss, double grad_norm);
+
+ private:
+  double threshold(const std::deque<double>& xs) const;
+  void push(std::deque<double>& xs, double x);
+  std::size_t capacity_;
+  double sigma_;
+  std::deque<double> losses_, norms_;
+};
 
 // Model FLOPs the machine can do per second, measured by a short single-precision GEMM probe
 // on `backend` (what the MFU figure is relative to when trainer.peak_flops is unset).

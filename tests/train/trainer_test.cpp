@@ -1,0 +1,260 @@
+// The trainer end to end on tiny models: run directory contents, determinism, gradient
+// accumulation equal to one big batch, divergence stops, generation from a finished run.
+#include "loom/core/trainer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../core/test_support.hpp"
+#include "loom/core/generate.hpp"
+#include "loom/core/runtime.hpp"
+#include "loom/error.hpp"
+#include "loom/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom {
+namespace {
+
+const char* tiny_config = R"(
+model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, attention: flash}
+tokenizer: byte
+data: {type: synthetic, num_documents: 400}
+optimizer: {type: adamw, learning_rate: 3.0e-3}
+lr_schedule: {type: cosine, warmup: 2}
+trainer:
+  num_train_steps: 6
+  train_batch_size: 4
+  log_every: 2
+  steps_per_eval: 3
+  max_eval_batches: 2
+  sample_length: 8
+  trackers: [jsonl, tensorboard]
+)";
+
+struct TinyRun {
+  TrainSummary summary;
+  std::string log;
+  fs::path run_dir;
+};
+
+TinyRun train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides = {}) {
+  const auto file = dir.write(name + ".yaml", tiny_config);
+  overrides.push_back("trainer.run_dir=" + (dir.path() / name).string());
+  overrides.push_back("trainer.run_id=" + name);
+  RuntimeOptions options;
+  options.config = file;
+  options.overrides = overrides;
+  Runtime runtime(options);
+  std::ostringstream out;
+  TrainOptions train_options;
+  train_options.out = &out;
+  TinyRun run{train(runtime, train_options), out.str(), dir.path() / name};
+  return run;
+}
+
+std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+std::vector<float> all_weights(const fs::path& file) {
+  safetensors::Reader reader(file);
+  std::vector<float> values;
+  for (const auto& info : reader.tensors()) {
+    const auto v = reader.read(info.name).to_vector();
+    values.insert(values.end(), v.begin(), v.end());
+  }
+  return values;
+}
+
+TEST(Trainer, WritesTheRunDirectory) {
+  test::TempDir dir;
+  const TinyRun run = train_tiny(dir, "a");
+  EXPECT_TRUE(fs::exists(run.run_dir / "config.yaml"));
+  EXPECT_TRUE(fs::exists(run.run_dir / "model.safetensors"));
+  EXPECT_TRUE(fs::is_directory(run.run_dir / "tensorboard"));
+  const auto records = read_metrics(run.run_dir);
+  ASSERT_FALSE(records.empty());
+  // Logged every 2 steps: 2, 4, 6, each with loss, lr, grad norm, tokens/s and MFU.
+  std::vector<std::int64_t> logged;
+  for (const auto& r : records)
+    if (r.contains("train/loss")) {
+      logged.push_back(r["step"]);
+      for (const char* key : {"train/lr", "train/grad_norm", "throughput/tokens_per_second", "throughput/mfu"})
+        EXPECT_TRUE(r.contains(key)) << key;
+    }
+  EXPECT_EQ(logged, (std::vector<std::int64_t>{2, 4, 6}));
+  // Evaluated at step 3 and at the end.
+  int evals = 0;
+  for (const auto& r : records) evals += r.contains("eval/loss");
+  EXPECT_EQ(evals, 2);
+  // Plain log lines (not a TTY), the eval, the sample and the closing line.
+  EXPECT_NE(run.log.find("step 2/6  loss "), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("eval at step 3: loss "), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("sample:\n"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("done: 6 steps"), std::string::npos) << run.log;
+  EXPECT_GT(run.summary.tokens_per_second, 0);
+  EXPECT_GT(run.summary.final_eval_loss, 0);
+}
+
+TEST(Trainer, TheLossFalls) {
+  test::TempDir dir;
+  const TinyRun run = train_tiny(dir, "a", {"trainer.num_train_steps=40", "trainer.log_every=5"});
+  const auto records = read_metrics(run.run_dir);
+  double first = -1, last = -1;
+  for (const auto& r : records)
+    if (r.contains("train/loss")) {
+      if (first < 0) first = r["train/loss"];
+      last = r["train/loss"];
+    }
+  // A byte-level model starts near ln(256) = 5.5 and learns the grammar's letters quickly.
+  EXPECT_GT(first, 4.0);
+  EXPECT_LT(last, first - 1.5) << "first " << first << ", last " << last;
+}
+
+TEST(Trainer, SameConfigAndSeedGiveBitIdenticalWeights) {
+  test::TempDir dir;
+  train_tiny(dir, "a");
+  train_tiny(dir, "b");
+  EXPECT_EQ(all_weights(dir.path() / "a" / "model.safetensors"), all_weights(dir.path() / "b" / "model.safetensors"));
+  train_tiny(dir, "c", {"trainer.seed=1"});
+  EXPECT_NE(all_weights(dir.path() / "a" / "model.safetensors"), all_weights(dir.path() / "c" / "model.safetensors"));
+}
+
+TEST(Trainer, MicroBatchesGiveTheSameResultAsOneBigBatch) {
+  test::TempDir dir;
+  train_tiny(dir, "whole");
+  train_tiny(dir, "micro", {"trainer.microbatch_size=1"});
+  const auto whole = all_weights(dir.path() / "whole" / "model.safetensors");
+  const auto micro = all_weights(dir.path() / "micro" / "model.safetensors");
+  ASSERT_EQ(whole.size(), micro.size());
+  double max_diff = 0, max_abs = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(whole[i] - micro[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(whole[i])));
+  }
+  EXPECT_LT(max_diff, 1e-4 * max_abs) << "max difference " << max_diff;
+  EXPECT_GT(max_diff, 0.0) << "accumulation should differ from one batch by float rounding only, not be the same code";
+}
+
+TEST(Trainer, MicroBatchMustDivideTheBatch) {
+  test::TempDir dir;
+  try {
+    train_tiny(dir, "a", {"trainer.microbatch_size=3"});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("trainer.train_batch_size (4) must be a multiple of the micro-batch size (3)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Trainer, DivergenceStopsNamingTheStep) {
+  test::TempDir dir;
+  try {
+    train_tiny(dir, "a", {"optimizer.learning_rate=1.0e+30", "optimizer.max_grad_norm=0", "lr_schedule.warmup=0"});
+    FAIL() << "expected the run to diverge";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("step "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the run diverged"), std::string::npos) << msg;
+  }
+}
+
+TEST(Trainer, AnExistingRunIsNeverOverwritten) {
+  test::TempDir dir;
+  train_tiny(dir, "a");
+  try {
+    train_tiny(dir, "a");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds a run"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, MissingSectionIsAUserError) {
+  test::TempDir dir;
+  const auto file =
+      dir.write("run.yaml", "model: {type: gpt2, seq_len: 16, hidden_dim: 16, num_layers: 1, num_heads: 1}\n");
+  RuntimeOptions options;
+  options.config = file;
+  Runtime runtime(options);
+  try {
+    train(runtime);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the config has no `data` section"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, SkipBadStepsRunsAndReportsSkips) {
+  test::TempDir dir;
+  const TinyRun run = train_tiny(dir, "a", {"trainer.skip_bad_steps=true", "trainer.skip_step_window=4"});
+  EXPECT_EQ(run.summary.steps, 6);
+  bool reported = false;
+  for (const auto& r : read_metrics(run.run_dir)) reported |= r.contains("train/skipped_steps");
+  EXPECT_TRUE(reported);
+}
+
+TEST(SkipStepRule, SkipsOutliersOnceTheWindowIsHalfFull) {
+  SkipStepRule rule(/*window=*/8, /*sigma=*/3.0);
+  // Fewer than window / 2 = 4 past steps: never skips, however large.
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(rule.should_skip(i == 3 ? 100.0 : 2.0, 1.0)) << i;
+  SkipStepRule steady(8, 3.0);
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(steady.should_skip(2.0 + 0.01 * (i % 2), 1.0 + 0.01 * (i % 3)));
+  EXPECT_TRUE(steady.should_skip(10.0, 1.0));  // a loss spike
+  EXPECT_TRUE(steady.should_skip(2.0, 50.0));  // a gradient-norm spike
+  EXPECT_FALSE(steady.should_skip(2.0, 1.0));  // back to normal (the spikes widened the window's spread)
+}
+
+TEST(Generate, ARunCanBeLoadedAndSampledDeterministically) {
+  test::TempDir dir;
+  train_tiny(dir, "a", {"trainer.num_train_steps=10"});
+  RuntimeOptions options;
+  options.config = dir.path() / "a" / "config.yaml";
+  Runtime runtime(options);
+  LoadedRun run = load_run(runtime, dir.path() / "a");
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 12;
+  sampling.temperature = 0.9;
+  sampling.seed = 7;
+  const auto prompt = run.tokenizer->encode("The ");
+  const auto first = generate(*run.model, *run.backend, prompt, sampling);
+  const auto second = generate(*run.model, *run.backend, prompt, sampling);
+  EXPECT_EQ(first.size(), 12u);
+  EXPECT_EQ(first, second);
+  for (auto t : first) EXPECT_TRUE(t >= 0 && t < 256);
+}
+
+TEST(Sampling, TemperatureTopKAndTopP) {
+  std::vector<float> logits{1.0f, 3.0f, 2.0f, 0.0f};
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(sample_token(logits, greedy, 0.99), 1);
+  SamplingOptions top1;
+  top1.top_k = 1;
+  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(sample_token(logits, top1, u), 1);
+  SamplingOptions top2;
+  top2.top_k = 2;
+  for (double u : {0.0, 0.3, 0.6, 0.999}) {
+    const auto t = sample_token(logits, top2, u);
+    EXPECT_TRUE(t == 1 || t == 2);
+  }
+  SamplingOptions nucleus;
+  nucleus.top_p = 0.5;  // token 1 alone has probability 0.64
+  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(sample_token(logits, nucleus, u), 1);
+  // With temperature 1 and no truncation, u walks the distribution in logit order.
+  SamplingOptions plain;
+  EXPECT_EQ(sample_token(logits, plain, 0.0), 1);
+  EXPECT_EQ(sample_token(logits, plain, 0.999), 3);
+}
+
+}  // namespace
+}  // namespace loom
