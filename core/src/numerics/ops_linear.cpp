@@ -161,16 +161,10 @@ Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   const std::int64_t m = xm.rows;
 
   Tensor pre = Tensor::empty(x.shape().with_back(n));
-  backend_->gemm(Transpose::no, tr(!options.weight_in_out), m, n, k, 1.0f, xm.data, xm.ld, wm.data, wm.ld, 0.0f,
-                 pre.data<float>(), n);
-  Tensor out = pre;
-  if (options.activation != Activation::none) {
-    out = Tensor::empty(pre.shape());
-    backend_->bias_activation_forward(pre.data<float>(), detail::data_or_null(bias), out.data<float>(), m, n,
-                                      options.activation);
-  } else if (bias.defined()) {
-    backend_->bias_activation_forward(pre.data<float>(), bias.data<float>(), nullptr, m, n, Activation::none);
-  }
+  Tensor out = options.activation == Activation::none ? pre : Tensor::empty(pre.shape());
+  backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld,
+                           pre.data<float>(), detail::data_or_null(bias),
+                           options.activation == Activation::none ? nullptr : out.data<float>(), options.activation);
 
   if (auto* rec = detail::recording_state(tape_, {&x, &weight, &bias}, op)) {
     auto* node = rec->record<LinearNode>(*backend_);

@@ -21,6 +21,11 @@ struct CpuOptions {
   int64_t grain = 16384;
 };
 
+// The bias + activation epilogue on rows [r0, r1) of a rows x cols matrix, on the calling
+// thread (pointwise.cpp): what bias_activation_forward runs per chunk.
+void bias_activation_rows(float* pre, const float* bias, float* out, int64_t r0, int64_t r1, int64_t cols,
+                          Activation act);
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(ExecutionContext& execution, const CpuOptions& options) : ex_(execution), options_(options) {}
@@ -31,6 +36,9 @@ class CpuBackend final : public Backend {
                     int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                     int64_t ldc, int64_t stride_c, int64_t batch) override;
 
+  void linear_forward(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float* pre, const float* bias, float* out,
+                      Activation act) override;
   void bias_activation_forward(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
                                Activation act) override;
   void bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias, bool accumulate_dbias,
@@ -93,6 +101,12 @@ class CpuBackend final : public Backend {
   // out[j] (+)= sum over c < chunks, in chunk order, of partials[c * stride + j], for j < cols.
   void reduce_partials(const float* partials, int64_t chunks, int64_t stride, int64_t cols, float* out,
                        bool accumulate);
+  // How a GEMM is cut: `panels` (1: not at all) along m or n.
+  struct Split {
+    int64_t panels;
+    bool along_m;
+  };
+  Split gemm_split(int64_t m, int64_t n, int64_t k) const;
   void gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -41,23 +41,27 @@ void CpuBackend::reduce_partials(const float* partials, int64_t chunks, int64_t 
                    });
 }
 
+void bias_activation_rows(float* pre, const float* bias, float* out, int64_t r0, int64_t r1, int64_t cols,
+                          Activation act) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* p = pre + r * cols;
+    float* o = out ? out + r * cols : nullptr;
+    for_vectors(0, cols, [&](int64_t j, int64_t count) {
+      vf v = load_n(p + j, count);
+      if (bias) {
+        v += load_n(bias + j, count);
+        store_n(p + j, v, count);
+      }
+      if (act != Activation::none) store_n(o + j, activate(act, v), count);
+    });
+  }
+}
+
 void CpuBackend::bias_activation_forward(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
                                          Activation act) {
   if (!bias && act == Activation::none) return;
-  ex_.parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* p = pre + r * cols;
-      float* o = out ? out + r * cols : nullptr;
-      for_vectors(0, cols, [&](int64_t j, int64_t count) {
-        vf v = load_n(p + j, count);
-        if (bias) {
-          v += load_n(bias + j, count);
-          store_n(p + j, v, count);
-        }
-        if (act != Activation::none) store_n(o + j, activate(act, v), count);
-      });
-    }
-  });
+  ex_.parallel_for(rows, row_grain(cols),
+                   [&](int64_t r0, int64_t r1) { bias_activation_rows(pre, bias, out, r0, r1, cols, act); });
 }
 
 void CpuBackend::bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias,

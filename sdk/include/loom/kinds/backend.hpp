@@ -74,6 +74,17 @@ class Backend : public Component {
   virtual void bias_activation_forward(float* pre, const float* bias, float* out, std::int64_t rows, std::int64_t cols,
                                        Activation act) = 0;
 
+  // The linear layer's forward in one call: pre = op(A) op(B) (pre is m x n, row stride n), then
+  // bias_activation_forward(pre, bias, out, m, n, act). A backend may fuse the two so that the
+  // epilogue runs on each block of `pre` while it is still in cache; this default calls them in
+  // turn.
+  virtual void linear_forward(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                              const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* pre,
+                              const float* bias, float* out, Activation act) {
+    gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, n);
+    if (bias || act != Activation::none) bias_activation_forward(pre, bias, out, m, n, act);
+  }
+
   // dpre[r, j] = dout[r, j] * act'(pre[r, j])  (dpre = dout when act == none; pre may then be
   //                                            null), always overwritten;
   // dbias[j] (+)= sum_r dpre[r, j]             (dbias nullable; accumulate_dbias as documented).
