@@ -10,6 +10,8 @@
 # Run from the repository root; ../shared/data must hold tinyshakespeare.txt.
 set -e
 build=${1:-build}
+skip_shakespeare=no
+for arg in "$@"; do [ "$arg" = "--skip-shakespeare" ] && skip_shakespeare=yes; done
 loom="$build/bin/loom"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -36,7 +38,7 @@ for shape in 64 256; do
   grep -m1 'peak' "$run.log" | sed 's/.*peak/  peak/'
 done
 
-case " $* " in *" --skip-shakespeare "*) exit 0 ;; esac
+[ "$skip_shakespeare" = yes ] && exit 0
 run="$out/shakespeare"
 start=$(date +%s.%N)
 "$loom" train configs/shakespeare-char.yaml trainer.run_dir="$run" >"$run.log" 2>&1 || { cat "$run.log"; exit 1; }

@@ -149,6 +149,28 @@ TEST(Cli, MissingConfigFileAndBadOverrideExitTwo) {
   EXPECT_NE(r.err.find("did you mean 'show'?"), std::string::npos);
 }
 
+TEST(Cli, TrainAndGenerateRefuseBadInputWithStatusTwo) {
+  auto r = loom({"train"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no config file given"), std::string::npos) << r.err;
+  r = loom({"train", "/nonexistent/run.yaml"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml", "trainer:\n  num_train_step: 10\n");
+  r = loom({"train", file.string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(file.string() + ":2:19: trainer.num_train_step: unknown option of trainer; did you mean "
+                                       "'num_train_steps'?"),
+            std::string::npos)
+      << r.err;
+  r = loom({"generate", dir.path().string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("is not a loom run"), std::string::npos) << r.err;
+  r = loom({"generate"});
+  EXPECT_EQ(r.exit_code, 2);
+}
+
 TEST(Cli, ConfigSchemaPrintsDeclaredOptions) {
   auto r = loom({"config", "schema", "lr_schedule/test_scaled", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
