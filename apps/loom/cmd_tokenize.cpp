@@ -68,7 +68,7 @@ class ProgressDisplay {
       last_fitting_ = p.fitting;
       std::cerr << "loom tokenize: " << what << " " << tenth * 10 << "% (" << megabytes(p.bytes_done) << " of "
                 << megabytes(p.bytes_total) << "), " << count(p.tokens) << " tokens, " << count(p.documents)
-                << " documents\n";
+                << (p.documents == 1 ? " document\n" : " documents\n");
     }
   }
 
