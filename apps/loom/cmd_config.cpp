@@ -10,20 +10,13 @@ namespace loom::app {
 namespace {
 
 int run_show(const std::vector<std::string>& args) {
-  CommonOptions common;
-  std::vector<std::string> positional;
-  po::options_description options("options");
-  add_common_options(options, common);
-  options.add_options()("args", po::value(&positional), "CONFIG and overrides");
-  po::positional_options_description pos;
-  pos.add("args", -1);
-  po::variables_map vm;
-  if (!parse(args, options, pos, vm,
-             "usage: loom config show CONFIG [a.b.c=value ...]\n\n"
-             "Prints the config with base_config, !include and overrides applied, every component's options\n"
-             "validated and defaults filled in."))
-    return 0;
-  const Runtime runtime(runtime_options(common, positional, true));
+  const auto options = parse_config_command(
+      args,
+      "usage: loom config show CONFIG [a.b.c=value ...]\n\n"
+      "Prints the config with base_config, !include and overrides applied, every component's options\n"
+      "validated and defaults filled in.");
+  if (!options) return 0;
+  const Runtime runtime(*options);
   std::cout << runtime.resolved_config().to_yaml();
   return 0;
 }

@@ -57,4 +57,25 @@ RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<st
   return r;
 }
 
+std::optional<RuntimeOptions> parse_config_command(const std::vector<std::string>& args, const std::string& usage) {
+  CommonOptions common;
+  std::vector<std::string> positional;
+  po::options_description options("options");
+  add_common_options(options, common);
+  po::options_description hidden;
+  hidden.add_options()("args", po::value(&positional), "CONFIG and overrides");
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("args", -1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage << "\n\n" << options << "\n";
+    return std::nullopt;
+  }
+  po::notify(vm);
+  return runtime_options(common, positional, true);
+}
+
 }  // namespace loom::app

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ bool parse(const std::vector<std::string>& args, const po::options_description& 
 // file; the rest must be overrides.
 RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<std::string>& positional,
                                bool config_required);
+
+// For commands of the form `loom X CONFIG [a.b.c=value ...]` that take only the common
+// options: the runtime options, or nullopt when --help was given (after printing `usage`).
+std::optional<RuntimeOptions> parse_config_command(const std::vector<std::string>& args, const std::string& usage);
 
 int run_plugins(const std::vector<std::string>& args);
 int run_config(const std::vector<std::string>& args);
