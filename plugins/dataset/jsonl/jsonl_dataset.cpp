@@ -2,6 +2,7 @@
 // tokenized, packed with the tokenizer's end of text between documents (kept apart by segment
 // ids) and cut into seq_len + 1 windows (loom/token_windows.hpp). Validation by fraction (the
 // last part of the token stream) or by file.
+#include <loom/document_corpus.hpp>
 #include <loom/kinds/dataset.hpp>
 #include <loom/plugin.hpp>
 #include <loom/text_corpus.hpp>
@@ -20,7 +21,8 @@ class JsonlDataset final : public loom::Dataset {
         text_field_(options.get<std::string>("text_field")),
         order_(loom::read_window_options(options)),
         path_(options.path()),
-        execution_(&execution) {}
+        execution_(&execution),
+        corpus_(path_) {}
 
   void prepare(const loom::DatasetSetup& setup) override {
     if (!setup.tokenizer)
@@ -29,57 +31,16 @@ class JsonlDataset final : public loom::Dataset {
     const auto validation_files = validation_paths_.empty()
                                       ? std::vector<std::filesystem::path>{}
                                       : loom::expand_paths(validation_paths_, path_ + ".validation_paths");
-    const std::vector<std::string> train_docs = read_documents(files);
-    const std::vector<std::string> validation_docs = read_documents(validation_files);
-
-    loom::Tokenizer& tokenizer = *setup.tokenizer;
-    if (tokenizer.needs_fit()) {
-      // On all the text, validation included, joined by the "\n" that separates documents when
-      // the tokenizer has no end-of-text token.
-      std::string all;
-      for (const auto* docs : {&train_docs, &validation_docs})
-        for (const auto& d : *docs) {
-          if (!all.empty()) all += '\n';
-          all += d;
-        }
-      tokenizer.fit(all);
-    }
-
-    const std::string what = loom::describe_files(files);
-    loom::PackedTokens train = loom::pack_documents(tokenizer, train_docs, execution_);
-    if (train.tokens.empty())
-      throw loom::UserError(path_ + ": the corpus is empty: " + what + " holds no document with text in \"" +
-                            text_field_ + "\"");
-    loom::check_vocabulary(train.max_token_id, setup, path_ + ": " + what);
-    std::optional<loom::PackedTokens> validation;
-    if (!validation_files.empty()) {
-      validation = loom::pack_documents(tokenizer, validation_docs, execution_);
-      const std::string vwhat = loom::describe_files(validation_files);
-      if (validation->tokens.empty())
-        throw loom::UserError(path_ + ": the validation files are empty: " + vwhat + " holds no document");
-      loom::check_vocabulary(validation->max_token_id, setup, path_ + ": " + vwhat);
-    }
-    train_ = std::move(train);
-    validation_ = std::move(validation);
-    splits_ = loom::split_corpus(*train_, validation_ ? &*validation_ : nullptr, validation_fraction_, setup, order_,
-                                 path_ + ": " + what);
-    batch_size_ = setup.batch_size;
+    const loom::DocumentCorpus::Documents train{files, read_documents(files)};
+    const loom::DocumentCorpus::Documents validation{validation_files, read_documents(validation_files)};
+    corpus_.prepare(setup, train, validation, validation_fraction_, order_, execution_,
+                    "document with text in \"" + text_field_ + "\"", "document");
   }
 
   void batch(loom::Split split, std::int64_t index, loom::Batch& out) const override {
-    const loom::TokenWindows& w = split == loom::Split::train ? splits_.train : splits_.validation;
-    if (w.empty())
-      throw loom::UserError(split == loom::Split::train
-                                ? path_ + ": batch() before prepare()"
-                                : path_ +
-                                      ": there is no validation split (validation_fraction is 0 and no "
-                                      "validation_paths are given)");
-    w.fill(index, batch_size_, out);
+    corpus_.batch(split, index, out);
   }
-
-  std::int64_t num_tokens(loom::Split split) const override {
-    return (split == loom::Split::train ? splits_.train : splits_.validation).num_tokens();
-  }
+  std::int64_t num_tokens(loom::Split split) const override { return corpus_.num_tokens(split); }
 
  private:
   std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& files) const {
@@ -95,9 +56,7 @@ class JsonlDataset final : public loom::Dataset {
   loom::WindowOrder order_;
   std::string path_;
   const loom::ExecutionContext* execution_;
-  std::optional<loom::PackedTokens> train_, validation_;
-  loom::CorpusSplits splits_;
-  std::int64_t batch_size_ = 0;
+  loom::DocumentCorpus corpus_;
 };
 
 loom::OptionSchema options() {

@@ -1,6 +1,7 @@
 // The `text` dataset: plain-text files, each one document, tokenized, packed and cut into
 // seq_len + 1 windows (loom/token_windows.hpp), with a validation split by fraction (the last
 // part of the token stream, as nanoGPT's shakespeare_char) or by file.
+#include <loom/document_corpus.hpp>
 #include <loom/kinds/dataset.hpp>
 #include <loom/plugin.hpp>
 #include <loom/text_corpus.hpp>
@@ -18,7 +19,8 @@ class TextDataset final : public loom::Dataset {
         validation_fraction_(options.get<double>("validation_fraction")),
         order_(loom::read_window_options(options)),
         path_(options.path()),
-        execution_(&execution) {}
+        execution_(&execution),
+        corpus_(path_) {}
 
   void prepare(const loom::DatasetSetup& setup) override {
     if (!setup.tokenizer)
@@ -27,56 +29,16 @@ class TextDataset final : public loom::Dataset {
     const auto validation_files = validation_paths_.empty()
                                       ? std::vector<std::filesystem::path>{}
                                       : loom::expand_paths(validation_paths_, path_ + ".validation_paths");
-    std::vector<std::string> train_text, validation_text;
-    for (const auto& f : files) train_text.push_back(loom::read_text_file(f));
-    for (const auto& f : validation_files) validation_text.push_back(loom::read_text_file(f));
-
-    loom::Tokenizer& tokenizer = *setup.tokenizer;
-    if (tokenizer.needs_fit()) {
-      // On all the text, validation files included: nanoGPT builds its character set from the
-      // whole file, and a vocabulary that cannot encode the validation text is of no use.
-      std::string all;
-      for (const auto* texts : {&train_text, &validation_text})
-        for (const auto& t : *texts) {
-          if (!all.empty()) all += '\n';
-          all += t;
-        }
-      tokenizer.fit(all);
-    }
-
-    const std::string what = loom::describe_files(files);
-    const loom::PackedTokens train = loom::pack_documents(tokenizer, train_text, execution_);
-    if (train.tokens.empty()) throw loom::UserError(path_ + ": the corpus is empty: " + what + " holds no text");
-    loom::check_vocabulary(train.max_token_id, setup, path_ + ": " + what);
-    std::optional<loom::PackedTokens> validation;
-    if (!validation_files.empty()) {
-      validation = loom::pack_documents(tokenizer, validation_text, execution_);
-      const std::string vwhat = loom::describe_files(validation_files);
-      if (validation->tokens.empty())
-        throw loom::UserError(path_ + ": the validation files are empty: " + vwhat + " holds no text");
-      loom::check_vocabulary(validation->max_token_id, setup, path_ + ": " + vwhat);
-    }
-    train_ = std::move(train);
-    validation_ = std::move(validation);
-    splits_ = loom::split_corpus(*train_, validation_ ? &*validation_ : nullptr, validation_fraction_, setup, order_,
-                                 path_ + ": " + what);
-    batch_size_ = setup.batch_size;
+    loom::DocumentCorpus::Documents train{files, {}}, validation{validation_files, {}};
+    for (const auto& f : files) train.texts.push_back(loom::read_text_file(f));
+    for (const auto& f : validation_files) validation.texts.push_back(loom::read_text_file(f));
+    corpus_.prepare(setup, train, validation, validation_fraction_, order_, execution_, "text", "text");
   }
 
   void batch(loom::Split split, std::int64_t index, loom::Batch& out) const override {
-    const loom::TokenWindows& w = split == loom::Split::train ? splits_.train : splits_.validation;
-    if (w.empty())
-      throw loom::UserError(split == loom::Split::train
-                                ? path_ + ": batch() before prepare()"
-                                : path_ +
-                                      ": there is no validation split (validation_fraction is 0 and no "
-                                      "validation_paths are given)");
-    w.fill(index, batch_size_, out);
+    corpus_.batch(split, index, out);
   }
-
-  std::int64_t num_tokens(loom::Split split) const override {
-    return (split == loom::Split::train ? splits_.train : splits_.validation).num_tokens();
-  }
+  std::int64_t num_tokens(loom::Split split) const override { return corpus_.num_tokens(split); }
 
  private:
   std::vector<std::string> paths_, validation_paths_;
@@ -84,9 +46,7 @@ class TextDataset final : public loom::Dataset {
   loom::WindowOrder order_;
   std::string path_;
   const loom::ExecutionContext* execution_;
-  std::optional<loom::PackedTokens> train_, validation_;
-  loom::CorpusSplits splits_;
-  std::int64_t batch_size_ = 0;
+  loom::DocumentCorpus corpus_;
 };
 
 loom::OptionSchema options() {

@@ -9,35 +9,17 @@
 #include <string>
 #include <string_view>
 
-#include "loom/core/config.hpp"
-#include "loom/core/plugin_host.hpp"
-#include "loom/core/registry.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/lr_schedule.hpp"
+#include "schedule_test_support.hpp"
 
 namespace {
 
-constexpr double kTol = 1e-12;
-
-// The plugin, loaded once for the whole test and never unloaded: an exception made by the
-// plugin's code (its vtable is the plugin's) must not outlive the library.
-loom::Registry& registry() {
-  static loom::Registry r;
-  static const bool loaded = [] {
-    loom::PluginHost host;
-    host.load({{LOOM_PLUGIN_FILE, "test"}}, r);
-    for (const auto& p : host.plugins()) EXPECT_EQ(p.status, loom::PluginRecord::Status::loaded) << p.reason;
-    return true;
-  }();
-  (void)loaded;
-  return r;
-}
+using loom::test::kTol;
 
 // The schedule configured by the YAML map `options` ("{warmup: 10}").
 loom::Handle<loom::LrSchedule> linear(std::string_view options = "{}") {
-  loom::Value node = loom::config::load_string(options, "schedule.yaml");
-  node.set("type", "linear");
-  return registry().create<loom::LrSchedule>({"lr_schedule", "linear", node, "lr_schedule"});
+  return loom::test::make_schedule("linear", options);
 }
 
 // The message of the UserError `f` throws ("" and a test failure when it throws none).

@@ -8,20 +8,16 @@
 #include <cmath>
 #include <cstdint>
 #include <loom/kinds/optimizer.hpp>
+#include <loom/optimizer_state.hpp>
 #include <loom/plugin.hpp>
-#include <map>
 #include <memory>
-#include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace {
 
-// Elements per parallel chunk: 4 arrays x 32 Ki floats = 512 KiB touched per chunk, large
-// enough that scheduling a chunk costs far less than streaming it.
-constexpr std::int64_t kGrain = std::int64_t{1} << 15;
+namespace opt = loom::optimizer_state;
 
 // The per-step constants of the update, rounded to float once (as PyTorch does with its Python
 // scalars) so that the inner loop is pure float arithmetic.
@@ -68,20 +64,14 @@ class AdamW final : public loom::Optimizer {
         beta2_(options.get<double>("beta2")),
         epsilon_(options.get<double>("epsilon")),
         weight_decay_(options.get<double>("weight_decay")),
-        max_grad_norm_(options.get_optional<double>("max_grad_norm").value_or(0.0)) {}
+        max_grad_norm_(opt::read_max_grad_norm(options)) {}
 
   double learning_rate() const override { return learning_rate_; }
   double max_grad_norm() const override { return max_grad_norm_; }
 
   void init(const std::vector<loom::OptimizerParameter>& parameters) override {
-    if (initialised_) throw loom::InternalError("adamw: init() called twice");
-    std::set<std::string> names;
+    opt::check_init("adamw", initialised_, parameters);
     for (const auto& op : parameters) {
-      if (op.parameter == nullptr) throw loom::InternalError("adamw: init() got a null parameter");
-      // State is saved by parameter name, so two parameters with one name would share a slot.
-      if (!names.insert(op.parameter->name()).second)
-        throw loom::InternalError("adamw: two parameters are named '" + op.parameter->name() +
-                                  "'; optimizer state is keyed by name");
       const loom::Shape& shape = op.parameter->shape();
       slots_.push_back({op.parameter, op.weight_decay, loom::Tensor::zeros(shape), loom::Tensor::zeros(shape)});
     }
@@ -89,10 +79,7 @@ class AdamW final : public loom::Optimizer {
   }
 
   void step(double lr, std::int64_t step) override {
-    if (!initialised_) throw loom::InternalError("adamw: step() before init()");
-    if (!(lr >= 0.0) || step < 0)
-      throw loom::InternalError("adamw: step(lr = " + std::to_string(lr) + ", step = " + std::to_string(step) +
-                                "): the learning rate must be >= 0 and the step >= 0");
+    opt::check_step("adamw", initialised_, lr, step);
     // Bias corrections from the trainer's step count, in double as PyTorch computes them.
     const double t = static_cast<double>(step) + 1.0;
     const double bias_correction1 = 1.0 - std::pow(beta1_, t);
@@ -107,23 +94,19 @@ class AdamW final : public loom::Optimizer {
     s.epsilon = static_cast<float>(epsilon_);
     s.step_size = static_cast<float>(lr / bias_correction1);
 
-    for (Slot& slot : slots_) {
-      if (!slot.parameter->has_grad()) continue;
-      const loom::Tensor grad = slot.parameter->grad();
-      if (!grad.is_contiguous())
-        throw loom::InternalError("adamw: the gradient of '" + slot.parameter->name() + "' is not contiguous");
+    opt::for_each_gradient("adamw", slots_, [&](Slot& slot, const loom::Tensor& grad) {
       float* p = slot.parameter->data().data<float>();
       const float* g = grad.data<float>();
       float* m = slot.exp_avg.data<float>();
       float* v = slot.exp_avg_sq.data<float>();
       const bool decay = slot.weight_decay && weight_decay_ != 0.0;
-      execution_.parallel_for(grad.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+      opt::parallel_chunks(execution_, grad.numel(), [&](std::int64_t begin, std::int64_t end) {
         if (decay)
           adamw_pass<true>(p + begin, g + begin, m + begin, v + begin, end - begin, s);
         else
           adamw_pass<false>(p + begin, g + begin, m + begin, v + begin, end - begin, s);
       });
-    }
+    });
   }
 
   // The live moment tensors, not copies: write them out before the next step().
@@ -131,38 +114,20 @@ class AdamW final : public loom::Optimizer {
     std::vector<std::pair<std::string, loom::Tensor>> out;
     out.reserve(2 * slots_.size());
     for (const Slot& slot : slots_) {
-      out.emplace_back("exp_avg/" + slot.parameter->name(), slot.exp_avg);
-      out.emplace_back("exp_avg_sq/" + slot.parameter->name(), slot.exp_avg_sq);
+      out.emplace_back(opt::key("exp_avg", *slot.parameter), slot.exp_avg);
+      out.emplace_back(opt::key("exp_avg_sq", *slot.parameter), slot.exp_avg_sq);
     }
     return out;
   }
 
   // Checks everything before copying anything, so a bad checkpoint leaves the state untouched.
-  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& state) override {
-    if (!initialised_) throw loom::InternalError("adamw: load_state() before init()");
-    std::map<std::string, const loom::Tensor*, std::less<>> expected;
+  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& saved) override {
+    opt::StateMap expected;
     for (const Slot& slot : slots_) {
-      expected.emplace("exp_avg/" + slot.parameter->name(), &slot.exp_avg);
-      expected.emplace("exp_avg_sq/" + slot.parameter->name(), &slot.exp_avg_sq);
+      expected.emplace(opt::key("exp_avg", *slot.parameter), &slot.exp_avg);
+      expected.emplace(opt::key("exp_avg_sq", *slot.parameter), &slot.exp_avg_sq);
     }
-    std::vector<std::pair<const loom::Tensor*, const loom::Tensor*>> copies;  // {destination, source}
-    std::set<std::string, std::less<>> seen;
-    for (const auto& [name, tensor] : state) {
-      const auto it = expected.find(name);
-      if (it == expected.end())
-        throw loom::UserError("adamw: the saved optimizer state has '" + name +
-                              "', which belongs to no parameter of this model (expected 'exp_avg/<parameter>' "
-                              "and 'exp_avg_sq/<parameter>'); was the checkpoint written for another model?");
-      if (!seen.insert(name).second) throw loom::UserError("adamw: the saved optimizer state has '" + name + "' twice");
-      const loom::Tensor& mine = *it->second;
-      if (!tensor.defined() || tensor.dtype() != loom::DType::f32 || !(tensor.shape() == mine.shape()))
-        throw loom::UserError("adamw: the saved optimizer state '" + name + "' is " + tensor.str() + ", expected " +
-                              mine.str());
-      copies.emplace_back(&mine, &tensor);
-    }
-    for (const auto& [name, tensor] : expected)
-      if (!seen.contains(name)) throw loom::UserError("adamw: the saved optimizer state lacks '" + name + "'");
-    for (const auto& [destination, source] : copies) destination->copy_from(*source);
+    opt::load_all("adamw", initialised_, expected, saved, "'exp_avg/<parameter>' and 'exp_avg_sq/<parameter>'");
   }
 
  private:
@@ -189,9 +154,7 @@ loom::OptionSchema adamw_options() {
            "Decoupled weight decay: p -= lr * weight_decay * p each step, on parameters the weight-decay mask "
            "selects.")
       .min(0.0);
-  s.number("max_grad_norm", 1.0, "Global gradient-norm clip applied by the trainer before the update; 0 or null: none.")
-      .min(0.0)
-      .nullable();
+  opt::declare_max_grad_norm(s);
   return s;
 }
 

@@ -9,17 +9,16 @@
 #include <cmath>
 #include <cstdint>
 #include <loom/kinds/optimizer.hpp>
+#include <loom/optimizer_state.hpp>
 #include <loom/plugin.hpp>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace {
 
-constexpr std::int64_t kGrain = std::int64_t{1} << 15;
+namespace opt = loom::optimizer_state;
 
 struct LionStep {
   float lr;
@@ -53,34 +52,22 @@ class Lion final : public loom::Optimizer {
         beta1_(options.get<double>("beta1")),
         beta2_(options.get<double>("beta2")),
         weight_decay_(options.get<double>("weight_decay")),
-        max_grad_norm_(options.get_optional<double>("max_grad_norm").value_or(0.0)) {}
+        max_grad_norm_(opt::read_max_grad_norm(options)) {}
 
   double learning_rate() const override { return learning_rate_; }
   double max_grad_norm() const override { return max_grad_norm_; }
 
   void init(const std::vector<loom::OptimizerParameter>& parameters) override {
-    if (initialised_) throw loom::InternalError("lion: init() called twice");
-    std::set<std::string> names;
+    opt::check_init("lion", initialised_, parameters);
     for (const auto& op : parameters) {
-      if (op.parameter == nullptr) throw loom::InternalError("lion: init() got a null parameter");
-      if (!names.insert(op.parameter->name()).second)
-        throw loom::InternalError("lion: two parameters are named '" + op.parameter->name() +
-                                  "'; optimizer state is keyed by name");
       slots_.push_back({op.parameter, op.weight_decay, loom::Tensor::zeros(op.parameter->shape())});
     }
     initialised_ = true;
   }
 
   void step(double lr, std::int64_t step) override {
-    if (!initialised_) throw loom::InternalError("lion: step() before init()");
-    if (!(lr >= 0.0) || step < 0)
-      throw loom::InternalError("lion: step(lr = " + std::to_string(lr) + ", step = " + std::to_string(step) +
-                                "): the learning rate must be >= 0 and the step >= 0");
-    for (Slot& slot : slots_) {
-      if (!slot.parameter->has_grad()) continue;
-      const loom::Tensor grad = slot.parameter->grad();
-      if (!grad.is_contiguous())
-        throw loom::InternalError("lion: the gradient of '" + slot.parameter->name() + "' is not contiguous");
+    opt::check_step("lion", initialised_, lr, step);
+    opt::for_each_gradient("lion", slots_, [&](Slot& slot, const loom::Tensor& grad) {
       const bool decay = slot.weight_decay && weight_decay_ != 0.0;
       const LionStep s{static_cast<float>(lr),     static_cast<float>(decay ? weight_decay_ : 0.0),
                        static_cast<float>(beta1_), static_cast<float>(1.0 - beta1_),
@@ -88,46 +75,28 @@ class Lion final : public loom::Optimizer {
       float* p = slot.parameter->data().data<float>();
       const float* g = grad.data<float>();
       float* m = slot.exp_avg.data<float>();
-      execution_.parallel_for(grad.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+      opt::parallel_chunks(execution_, grad.numel(), [&](std::int64_t begin, std::int64_t end) {
         if (decay)
           lion_pass<true>(p + begin, g + begin, m + begin, end - begin, s);
         else
           lion_pass<false>(p + begin, g + begin, m + begin, end - begin, s);
       });
-    }
+    });
   }
 
   // The live moment tensors, not copies: write them out before the next step().
   std::vector<std::pair<std::string, loom::Tensor>> state() const override {
     std::vector<std::pair<std::string, loom::Tensor>> out;
     out.reserve(slots_.size());
-    for (const Slot& slot : slots_) out.emplace_back("exp_avg/" + slot.parameter->name(), slot.exp_avg);
+    for (const Slot& slot : slots_) out.emplace_back(opt::key("exp_avg", *slot.parameter), slot.exp_avg);
     return out;
   }
 
   // Checks everything before copying anything, so a bad checkpoint leaves the state untouched.
-  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& state) override {
-    if (!initialised_) throw loom::InternalError("lion: load_state() before init()");
-    std::map<std::string, const loom::Tensor*, std::less<>> expected;
-    for (const Slot& slot : slots_) expected.emplace("exp_avg/" + slot.parameter->name(), &slot.exp_avg);
-    std::vector<std::pair<const loom::Tensor*, const loom::Tensor*>> copies;  // {destination, source}
-    std::set<std::string, std::less<>> seen;
-    for (const auto& [name, tensor] : state) {
-      const auto it = expected.find(name);
-      if (it == expected.end())
-        throw loom::UserError("lion: the saved optimizer state has '" + name +
-                              "', which belongs to no parameter of this model (expected 'exp_avg/<parameter>'); "
-                              "was the checkpoint written for another model?");
-      if (!seen.insert(name).second) throw loom::UserError("lion: the saved optimizer state has '" + name + "' twice");
-      const loom::Tensor& mine = *it->second;
-      if (!tensor.defined() || tensor.dtype() != loom::DType::f32 || !(tensor.shape() == mine.shape()))
-        throw loom::UserError("lion: the saved optimizer state '" + name + "' is " + tensor.str() + ", expected " +
-                              mine.str());
-      copies.emplace_back(&mine, &tensor);
-    }
-    for (const auto& [name, tensor] : expected)
-      if (!seen.contains(name)) throw loom::UserError("lion: the saved optimizer state lacks '" + name + "'");
-    for (const auto& [destination, source] : copies) destination->copy_from(*source);
+  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& saved) override {
+    opt::StateMap expected;
+    for (const Slot& slot : slots_) expected.emplace(opt::key("exp_avg", *slot.parameter), &slot.exp_avg);
+    opt::load_all("lion", initialised_, expected, saved, "'exp_avg/<parameter>'");
   }
 
  private:
@@ -156,9 +125,7 @@ loom::OptionSchema lion_options() {
            "Decoupled weight decay: p -= lr * weight_decay * p each step, on parameters the weight-decay mask "
            "selects.")
       .min(0.0);
-  s.number("max_grad_norm", 1.0, "Global gradient-norm clip applied by the trainer before the update; 0 or null: none.")
-      .min(0.0)
-      .nullable();
+  opt::declare_max_grad_norm(s);
   return s;
 }
 

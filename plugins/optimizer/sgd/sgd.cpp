@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <loom/kinds/optimizer.hpp>
+#include <loom/optimizer_state.hpp>
 #include <loom/plugin.hpp>
 #include <map>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -18,7 +18,7 @@
 
 namespace {
 
-constexpr std::int64_t kGrain = std::int64_t{1} << 15;
+namespace opt = loom::optimizer_state;
 
 struct SgdStep {
   float lr;
@@ -79,7 +79,7 @@ class Sgd final : public loom::Optimizer {
         dampening_(options.get<double>("dampening")),
         nesterov_(options.get<bool>("nesterov")),
         weight_decay_(options.get<double>("weight_decay")),
-        max_grad_norm_(options.get_optional<double>("max_grad_norm").value_or(0.0)) {
+        max_grad_norm_(opt::read_max_grad_norm(options)) {
     if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0)) {
       const std::string at = options.path().empty() ? "" : options.path() + ".";
       throw loom::UserError(at + "nesterov: Nesterov momentum needs momentum > 0 and dampening = 0, but momentum is " +
@@ -92,13 +92,8 @@ class Sgd final : public loom::Optimizer {
   double max_grad_norm() const override { return max_grad_norm_; }
 
   void init(const std::vector<loom::OptimizerParameter>& parameters) override {
-    if (initialised_) throw loom::InternalError("sgd: init() called twice");
-    std::set<std::string> names;
+    opt::check_init("sgd", initialised_, parameters);
     for (const auto& op : parameters) {
-      if (op.parameter == nullptr) throw loom::InternalError("sgd: init() got a null parameter");
-      if (!names.insert(op.parameter->name()).second)
-        throw loom::InternalError("sgd: two parameters are named '" + op.parameter->name() +
-                                  "'; optimizer state is keyed by name");
       Slot slot{op.parameter, op.weight_decay, {}, false};
       // Without momentum SGD keeps no state at all.
       if (momentum_ != 0.0) slot.momentum_buffer = loom::Tensor::zeros(op.parameter->shape());
@@ -108,16 +103,9 @@ class Sgd final : public loom::Optimizer {
   }
 
   void step(double lr, std::int64_t step) override {
-    if (!initialised_) throw loom::InternalError("sgd: step() before init()");
-    if (!(lr >= 0.0) || step < 0)
-      throw loom::InternalError("sgd: step(lr = " + std::to_string(lr) + ", step = " + std::to_string(step) +
-                                "): the learning rate must be >= 0 and the step >= 0");
+    opt::check_step("sgd", initialised_, lr, step);
     const bool momentum = momentum_ != 0.0;
-    for (Slot& slot : slots_) {
-      if (!slot.parameter->has_grad()) continue;
-      const loom::Tensor grad = slot.parameter->grad();
-      if (!grad.is_contiguous())
-        throw loom::InternalError("sgd: the gradient of '" + slot.parameter->name() + "' is not contiguous");
+    opt::for_each_gradient("sgd", slots_, [&](Slot& slot, const loom::Tensor& grad) {
       const bool decay = slot.weight_decay && weight_decay_ != 0.0;
       const SgdStep s{static_cast<float>(lr), static_cast<float>(decay ? weight_decay_ : 0.0),
                       static_cast<float>(momentum_), static_cast<float>(1.0 - dampening_)};
@@ -127,11 +115,11 @@ class Sgd final : public loom::Optimizer {
       float* p = slot.parameter->data().data<float>();
       const float* g = grad.data<float>();
       float* buf = momentum ? slot.momentum_buffer.data<float>() : nullptr;
-      execution_.parallel_for(grad.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+      opt::parallel_chunks(execution_, grad.numel(), [&](std::int64_t begin, std::int64_t end) {
         pass(p + begin, g + begin, buf ? buf + begin : nullptr, end - begin, s);
       });
       slot.buffer_started = momentum;
-    }
+    });
   }
 
   // One "momentum_buffer/<parameter>" per parameter whose buffer has started (PyTorch's
@@ -140,34 +128,25 @@ class Sgd final : public loom::Optimizer {
   std::vector<std::pair<std::string, loom::Tensor>> state() const override {
     std::vector<std::pair<std::string, loom::Tensor>> out;
     for (const Slot& slot : slots_)
-      if (slot.buffer_started) out.emplace_back("momentum_buffer/" + slot.parameter->name(), slot.momentum_buffer);
+      if (slot.buffer_started) out.emplace_back(opt::key("momentum_buffer", *slot.parameter), slot.momentum_buffer);
     return out;
   }
 
   // A parameter absent from `state` gets a fresh buffer, started by its next update.
-  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& state) override {
+  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& saved) override {
     if (!initialised_) throw loom::InternalError("sgd: load_state() before init()");
-    std::map<std::string, Slot*, std::less<>> by_name;
-    for (Slot& slot : slots_) by_name.emplace("momentum_buffer/" + slot.parameter->name(), &slot);
-    std::map<Slot*, const loom::Tensor*> sources;
-    for (const auto& [name, tensor] : state) {
-      const auto it = by_name.find(name);
-      if (it == by_name.end())
-        throw loom::UserError("sgd: the saved optimizer state has '" + name +
-                              "', which belongs to no parameter of this model (expected 'momentum_buffer/<parameter>')"
-                              "; was the checkpoint written for another model?");
-      if (momentum_ == 0.0)
-        throw loom::UserError("sgd: the saved optimizer state has momentum buffers ('" + name +
-                              "') but this optimizer has momentum 0; resume with the momentum it was saved with");
-      Slot* slot = it->second;
-      if (!sources.emplace(slot, &tensor).second)
-        throw loom::UserError("sgd: the saved optimizer state has '" + name + "' twice");
-      if (!tensor.defined() || tensor.dtype() != loom::DType::f32 || !(tensor.shape() == slot->momentum_buffer.shape()))
-        throw loom::UserError("sgd: the saved optimizer state '" + name + "' is " + tensor.str() + ", expected " +
-                              slot->momentum_buffer.str());
-    }
+    opt::StateMap expected;
+    for (const Slot& slot : slots_)
+      expected.emplace(opt::key("momentum_buffer", *slot.parameter), &slot.momentum_buffer);
+    const auto matches =
+        opt::match_state("sgd", expected, saved, "'momentum_buffer/<parameter>'", false, [&](const std::string& name) {
+          if (momentum_ == 0.0)
+            throw loom::UserError("sgd: the saved optimizer state has momentum buffers ('" + name +
+                                  "') but this optimizer has momentum 0; resume with the momentum it was saved with");
+        });
+    std::map<const loom::Tensor*, const loom::Tensor*> sources(matches.begin(), matches.end());  // live -> saved
     for (Slot& slot : slots_) {
-      const auto it = sources.find(&slot);
+      const auto it = sources.find(&slot.momentum_buffer);
       slot.buffer_started = it != sources.end();
       if (slot.buffer_started) slot.momentum_buffer.copy_from(*it->second);
     }
@@ -199,9 +178,7 @@ loom::OptionSchema sgd_options() {
   s.number("weight_decay", 0.0,
            "L2 penalty added to the gradient (g + weight_decay * p), on parameters the weight-decay mask selects.")
       .min(0.0);
-  s.number("max_grad_norm", 1.0, "Global gradient-norm clip applied by the trainer before the update; 0 or null: none.")
-      .min(0.0)
-      .nullable();
+  opt::declare_max_grad_norm(s);
   return s;
 }
 
