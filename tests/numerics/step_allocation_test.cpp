@@ -100,11 +100,7 @@ TEST(StepAllocation, WarmedUpTrainingStepAllocatesNothing) {
                 static_cast<unsigned long long>(c.system_allocations / 3));
     EXPECT_GT(c.requests, 0u);
     EXPECT_EQ(c.system_allocations, 0u) << "tensor allocator misses in warmed-up steps";
-    // The reference backend is plain loops and may use std::vector scratch; the cpu backend,
-    // the tape and the operations must not allocate at all.
-    if (name == "cpu") {
-      EXPECT_EQ(c.mallocs, 0) << "malloc/new calls in warmed-up steps";
-    }
+    EXPECT_EQ(c.mallocs, 0) << "malloc/new calls in warmed-up steps";
   }
 }
 

@@ -85,7 +85,7 @@ class ReferenceBackend final : public loom::Backend {
 
   void bias_activation_backward(const float* pre, const float* dout, float* dpre, float* dbias, bool accumulate_dbias,
                                 int64_t rows, int64_t cols, loom::Activation act) override {
-    std::vector<double> sums(static_cast<std::size_t>(cols), 0.0);
+    std::vector<double>& sums = zeroed(sums_, cols);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < cols; ++j) {
         const int64_t i = r * cols + j;
@@ -165,7 +165,8 @@ class ReferenceBackend final : public loom::Backend {
   void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy,
                            float* dx, bool accumulate_dx, float* dweight, bool accumulate_dweight, float* dbias,
                            bool accumulate_dbias, int64_t rows, int64_t cols) override {
-    std::vector<double> dw(static_cast<std::size_t>(cols), 0.0), db(static_cast<std::size_t>(cols), 0.0);
+    std::vector<double>& dw = zeroed(dw_, cols);
+    std::vector<double>& db = zeroed(db_, cols);
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * cols;
       const float* gr = dy + r * cols;
@@ -216,7 +217,7 @@ class ReferenceBackend final : public loom::Backend {
   void rms_norm_backward(const float* x, const float* weight, const float* rstd, const float* dy, float* dx,
                          bool accumulate_dx, float* dweight, bool accumulate_dweight, int64_t rows,
                          int64_t cols) override {
-    std::vector<double> dw(static_cast<std::size_t>(cols), 0.0);
+    std::vector<double>& dw = zeroed(dw_, cols);
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * cols;
       const float* gr = dy + r * cols;
@@ -254,14 +255,14 @@ class ReferenceBackend final : public loom::Backend {
   void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim,
                           int64_t vocab) override {
     // Sum every id's rows in float64, then add once.
-    std::vector<double> acc(static_cast<std::size_t>(vocab * dim), 0.0);
-    std::vector<bool> seen(static_cast<std::size_t>(vocab), false);
+    std::vector<double>& acc = zeroed(table_, vocab * dim);
+    std::vector<double>& seen = zeroed(seen_, vocab);
     for (int64_t i = 0; i < n; ++i) {
-      seen[static_cast<std::size_t>(ids[i])] = true;
+      seen[static_cast<std::size_t>(ids[i])] = 1.0;
       for (int64_t j = 0; j < dim; ++j) acc[static_cast<std::size_t>(ids[i] * dim + j)] += dout[i * dim + j];
     }
     for (int64_t v = 0; v < vocab; ++v)
-      if (seen[static_cast<std::size_t>(v)])
+      if (seen[static_cast<std::size_t>(v)] != 0.0)
         for (int64_t j = 0; j < dim; ++j) store(dtable, v * dim + j, acc[static_cast<std::size_t>(v * dim + j)], true);
   }
 
@@ -317,6 +318,14 @@ class ReferenceBackend final : public loom::Backend {
       }
     }
   }
+
+ private:
+  // Float64 accumulators, kept between calls so that a warmed-up step allocates nothing.
+  static std::vector<double>& zeroed(std::vector<double>& v, int64_t n) {
+    v.assign(static_cast<std::size_t>(n), 0.0);
+    return v;
+  }
+  std::vector<double> sums_, dw_, db_, table_, seen_;
 };
 
 void register_components(loom::Registrar& registrar) {
