@@ -50,10 +50,10 @@ struct Batch {
 constexpr Batch batches[] = {{"4x256", 4, 256}, {"4x1024", 4, 1024}};
 
 // ---- What the summary needs to know about each benchmark.
-enum class Kind { reference_gemm, reference_copy, gemm_bound, memory_bound };
+enum class Kind { reference_gemm, reference_copy, gemm_bound, memory_bound, overhead };
 struct Info {
   Kind kind;
-  double work;          // flops (GEMM-bound) or bytes (memory-bound) per iteration
+  double work;          // flops (GEMM-bound), bytes (memory-bound) or operations (overhead) per iteration
   std::string compare;  // GEMM-bound: the raw sgemm benchmark it is compared with
 };
 std::map<std::string, Info>& infos() {
@@ -369,6 +369,33 @@ void register_operations(const Batch& batch) {
   }
 }
 
+// Framework overhead: a chain of operations on tiny tensors ([8, 32]), where the cost is the
+// operation's dispatch (validation, allocation from the cache, recording, the backward pass's
+// bookkeeping) rather than its arithmetic: what decides the speed of a tiny model.
+void register_overhead() {
+  constexpr int layers = 16;
+  constexpr double ops_per_layer = 4;  // linear, gelu, add, layer_norm
+  for (bool record : {false, true}) {
+    const std::string name = record ? "overhead/forward+backward/8x32" : "overhead/forward/8x32";
+    add(name, {Kind::overhead, layers * ops_per_layer, ""}, [record](benchmark::State& state) {
+      std::vector<std::shared_ptr<Parameter>> w;
+      for (int i = 0; i < layers; ++i) w.push_back(std::make_shared<Parameter>("w", random({32, 32}, 30 + i, 0.1f)));
+      auto g = std::make_shared<Parameter>("g", Tensor::full({32}, 1.0f));
+      Parameter x("x", random({8, 32}, 29));
+      Tape tape;
+      Ops ops(*backend, record ? &tape : nullptr);
+      for (auto _ : state) {
+        Tensor h = x.tensor();
+        for (int i = 0; i < layers; ++i)
+          h = ops.layer_norm(ops.add(h, ops.gelu(ops.linear(h, w[static_cast<std::size_t>(i)]->tensor()))), g->tensor(),
+                             Tensor());
+        if (record) tape.backward(h, Tensor::full({8, 32}, 1.0f));
+        benchmark::DoNotOptimize(h.raw_data());
+      }
+    });
+  }
+}
+
 // Collects the time per iteration of every benchmark (the fastest of its repetitions, which is
 // the least disturbed by other load on the machine) and prints the console output.
 class SummaryReporter : public benchmark::ConsoleReporter {
@@ -408,7 +435,10 @@ void print_summary(const std::map<std::string, double>& seconds, const std::stri
     // name: op/pass/label
     const auto s1 = name.find('/'), s2 = name.find('/', s1 + 1);
     const std::string op = name.substr(0, s1), pass = name.substr(s1 + 1, s2 - s1 - 1), label = name.substr(s2 + 1);
-    if (info.kind == Kind::gemm_bound) {
+    if (info.kind == Kind::overhead) {
+      std::printf("| %s | %s | %s | %.3f | %.2f us per operation | |\n", op.c_str(), pass.c_str(), label.c_str(),
+                  t * 1e3, t / info.work * 1e6);
+    } else if (info.kind == Kind::gemm_bound) {
       const double raw = time_of(info.compare);
       std::printf("| %s | %s | %s | %.2f | %.1f GFLOP/s | %.3f |\n", op.c_str(), pass.c_str(), label.c_str(), t * 1e3,
                   info.work / t / 1e9, raw > 0 ? raw / t : 0.0);
@@ -447,6 +477,7 @@ int main(int argc, char** argv) {
 
   copy_reference();
   for (const Batch& b : batches) register_operations(b);
+  register_overhead();
   register_all();
 
   SummaryReporter reporter;
