@@ -292,8 +292,8 @@ TokenShardWriter::TokenShardWriter(fs::path file, std::int64_t vocab_size, std::
   }
   s.out.open(s.partial, std::ios::binary | std::ios::trunc);
   if (!s.out) throw UserError("cannot create " + s.partial.string() + ": " + errno_text());
-  const std::array<char, token_shard_header_bytes> placeholder{};
-  s.out.write(placeholder.data(), placeholder.size());  // the header, written last
+  const std::array<char, token_shard_header_bytes> zeroed_header{};
+  s.out.write(zeroed_header.data(), zeroed_header.size());  // the header, written last
 }
 
 TokenShardWriter::~TokenShardWriter() {

@@ -43,7 +43,7 @@ Tensor value(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
-class Gpt2Model final : public loom::Model {
+class Gpt2Model final : public loom::models::CausalLm {
  public:
   Gpt2Model(const Gpt2Options& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
       : o_(o), kernel_(std::move(kernel)), execution_(&execution), head_dim_(o.hidden_dim / o.num_heads) {}
@@ -123,48 +123,16 @@ class Gpt2Model final : public loom::Model {
     return loom::models::training_flops_per_token(s, seq_len);
   }
 
-  Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) override {
-    require_built("loss");
-    loom::models::check_batch(tokens, targets, segments, vocab_, o_.seq_len, "model (gpt2)", true);
-    const Tensor x = forward(ops, tokens, segments, nullptr);
-    loom::CrossEntropyOptions ce;
-    ce.ignore_index = -1;
-    return ops.linear_cross_entropy(x, head(), targets, ce);
-  }
-
-  Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) override {
-    require_built("logits");
-    loom::models::check_batch(tokens, Tensor(), segments, vocab_, o_.seq_len, "model (gpt2)", false);
-    return ops.linear(forward(ops, tokens, segments, nullptr), head());
-  }
-
-  std::unique_ptr<loom::KvCache> new_cache(std::int64_t batch, std::int64_t max_len) override {
-    require_built("new_cache");
-    if (batch <= 0 || max_len <= 0 || max_len > o_.seq_len)
-      throw loom::UserError("model (gpt2): a KV cache needs batch >= 1 and 1 <= max_len <= seq_len (" +
-                            std::to_string(o_.seq_len) + "), not batch " + std::to_string(batch) + " and max_len " +
-                            std::to_string(max_len));
-    return std::make_unique<loom::models::LayerKvCache>(this, o_.num_layers, batch, max_len, o_.num_heads, head_dim_);
-  }
-
-  Tensor next_logits(Ops& ops, const Tensor& tokens, loom::KvCache& cache) override {
-    require_built("next_logits");
-    auto& c = loom::models::check_cache(cache, this, tokens, vocab_, "model (gpt2)");
-    loom::models::InferenceScope scope(ops);
-    const Tensor x = forward(ops, tokens, Tensor(), &c);
-    return ops.linear(x.select(1, x.size(1) - 1), head());
-  }
-
  private:
-  void require_built(const char* what) const {
-    if (!store_.allocated()) throw loom::InternalError(std::string("gpt2: ") + what + " before build");
-  }
+  const char* name() const override { return "gpt2"; }
+  bool built() const override { return store_.allocated(); }
+  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_heads, head_dim_}; }
 
-  Tensor head() const { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
+  Tensor head() const override { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
 
   // The final hidden states (after ln_f) of `tokens` [batch, seq]. With a cache, the tokens
   // follow the cached positions, and their keys and values are appended to it.
-  Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) {
+  Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) override {
     const std::int64_t batch = tokens.size(0), seq = tokens.size(1), c = o_.hidden_dim, heads = o_.num_heads;
     const std::int64_t offset = cache ? cache->length() : 0;
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch * seq));

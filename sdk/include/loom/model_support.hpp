@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -213,6 +214,69 @@ class InferenceScope {
   Ops& ops_;
   bool training_;
   std::optional<NoGradGuard> guard_;
+};
+
+// What every decoder-only language model shares around its own forward pass: the loss, the
+// logits, and generation through a LayerKvCache. A model derives from it and supplies the
+// forward pass (final hidden states, after the last norm), the output projection and the shape
+// of its cache; the plumbing and its checks are written once.
+class CausalLm : public Model {
+ public:
+  Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) final {
+    require_built("loss");
+    check_batch(tokens, targets, segments, vocab_size(), max_seq_len(), label(), true);
+    const Tensor x = forward(ops, tokens, segments, nullptr);
+    CrossEntropyOptions ce;
+    ce.ignore_index = -1;
+    return ops.linear_cross_entropy(x, head(), targets, ce);
+  }
+
+  Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
+    require_built("logits");
+    check_batch(tokens, Tensor(), segments, vocab_size(), max_seq_len(), label(), false);
+    return ops.linear(forward(ops, tokens, segments, nullptr), head());
+  }
+
+  std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) final {
+    require_built("new_cache");
+    if (batch <= 0 || max_len <= 0 || max_len > max_seq_len())
+      throw UserError(label() + ": a KV cache needs batch >= 1 and 1 <= max_len <= seq_len (" +
+                      std::to_string(max_seq_len()) + "), not batch " + std::to_string(batch) + " and max_len " +
+                      std::to_string(max_len));
+    const CacheShape shape = cache_shape();
+    return std::make_unique<LayerKvCache>(this, shape.layers, batch, max_len, shape.kv_heads, shape.head_dim);
+  }
+
+  Tensor next_logits(Ops& ops, const Tensor& tokens, KvCache& cache) final {
+    require_built("next_logits");
+    LayerKvCache& c = check_cache(cache, this, tokens, vocab_size(), label());
+    InferenceScope scope(ops);
+    const Tensor x = forward(ops, tokens, Tensor(), &c);
+    return ops.linear(x.select(1, x.size(1) - 1), head());
+  }
+
+ protected:
+  struct CacheShape {
+    std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  };
+
+  // The component's name ("gpt2"), for messages.
+  virtual const char* name() const = 0;
+  // Whether build() has allocated the parameters.
+  virtual bool built() const = 0;
+  // The output projection's weight, [vocab, hidden] (the embedding table when tied).
+  virtual Tensor head() const = 0;
+  virtual CacheShape cache_shape() const = 0;
+  // The final hidden states of `tokens` [batch, seq]. With a cache, the tokens follow the cached
+  // positions and their keys and values are appended to it.
+  virtual Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, LayerKvCache* cache) = 0;
+
+  void require_built(const char* what) const {
+    if (!built()) throw InternalError(std::string(name()) + ": " + what + " before build");
+  }
+
+ private:
+  std::string label() const { return "model (" + std::string(name()) + ")"; }
 };
 
 // What the FLOPs formula needs to know about a decoder-only transformer.
