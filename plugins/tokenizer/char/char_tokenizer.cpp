@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <loom/kinds/tokenizer.hpp>
 #include <loom/plugin.hpp>
+#include <loom/utf8.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,55 +24,9 @@ bool is_scalar_value(std::int64_t cp) {
   return cp >= 0 && cp <= kMaxCodePoint && !(cp >= 0xD800 && cp <= 0xDFFF);
 }
 
-// Decodes one UTF-8 character starting at text[i]: its code point and length, or length 0 when
-// the bytes there are not valid UTF-8 (overlong forms, surrogates and values above U+10FFFF
-// included), as Python's strict decoder would refuse them.
-struct Decoded {
-  char32_t cp;
-  std::size_t length;
-};
-Decoded decode_utf8(std::string_view text, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) return {b0, 1};
-  std::size_t length;
-  char32_t cp;
-  char32_t min;
-  if ((b0 & 0xE0) == 0xC0) {
-    length = 2, cp = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    length = 3, cp = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    length = 4, cp = b0 & 0x07, min = 0x10000;
-  } else {
-    return {0, 0};
-  }
-  if (i + length > text.size()) return {0, 0};
-  for (std::size_t k = 1; k < length; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return {0, 0};
-    cp = (cp << 6) | (byte(i + k) & 0x3F);
-  }
-  if (cp < min || !is_scalar_value(cp)) return {0, 0};
-  return {cp, length};
-}
-
 std::string encode_utf8(char32_t cp) {
   std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    s.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  loom::append_utf8(s, cp);
   return s;
 }
 
@@ -92,7 +47,7 @@ std::string position_of(std::string_view text, std::size_t offset) {
       ++line, column = 1, ++i;
       continue;
     }
-    const Decoded d = decode_utf8(text, i);
+    const loom::Utf8Char d = loom::decode_utf8(text, i);
     i += d.length ? d.length : 1;
     ++column;
   }
@@ -128,9 +83,9 @@ class CharTokenizer final : public loom::Tokenizer {
       if (b < 0x80) {
         cp = b, length = 1, id = ascii_[b];
       } else {
-        const Decoded d = decode_utf8(text, i);
+        const loom::Utf8Char d = loom::decode_utf8(text, i);
         if (d.length == 0) invalid_utf8(text, i, "the text to encode");
-        cp = d.cp, length = d.length;
+        cp = d.code_point, length = d.length;
         const auto it = other_.find(cp);
         id = it == other_.end() ? -1 : it->second;
       }
@@ -171,9 +126,9 @@ class CharTokenizer final : public loom::Tokenizer {
           "char tokenizer: the training text is empty, so there is no character to build a vocabulary from");
     std::vector<bool> seen(kMaxCodePoint + 1, false);
     for (std::size_t i = 0; i < training_text.size();) {
-      const Decoded d = decode_utf8(training_text, i);
+      const loom::Utf8Char d = loom::decode_utf8(training_text, i);
       if (d.length == 0) invalid_utf8(training_text, i, "the training text");
-      seen[d.cp] = true;
+      seen[d.code_point] = true;
       i += d.length;
     }
     std::vector<char32_t> chars;

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "byte_level.hpp"
-#include "utf8.hpp"
+#include "loom/utf8.hpp"
 
 namespace loom::gpt2_bpe {
 

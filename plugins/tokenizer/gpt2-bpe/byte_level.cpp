@@ -1,6 +1,6 @@
 #include "byte_level.hpp"
 
-#include "utf8.hpp"
+#include "loom/utf8.hpp"
 
 namespace loom::gpt2_bpe {
 

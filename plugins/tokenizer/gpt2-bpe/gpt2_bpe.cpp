@@ -12,8 +12,8 @@
 
 #include "bpe_merge.hpp"
 #include "bpe_model.hpp"
+#include "loom/utf8.hpp"
 #include "pre_tokenizer.hpp"
-#include "utf8.hpp"
 #include "word_cache.hpp"
 
 namespace loom::gpt2_bpe {

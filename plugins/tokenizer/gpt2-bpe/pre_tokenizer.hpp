@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "utf8.hpp"
+#include "loom/utf8.hpp"
 
 namespace loom::gpt2_bpe {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../utf8.hpp"
+#include "loom/utf8.hpp"
 
 namespace {
 
@@ -77,7 +77,7 @@ TEST(Gpt2PreTokenizer, ClassifiesEveryCodePointAsPythonRegexDoes) {
     const char expected = classes[cp];
     if (expected == 'X') continue;
     std::string text = "?";
-    loom::gpt2_bpe::append_utf8(text, cp);
+    loom::append_utf8(text, cp);
     std::string got;
     for (std::size_t k = 0; k < probes.size(); ++k) {
       text[0] = probes[k];

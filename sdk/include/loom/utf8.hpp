@@ -1,4 +1,4 @@
-// Strict UTF-8 decoding for the gpt2-bpe tokenizer: what Python's decoder accepts, and nothing
+// Strict UTF-8 decoding for tokenizers: what Python's decoder accepts, and nothing
 // more (no overlong forms, no surrogates, nothing above U+10FFFF).
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace loom::gpt2_bpe {
+namespace loom {
 
 struct Utf8Char {
   char32_t code_point;
@@ -86,4 +86,4 @@ inline void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
-}  // namespace loom::gpt2_bpe
+}  // namespace loom
