@@ -1,5 +1,5 @@
-// The training loop. See core/include/loom/core/trainer.hpp for the shape of a step.
-#include "loom/core/trainer.hpp"
+// The training loop. See core/run/include/loom/run/trainer.hpp for the shape of a step.
+#include "loom/run/trainer.hpp"
 
 #include <unistd.h>
 
@@ -18,7 +18,6 @@
 #include "loom/allocator.hpp"
 #include "loom/autograd.hpp"
 #include "loom/core/config.hpp"
-#include "loom/core/generate.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/dataset.hpp"
@@ -28,6 +27,8 @@
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/kinds/tracker.hpp"
 #include "loom/random.hpp"
+#include "loom/run/generate.hpp"
+#include "loom/run/run_config.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -252,7 +253,7 @@ void Run::say(const std::string& line) {
 }
 
 void Run::setup() {
-  config_ = runtime_.resolved_config();
+  config_ = resolved_run_config(runtime_);
   trainer_ = Options(*config_.find("trainer"), "trainer");
   seed_ = static_cast<std::uint64_t>(trainer_.get<std::int64_t>("seed"));
   num_steps_ = trainer_.get<std::int64_t>("num_train_steps");
