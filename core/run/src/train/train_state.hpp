@@ -10,8 +10,8 @@ namespace loom::training {
 
 // What the next step depends on beyond the components' own state (the model's parameters, the
 // optimizer's moments): what a checkpoint must save with them for a resumed run to continue
-// exactly where this one stopped. The data order, dropout and sampling draw from streams keyed
-// by the step, so `step` is also the data cursor.
+// exactly where this one stopped. The data order and dropout draw from streams keyed by the
+// step, so `step` is also the data cursor.
 struct TrainState {
   std::int64_t step = 0;                  // steps done: the index of the next step and of its batch
   std::int64_t skipped_steps = 0;         // steps whose update was skipped (a bad step or a non-finite gradient norm)
