@@ -52,9 +52,14 @@ OptionSchema trainer_schema() {
   s.integer("max_eval_batches", 10, "Validation batches per evaluation (the same ones every time); 0: none.").min(0);
   s.integer("sample_every", 0, "Steps between text samples printed during training; 0: only at the end.").min(0);
   s.integer("sample_length", 200, "Tokens per sample; 0: no samples.").min(0);
-  s.string("sample_prompt", "", "Text the samples continue (empty: start from the end-of-text token, or a newline).");
+  s.string("sample_prompt", "",
+           "Text the samples continue (empty: a new document, started as the training data starts one).");
   s.number("sample_temperature", 0.8, "Sampling temperature of the samples; 0: greedy.").min(0.0);
   s.integer("sample_top_k", 0, "Keep only the k most likely tokens when sampling; 0: all.").min(0);
+  s.number("sample_top_p", 1.0,
+           "Keep only the most likely tokens whose probabilities add up to p when sampling; 1: all.")
+      .min(0.0, false)
+      .max(1.0);
   s.number("peak_flops", 0.0, "FLOP/s that MFU is measured against; 0: measure with a short sgemm probe at start-up.")
       .min(0.0);
   s.string("run_dir", "", "Directory of this run's files; empty: runs/<run_id>.");
@@ -318,6 +323,7 @@ void Run::setup() {
     f << state;
     if (!f) throw UserError("cannot write '" + (run_dir_ / "tokenizer.state").string() + "'");
   }
+  write_generation_info(run_dir_, dataset_->separator_ends_documents());
   // A schedule whose options do not fit the run (a warmup longer than it) says so now.
   with_context("while checking the lr_schedule", [&] { schedule_->learning_rate(0, num_steps_, 1.0); });
   model_->initialize(seed_);
@@ -488,25 +494,15 @@ double Run::evaluate() {
 }
 
 std::string Run::sample(std::int64_t length) {
-  std::vector<std::int32_t> prompt = tokenizer_->encode(trainer_.get<std::string>("sample_prompt"));
-  const std::optional<std::int32_t> eot = tokenizer_->end_of_text();
-  if (prompt.empty()) {
-    if (eot)
-      prompt.push_back(*eot);
-    else
-      prompt = tokenizer_->encode("\n");
-    if (prompt.empty()) prompt.push_back(0);
-  }
   SamplingOptions options;
   options.max_new_tokens = length;
   options.temperature = trainer_.get<double>("sample_temperature");
   options.top_k = trainer_.get<std::int64_t>("sample_top_k");
+  options.top_p = trainer_.get<double>("sample_top_p");
   options.seed = stream_key(seed_, 4, 0);
-  const std::vector<std::int32_t> tokens = generate(*model_, *backend_, prompt, options, {}, eot);
-  std::vector<std::int32_t> text_ids;
-  for (auto t : tokens)
-    if (!eot || t != *eot) text_ids.push_back(t);
-  return trainer_.get<std::string>("sample_prompt") + tokenizer_->decode(text_ids);
+  const std::string prompt = trainer_.get<std::string>("sample_prompt");
+  const DocumentBoundary documents = document_boundary(*tokenizer_, dataset_->separator_ends_documents());
+  return prompt + generate_text(*model_, *backend_, *tokenizer_, documents, prompt, options).text;
 }
 
 void Run::log(std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {

@@ -165,6 +165,7 @@ TEST(SyntheticDataset, WithACharTokenizerNewlinesSeparateDocuments) {
   ds->prepare(make_setup(tok, 128, 8, 4));
   EXPECT_EQ(tok->fits, 1);
   EXPECT_LT(tok->vocab_size(), 64) << "letters, digits, punctuation, space and newline";
+  EXPECT_TRUE(ds->separator_ends_documents()) << "no document holds a line break";
   const auto newline = tok->encode("\n");
   Batch b;
   ds->batch(Split::train, 0, b);
