@@ -3,6 +3,7 @@
 #include <string>
 
 #include "loom/error.hpp"
+#include "loom/run/generate.hpp"
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
 
@@ -43,6 +44,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   run.seq_len = c.model->max_seq_len();
   build_model_and_data(c, run.batch_size, run.seed);
   run.directory.write_tokenizer_state(c.tokenizer->state());
+  write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
   // A schedule whose options do not fit the run (a warmup longer than it) says so now.
   with_context("while checking the lr_schedule", [&] { c.schedule->learning_rate(0, run.num_steps, 1.0); });
   initialize_parameters(c, trainer, run.seed);

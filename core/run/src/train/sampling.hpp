@@ -19,16 +19,19 @@ class Sampler {
       : backend_(components.backend),
         tokenizer_(components.tokenizer),
         model_(components.model),
+        separator_ends_documents_(components.dataset->separator_ends_documents()),
         trainer_(trainer),
         seed_(seed) {}
 
-  // The prompt followed by up to `length` sampled tokens, as text (end-of-text tokens dropped).
+  // The prompt followed by up to `length` sampled tokens, as text; an empty prompt starts a new
+  // document the way the training data starts one (see generate.hpp, document_boundary).
   std::string sample(std::int64_t length);
 
  private:
   Handle<Backend> backend_;
   Handle<Tokenizer> tokenizer_;
   Handle<Model> model_;
+  bool separator_ends_documents_;
   Options trainer_;
   std::uint64_t seed_ = 0;
 };

@@ -28,9 +28,14 @@ OptionSchema trainer_schema() {
   s.integer("max_eval_batches", 10, "Validation batches per evaluation (the same ones every time); 0: none.").min(0);
   s.integer("sample_every", 0, "Steps between text samples printed during training; 0: only at the end.").min(0);
   s.integer("sample_length", 200, "Tokens per sample; 0: no samples.").min(0);
-  s.string("sample_prompt", "", "Text the samples continue (empty: start from the end-of-text token, or a newline).");
+  s.string("sample_prompt", "",
+           "Text the samples continue (empty: a new document, started as the training data starts one).");
   s.number("sample_temperature", 0.8, "Sampling temperature of the samples; 0: greedy.").min(0.0);
   s.integer("sample_top_k", 0, "Keep only the k most likely tokens when sampling; 0: all.").min(0);
+  s.number("sample_top_p", 1.0,
+           "Keep only the most likely tokens whose probabilities add up to p when sampling; 1: all.")
+      .min(0.0, false)
+      .max(1.0);
   s.number("peak_flops", 0.0, "FLOP/s that MFU is measured against; 0: measure with a short sgemm probe at start-up.")
       .min(0.0);
   s.string("run_dir", "", "Directory of this run's files; empty: runs/<run_id>.");
