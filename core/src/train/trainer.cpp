@@ -19,6 +19,7 @@
 #include "loom/autograd.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/generate.hpp"
+#include "loom/core/hf_interop.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/dataset.hpp"
@@ -71,6 +72,10 @@ OptionSchema trainer_schema() {
   s.boolean("decay_norms", false, "Apply weight decay to normalisation weights.");
   s.boolean("decay_biases", false, "Apply weight decay to biases.");
   s.list("trackers", OptionType::string, {"jsonl", "tensorboard"}, "Trackers that record the run's metrics.");
+  s.string("init_from", "",
+           "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
+           "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
+           "to the current directory.");
   s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
@@ -321,6 +326,10 @@ void Run::setup() {
   // A schedule whose options do not fit the run (a warmup longer than it) says so now.
   with_context("while checking the lr_schedule", [&] { schedule_->learning_rate(0, num_steps_, 1.0); });
   model_->initialize(seed_);
+  if (const std::string from = trainer_.get<std::string>("init_from"); !from.empty())
+    for (const auto& note : with_context("while loading trainer.init_from '" + from + "'",
+                                         [&] { return load_initial_weights(*model_, from); }))
+      say("init_from: " + note);
   parameters_ = model_->parameters();
 
   std::vector<OptimizerParameter> opt_params;
