@@ -112,13 +112,18 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
       throw UserError("'" + out_dir.string() +
                       "' is not empty; give a new or empty directory (an export never mixes with older files)");
   }
-  // Everything the model can refuse comes before the first file is written.
+  // Whatever can fail on the model or the tokenizer fails before the first file is written.
   Value config = hf->hf_config();
   const std::vector<std::pair<std::string, Tensor>> tensors = layout_tensors(hf->hf_tensors(), model.parameters());
+  HfExportResult result;
+  std::vector<HfFile> tokenizer_files;
+  if (const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer))
+    tokenizer_files = hf_tokenizer->hf_tokenizer_files(model.max_seq_len());
+  else
+    result.tokenizer_note = "no tokenizer files: the run's tokenizer has no Hugging Face form";
   fs::create_directories(out_dir, ec);
   if (ec) throw UserError("cannot create '" + out_dir.string() + "': " + ec.message());
 
-  HfExportResult result;
   // Shards as save_pretrained cuts them: in order, a new one when the next tensor would overflow.
   std::vector<std::vector<std::size_t>> shards(1);
   std::uint64_t shard_bytes = 0;
@@ -158,13 +163,9 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
   result.tensors = static_cast<std::int64_t>(tensors.size());
   result.shards = static_cast<std::int64_t>(shards.size());
 
-  if (const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer)) {
-    for (const auto& file : hf_tokenizer->hf_tokenizer_files(model.max_seq_len())) {
-      write_text(out_dir / file.name, file.content);
-      result.files.push_back(file.name);
-    }
-  } else {
-    result.tokenizer_note = "no tokenizer files: the run's tokenizer has no Hugging Face form";
+  for (const auto& file : tokenizer_files) {
+    write_text(out_dir / file.name, file.content);
+    result.files.push_back(file.name);
   }
 
   // config.json last: a directory with a config.json is a complete export.
