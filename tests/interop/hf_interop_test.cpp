@@ -350,6 +350,13 @@ TEST(HfInterop, InitFromLoomWeightsAndCheckpoints) {
   EXPECT_NE(notes[0].find("step-7"), std::string::npos) << notes[0];
   EXPECT_EQ(resolve_run_or_checkpoint(run / "checkpoints").dir, run / "checkpoints" / "step-7");
 
+  // The weights file of a Hugging Face directory stands for the directory.
+  export_hf(*a, nullptr, dir.path() / "hf");
+  auto d = models.make(yaml(llama_gqa), 4);
+  const auto hf_notes = load_initial_weights(*d, dir.path() / "hf" / "model.safetensors");
+  expect_same_parameters(*a, *d);
+  EXPECT_NE(hf_notes[0].find("of the Hugging Face llama model"), std::string::npos) << hf_notes[0];
+
   const std::string m = message_of([&] { load_initial_weights(*c, dir.path() / "nowhere"); });
   EXPECT_NE(m.find("does not exist"), std::string::npos) << m;
   const std::string shape = message_of([&] { load_initial_weights(*models.make(yaml(mistral_window), 1), run); });

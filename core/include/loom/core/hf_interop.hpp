@@ -68,9 +68,9 @@ struct RunFiles {
 RunFiles resolve_run_or_checkpoint(const std::filesystem::path& path);
 
 // trainer.init_from: loads `source` into the built `model`, over its initialisation. `source`
-// is a Hugging Face model directory (import_hf), a loom run, checkpoints/ or step-<N>/
-// directory, or a loom model.safetensors file (names and shapes must match exactly). Returns
-// note lines for the run's log.
+// is a Hugging Face model directory (import_hf; a weights file in one means the directory), a
+// loom run, checkpoints/ or step-<N>/ directory, or a loom model.safetensors file (names and
+// shapes must match exactly). Returns note lines for the run's log.
 std::vector<std::string> load_initial_weights(Model& model, const std::filesystem::path& source);
 
 }  // namespace loom
