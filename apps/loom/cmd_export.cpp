@@ -2,9 +2,9 @@
 #include <iostream>
 
 #include "command_line.hpp"
-#include "loom/core/generate.hpp"
-#include "loom/core/hf_interop.hpp"
 #include "loom/error.hpp"
+#include "loom/run/generate.hpp"
+#include "loom/run/hf_interop.hpp"
 
 namespace fs = std::filesystem;
 

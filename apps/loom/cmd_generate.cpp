@@ -2,8 +2,8 @@
 #include <iostream>
 
 #include "command_line.hpp"
-#include "loom/core/generate.hpp"
 #include "loom/error.hpp"
+#include "loom/run/generate.hpp"
 
 namespace fs = std::filesystem;
 

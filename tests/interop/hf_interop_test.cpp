@@ -16,7 +16,7 @@
 // agree to a relative error of 1e-4 both ways:
 //   error(loom, transformers) = max |loom - transformers| / max |transformers|
 // The errors are printed and recorded as test properties.
-#include "loom/core/hf_interop.hpp"
+#include "loom/run/hf_interop.hpp"
 
 #include <gtest/gtest.h>
 
@@ -31,14 +31,14 @@
 #include "../core/test_support.hpp"
 #include "loom/autograd.hpp"
 #include "loom/core/config.hpp"
-#include "loom/core/generate.hpp"
 #include "loom/core/plugin_host.hpp"
 #include "loom/core/registry.hpp"
 #include "loom/core/runtime.hpp"
-#include "loom/core/trainer.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/model_support.hpp"
+#include "loom/run/generate.hpp"
+#include "loom/run/trainer.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
 // The trainer end to end on tiny models: run directory contents, determinism, gradient
 // accumulation equal to one big batch, divergence stops, generation from a finished run.
-#include "loom/core/trainer.hpp"
+#include "loom/run/trainer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "../core/test_support.hpp"
-#include "loom/core/generate.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/run/generate.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;

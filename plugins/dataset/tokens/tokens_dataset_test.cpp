@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dataset_test_support.hpp"
-#include "loom/core/tokenize.hpp"
+#include "loom/run/tokenize.hpp"
 #include "loom/token_shard.hpp"
 
 namespace loom::test {

@@ -2,8 +2,8 @@
 // RUN_DIR_OR_CHECKPOINT argument means (docs/checkpoints.md).
 #include <fstream>
 
-#include "loom/core/hf_interop.hpp"
 #include "loom/error.hpp"
+#include "loom/run/hf_interop.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // Sampling with a KV cache, and loading a trained run back for generation.
-#include "loom/core/generate.hpp"
+#include "loom/run/generate.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "loom/autograd.hpp"
-#include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/random.hpp"
+#include "loom/run/run_config.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -109,7 +109,7 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights) {
     throw UserError("no weights at '" + weights.string() +
                     "': give a run directory that holds model.safetensors "
                     "(trainer.save_final: true writes it) or the weights file itself");
-  const Value config = runtime.resolved_config();
+  const Value config = resolved_run_config(runtime);
   auto create = [&](const char* section, std::string_view kind) {
     const Value* node = config.find(section);
     if (!node || node->is_null()) throw UserError("the run's config has no `" + std::string(section) + "` section");

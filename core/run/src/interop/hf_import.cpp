@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "json_value.hpp"
-#include "loom/core/hf_interop.hpp"
 #include "loom/error.hpp"
 #include "loom/hf_interop.hpp"
+#include "loom/run/hf_interop.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;
