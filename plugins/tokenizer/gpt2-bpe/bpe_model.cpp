@@ -57,27 +57,6 @@ std::string relative_note(const std::filesystem::path& p) {
   return " (relative paths are relative to the current directory" + (ec ? std::string() : ", " + cwd.string()) + ")";
 }
 
-// `what` names the file by its option ("encoder_json file 'x.json'").
-std::string read_file(const std::string& path, const std::string& what) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  std::error_code ec;
-  if (!fs::exists(p, ec)) throw UserError("gpt2-bpe: " + what + " does not exist" + relative_note(p));
-  if (fs::is_directory(p, ec)) throw UserError("gpt2-bpe: " + what + " is a directory, not a file");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw UserError("gpt2-bpe: " + what + " cannot be opened: " + std::strerror(errno));
-  std::string data;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size > 0) {
-    data.resize(static_cast<std::size_t>(size));
-    in.read(data.data(), size);
-  }
-  if (!in) throw UserError("gpt2-bpe: " + what + " could not be read: " + std::strerror(errno));
-  return data;
-}
-
 json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
@@ -103,6 +82,26 @@ std::string json_quoted(std::string_view s) {
 }
 
 }  // namespace
+
+std::string read_file(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) throw UserError("gpt2-bpe: " + what + " does not exist" + relative_note(p));
+  if (fs::is_directory(p, ec)) throw UserError("gpt2-bpe: " + what + " is a directory, not a file");
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UserError("gpt2-bpe: " + what + " cannot be opened: " + std::strerror(errno));
+  std::string data;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size > 0) {
+    data.resize(static_cast<std::size_t>(size));
+    in.read(data.data(), size);
+  }
+  if (!in) throw UserError("gpt2-bpe: " + what + " could not be read: " + std::strerror(errno));
+  return data;
+}
 
 // Fills a BpeModel from whichever file format, with the checks both formats share.
 class VocabularyBuilder {

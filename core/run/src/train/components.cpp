@@ -4,6 +4,7 @@
 
 #include "loom/error.hpp"
 #include "loom/random.hpp"
+#include "loom/run/hf_interop.hpp"
 
 namespace loom::training {
 
@@ -48,8 +49,12 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
   }
 }
 
-void initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed) {
+std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed) {
   c.model->initialize(seed);
+  std::vector<std::string> notes;
+  if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+    notes = with_context("while loading trainer.init_from '" + from + "'",
+                         [&] { return load_initial_weights(*c.model, from); });
   c.parameters = c.model->parameters();
 
   std::vector<OptimizerParameter> opt_params;
@@ -74,6 +79,7 @@ void initialize_parameters(RunComponents& c, const Options& trainer, std::uint64
     opt_params.push_back({p.parameter, decay});
   }
   c.optimizer->init(opt_params);
+  return notes;
 }
 
 void start_trackers(RunComponents& c, const Registry& registry, const Options& trainer, const RunInfo& run) {

@@ -47,7 +47,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
   // A schedule whose options do not fit the run (a warmup longer than it) says so now.
   with_context("while checking the lr_schedule", [&] { c.schedule->learning_rate(0, run.num_steps, 1.0); });
-  initialize_parameters(c, trainer, run.seed);
+  for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
   start_trackers(c, runtime.registry(), trainer,
                  RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
 

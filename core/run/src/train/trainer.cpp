@@ -52,6 +52,10 @@ OptionSchema trainer_schema() {
   s.boolean("decay_norms", false, "Apply weight decay to normalisation weights.");
   s.boolean("decay_biases", false, "Apply weight decay to biases.");
   s.list("trackers", OptionType::string, {"jsonl", "tensorboard"}, "Trackers that record the run's metrics.");
+  s.string("init_from", "",
+           "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
+           "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
+           "to the current directory.");
   s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
