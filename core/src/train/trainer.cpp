@@ -318,8 +318,10 @@ void Run::setup() {
     f << state;
     if (!f) throw UserError("cannot write '" + (run_dir_ / "tokenizer.state").string() + "'");
   }
-  // A schedule whose options do not fit the run (a warmup longer than it) says so now.
-  with_context("while checking the lr_schedule", [&] { schedule_->learning_rate(0, num_steps_, 1.0); });
+  // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
+  // to a shortened run) says what it changed.
+  for (const auto& w : with_context("while checking the lr_schedule", [&] { return schedule_->check(num_steps_); }))
+    say("warning: " + w);
   model_->initialize(seed_);
   parameters_ = model_->parameters();
 

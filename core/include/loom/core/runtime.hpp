@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/plugin_host.hpp"
 #include "loom/core/registry.hpp"
 #include "loom/value.hpp"
@@ -36,6 +37,8 @@ class Runtime {
   // The config validated against run_config_schema() and every component's options, with
   // defaults filled in. Throws UserError on any invalid value.
   Value resolved_config() const;
+  // Options of component sections that a later layer dropped by changing their `type`.
+  const std::vector<config::DroppedOptions>& dropped_options() const { return dropped_options_; }
 
   Registry& registry() { return registry_; }
   const Registry& registry() const { return registry_; }
@@ -43,6 +46,7 @@ class Runtime {
 
  private:
   Value raw_config_ = Value::map();
+  std::vector<config::DroppedOptions> dropped_options_;
   Registry registry_;
   PluginHost host_;
 };
