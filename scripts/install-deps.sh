@@ -6,7 +6,7 @@ packages="
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
   libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
-  libgtest-dev libgmock-dev libbenchmark-dev python3-regex python3-torch
+  libgtest-dev libgmock-dev libbenchmark-dev python3-regex python3-torch python3-venv
 "
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 missing=""
@@ -18,3 +18,5 @@ if [ -n "$missing" ]; then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends $missing
 fi
+# PyPI packages of the reference tests (transformers, tokenizers, ...), in a virtual environment.
+"$(dirname "$0")/setup-python-env.sh" || echo "warning: the Python reference environment could not be set up; the tests that need it will skip"

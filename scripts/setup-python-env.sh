@@ -1,0 +1,23 @@
+#!/bin/sh
+# Creates (or updates) the Python environment of loom's reference tests: a virtual environment on
+# Debian's /usr/bin/python3 that sees its system packages (python3-torch, python3-regex) and adds
+# the pinned PyPI packages of scripts/python-requirements.txt.
+#
+#   scripts/setup-python-env.sh            # -> ${LOOM_PYTHON_ENV:-$HOME/.cache/loom/python-env}
+#
+# CMake looks for the environment at the same place (LOOM_PYTHON_ENV) and hands its interpreter to
+# the tests that need it; those tests skip, saying why, when it is missing. Called by
+# scripts/install-deps.sh; a failure here (no PyPI access) is reported but does not stop the build.
+set -e
+here=$(cd "$(dirname "$0")" && pwd)
+env_dir=${LOOM_PYTHON_ENV:-$HOME/.cache/loom/python-env}
+requirements="$here/python-requirements.txt"
+stamp="$env_dir/.loom-requirements"
+if [ -x "$env_dir/bin/python" ] && [ -f "$stamp" ] && cmp -s "$requirements" "$stamp"; then
+  exit 0
+fi
+echo "setting up the Python reference environment in $env_dir"
+/usr/bin/python3 -m venv --system-site-packages "$env_dir"
+"$env_dir/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+"$env_dir/bin/python" -c "import torch, transformers, safetensors, tokenizers, sentencepiece"
+cp "$requirements" "$stamp"
