@@ -337,24 +337,40 @@ TEST_F(SafetensorsTest, MetadataSaysFormatPtBesideLoomsOwnKeys) {
   EXPECT_EQ(header_of(file("flax.safetensors"))["__metadata__"]["format"], "flax");
 }
 
-TEST_F(SafetensorsTest, PythonSafetensorsOpensLoomsFileAsPyTorch) {
-  // The Python package is optional (not a Debian package): the test says so when it is missing.
-  const char* configured = std::getenv("LOOM_TEST_PYTHON");
-  const std::string python = configured && *configured ? configured : "/usr/bin/python3";
-  if (std::system((python + " -c 'import safetensors, torch' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << "the Python packages safetensors and torch are not importable by " << python
-                 << " (set LOOM_TEST_PYTHON to an interpreter that has them)";
+// The first of the reference environment's Python (scripts/setup-python-env.sh) and Debian's
+// that imports `modules`, or "" when neither does.
+std::string python_with(const std::string& modules) {
+  for (const std::string python : {std::string(LOOM_REFERENCE_ENV_PYTHON), std::string("/usr/bin/python3")})
+    if (fs::exists(python) && std::system((python + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0)
+      return python;
+  return "";
+}
+
+TEST_F(SafetensorsTest, PythonSafetensorsAndTransformersOpenLoomsFileAsPyTorch) {
+  const std::string python = python_with("safetensors, torch");
+  if (python.empty())
+    GTEST_SKIP() << "neither " << LOOM_REFERENCE_ENV_PYTHON
+                 << " (scripts/setup-python-env.sh) nor /usr/bin/python3 imports safetensors and torch";
   const std::vector<std::pair<std::string, Tensor>> t = {{"w", f32({1.5f, -2.0f, 3.0f}, Shape{3})}};
   st::save(file("py.safetensors"), t, {{"model", "gpt2"}});
   const fs::path script = file("check.py");
+  // transformers' loader (what from_pretrained calls) refuses a file whose metadata has no
+  // framework format; it is checked where transformers is installed.
   std::ofstream(script) << "import sys\n"
                            "from safetensors import safe_open\n"
                            "with safe_open(sys.argv[1], 'pt') as f:\n"
                            "    meta = f.metadata()\n"
                            "    assert meta == {'format': 'pt', 'model': 'gpt2'}, meta\n"
                            "    w = f.get_tensor('w')\n"
-                           "    assert w.tolist() == [1.5, -2.0, 3.0], w\n";
-  EXPECT_EQ(std::system((python + " " + script.string() + " " + file("py.safetensors").string()).c_str()), 0);
+                           "    assert w.tolist() == [1.5, -2.0, 3.0], w\n"
+                           "try:\n"
+                           "    from transformers.modeling_utils import load_state_dict\n"
+                           "except ImportError:\n"
+                           "    print('transformers is not installed: its loader is not checked')\n"
+                           "    sys.exit(0)\n"
+                           "assert load_state_dict(sys.argv[1])['w'].tolist() == [1.5, -2.0, 3.0]\n";
+  EXPECT_EQ(std::system((python + " " + script.string() + " " + file("py.safetensors").string()).c_str()), 0)
+      << "with " << python;
 }
 
 }  // namespace
