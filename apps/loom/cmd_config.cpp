@@ -16,10 +16,13 @@ int run_show(const std::vector<std::string>& args) {
       args,
       "usage: loom config show CONFIG [a.b.c=value ...]\n\n"
       "Prints the config with base_config, !include and overrides applied, every component's options\n"
-      "validated and defaults filled in.");
+      "validated and defaults filled in. A note (a YAML comment) names the options a layer dropped by\n"
+      "changing a component's type.");
   if (!options) return 0;
   const Runtime runtime(*options);
-  std::cout << resolved_run_config(runtime).to_yaml();
+  const Value resolved = resolved_run_config(runtime);
+  for (const auto& d : runtime.dropped_options()) std::cout << "# note: " << d.str() << "\n";
+  std::cout << resolved.to_yaml();
   return 0;
 }
 

@@ -18,6 +18,7 @@ int run_train(const std::vector<std::string>& args) {
       "`loom config schema config` lists the trainer's options (docs/training.md explains them).");
   if (!options) return 0;
   Runtime runtime(*options);
+  for (const auto& d : runtime.dropped_options()) std::cout << "note: " << d.str() << "\n";
   TrainOptions train_options;
   train_options.out = &std::cout;
   train_options.interactive = ::isatty(STDOUT_FILENO) != 0;

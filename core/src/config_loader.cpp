@@ -51,8 +51,14 @@ Value typed_scalar(const std::string& s) {
   return Value(s);
 }
 
+std::string join(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
 class Loader {
  public:
+  explicit Loader(std::vector<DroppedOptions>* dropped) : dropped_(dropped) {}
+
   Value load_file(const fs::path& file, const SourceLocation& from) {
     std::error_code ec;
     if (!fs::exists(file, ec)) {
@@ -92,7 +98,7 @@ class Loader {
       SourceLocation at{file.string(), e.mark.line + 1, e.mark.column + 1};
       throw UserError(at.str() + ": invalid YAML: " + e.msg);
     }
-    Value v = convert(root, file);
+    Value v = convert(root, file, "");
     if (v.is_map()) v = resolve_base_config(std::move(v), file);
     return v;
   }
@@ -103,11 +109,20 @@ class Loader {
     return SourceLocation{file.string(), m.is_null() ? 0 : m.line + 1, m.is_null() ? 0 : m.column + 1};
   }
 
-  Value convert(const YAML::Node& n, const fs::path& file) {
+  // `path` is the node's key path in its file, so that notes about an included file's layers
+  // name the section it lands in.
+  Value convert(const YAML::Node& n, const fs::path& file, const std::string& path) {
     const SourceLocation loc = at(n, file);
     if (n.Tag() == "!include") {
       if (!n.IsScalar()) throw UserError(loc.str() + ": !include takes a file path");
       const fs::path target = file.parent_path() / n.Scalar();
+      const std::string outer = prefix_;
+      prefix_ = join(prefix_, path);
+      struct Restore {
+        std::string& prefix;
+        std::string saved;
+        ~Restore() { prefix = saved; }
+      } restore{prefix_, outer};
       return with_context("while including '" + n.Scalar() + "' at " + loc.str(),
                           [&] { return load_file(target.lexically_normal(), loc); });
     }
@@ -124,7 +139,7 @@ class Loader {
         break;
       case YAML::NodeType::Sequence: {
         Value::List items;
-        for (const auto& item : n) items.push_back(convert(item, file));
+        for (const auto& item : n) items.push_back(convert(item, file, path));
         v = Value(std::move(items));
         break;
       }
@@ -135,7 +150,7 @@ class Loader {
           if (!kv.first.IsScalar()) throw UserError(key_loc.str() + ": map keys must be plain strings");
           const std::string& key = kv.first.Scalar();
           if (v.find(key)) throw UserError(key_loc.str() + ": duplicate key '" + key + "'");
-          Value item = convert(kv.second, file);
+          Value item = convert(kv.second, file, join(path, key));
           // A null value's location is its key's.
           if (!item.location().known() || kv.second.IsNull()) item.set_location(key_loc);
           v.set(key, std::move(item));
@@ -171,16 +186,47 @@ class Loader {
       if (!loaded.is_map() && !loaded.is_null())
         throw UserError(b->location().str() + ": base config '" + target.string() + "' must be a map, got " +
                         loaded.describe());
-      if (loaded.is_map()) merge(merged, loaded);
+      if (loaded.is_map()) merge(merged, loaded, target.string(), dropped_, prefix_);
     }
     v.erase("base_config");
-    merge(merged, v);
+    merge(merged, v, file.string(), dropped_, prefix_);
     merged.set_location(v.location());
     return merged;
   }
 
   std::vector<std::pair<fs::path, std::string>> stack_;  // canonical, as written
+  std::vector<DroppedOptions>* dropped_;
+  std::string prefix_;  // the key path at which the file being loaded is included
 };
+
+// The type a component section names: its `type` when it is a map with a string one. (A bare
+// name is one too, but only where a map meets it is a string known to be a component's name.)
+const Value* type_of(const Value& v) {
+  if (v.is_map()) {
+    const Value* t = v.find("type");
+    return t && t->is_string() ? t : nullptr;
+  }
+  return nullptr;
+}
+
+void record(std::vector<DroppedOptions>* dropped, const std::string& path, const Value& old_section,
+            const std::string& old_type, const std::string& new_type, const Value* kept, const std::string& layer) {
+  if (!dropped) return;
+  DroppedOptions d{path, old_type, new_type, layer, {}};
+  for (const auto& [k, v] : old_section.as_map()) {
+    if (k == "type" || (kept && kept->find(k))) continue;
+    d.keys.push_back(k + (v.location().known() ? " (" + v.location().str() + ")" : ""));
+  }
+  if (!d.keys.empty()) dropped->push_back(std::move(d));
+}
+
+// {type: name} for a bare name, located where the name was written.
+Value expand_bare_name(const Value& name) {
+  Value m = Value::map();
+  m.set_location(name.location());
+  m.set("type", name);
+  return m;
+}
 
 bool valid_key(std::string_view k) {
   if (k.empty()) return false;
@@ -191,26 +237,53 @@ bool valid_key(std::string_view k) {
 
 }  // namespace
 
-Value load_file(const fs::path& file) {
-  Loader loader;
+std::string DroppedOptions::str() const {
+  std::string keys_text;
+  for (const auto& k : keys) keys_text += (keys_text.empty() ? "" : ", ") + k;
+  return (path.empty() ? std::string("the top level") : path) + ": " + layer + " changed the type from '" + old_type +
+         "' to '" + new_type + "', so the options earlier layers gave '" + old_type + "' were dropped: " + keys_text;
+}
+
+Value load_file(const fs::path& file, std::vector<DroppedOptions>* dropped) {
+  Loader loader(dropped);
   return loader.load_file(file, {});
 }
 
-Value load_string(std::string_view text, const fs::path& file_for_locations) {
-  Loader loader;
+Value load_string(std::string_view text, const fs::path& file_for_locations, std::vector<DroppedOptions>* dropped) {
+  Loader loader(dropped);
   return loader.load_text(std::string(text), file_for_locations);
 }
 
-void merge(Value& base, const Value& over) {
+void merge(Value& base, const Value& over, const std::string& layer, std::vector<DroppedOptions>* dropped,
+           const std::string& path) {
+  // Options merged onto a bare component name extend it.
+  if (over.is_map() && base.is_string() && !over.as_map().empty()) base = expand_bare_name(base);
   if (base.is_map() && over.is_map()) {
+    const Value* old_type = type_of(base);
+    const Value* new_type = type_of(over);
+    if (old_type && new_type && old_type->as_string() != new_type->as_string()) {
+      record(dropped, path, base, old_type->as_string(), new_type->as_string(), &over, layer);
+      base = over;
+      return;
+    }
     for (const auto& [k, v] : over.as_map()) {
       Value* existing = base.find(k);
-      if (existing && existing->is_map() && v.is_map())
-        merge(*existing, v);
+      if (existing)
+        merge(*existing, v, layer, dropped, join(path, k));
       else
         base.set(k, v);
     }
     return;
+  }
+  // A bare name over a component section: the same type keeps its options, another drops them.
+  if (over.is_string()) {
+    if (const Value* old_type = type_of(base)) {
+      if (old_type->as_string() == over.as_string()) {
+        base.set("type", over);
+        return;
+      }
+      record(dropped, path, base, old_type->as_string(), over.as_string(), nullptr, layer);
+    }
   }
   base = over;
 }
@@ -258,17 +331,21 @@ Override parse_override(std::string_view text) {
   return o;
 }
 
-void apply_override(Value& root, const Override& o) {
+void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped) {
   if (root.is_null()) root = Value::map();
+  const std::string layer = "command-line override '" + o.text + "'";
   Value* node = &root;
+  std::string path;
   for (std::size_t i = 0; i + 1 < o.path.size(); ++i) {
     Value* next = node->find(o.path[i]);
     if (!next) {
       Value m = Value::map();
-      m.set_location({"command-line override '" + o.text + "'", 0, 0});
+      m.set_location({layer, 0, 0});
       next = &node->set(o.path[i], std::move(m));
     } else if (next->is_null()) {
       *next = Value::map();
+    } else if (next->is_string()) {
+      *next = expand_bare_name(*next);  // model.attention.block_size=64 on `attention: flash`
     } else if (!next->is_map()) {
       std::string prefix;
       for (std::size_t j = 0; j <= i; ++j) prefix += (j ? "." : "") + o.path[j];
@@ -277,21 +354,22 @@ void apply_override(Value& root, const Override& o) {
                       ", not a map, so it has no key '" + o.path[i + 1] + "'");
     }
     node = next;
+    path = join(path, o.path[i]);
   }
-  Value* existing = node->find(o.path.back());
-  // A map given on the command line merges like a file layer.
-  if (existing && existing->is_map() && o.value.is_map())
-    merge(*existing, o.value);
-  else
-    node->set(o.path.back(), o.value);
+  // The override is a layer holding one key of `node`: merged like a file's, so that a map
+  // merges and a changed `type` drops the section's earlier options.
+  Value layer_value = Value::map();
+  layer_value.set_location({layer, 0, 0});
+  layer_value.set(o.path.back(), o.value);
+  merge(*node, layer_value, layer, dropped, path);
 }
 
-Value load(const fs::path& file, const std::vector<std::string>& overrides) {
-  Value root = with_context("while loading " + file.string(), [&] { return load_file(file); });
+Value load(const fs::path& file, const std::vector<std::string>& overrides, std::vector<DroppedOptions>* dropped) {
+  Value root = with_context("while loading " + file.string(), [&] { return load_file(file, dropped); });
   if (root.is_null()) root = Value::map();
   if (!root.is_map())
     throw UserError(root.location().str() + ": a config file must be a map of sections, got " + root.describe());
-  for (const auto& text : overrides) apply_override(root, parse_override(text));
+  for (const auto& text : overrides) apply_override(root, parse_override(text), dropped);
   return root;
 }
 

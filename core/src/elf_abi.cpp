@@ -88,7 +88,8 @@ std::string host_build_tag() {
 
 namespace {
 
-// "gcc-12.2;cxx11abi=1;eigen=3.4.0" -> {compiler: gcc-12.2, cxx11abi: 1, eigen: 3.4.0}
+// "gcc-12.2;cxx11abi=1" -> {compiler: gcc-12.2, cxx11abi: 1}. Fields the host does not check
+// (older SDKs recorded eigen=...) are ignored.
 std::vector<std::pair<std::string, std::string>> parse_tag(const std::string& tag) {
   std::vector<std::pair<std::string, std::string>> fields;
   std::size_t start = 0;
@@ -139,10 +140,6 @@ std::string check_abi(const AbiRecordInfo& record) {
   if (field(theirs, "cxx11abi") != field(ours, "cxx11abi"))
     return "build mismatch: the plugin uses libstdc++ ABI cxx11abi=" + field(theirs, "cxx11abi") + ", this loom " +
            field(ours, "cxx11abi") + rebuild;
-  const std::string eigen_theirs = field(theirs, "eigen"), eigen_ours = field(ours, "eigen");
-  if (!eigen_theirs.empty() && !eigen_ours.empty() && eigen_theirs != eigen_ours)
-    return "build mismatch: the plugin was built with Eigen " + eigen_theirs + ", this loom with Eigen " + eigen_ours +
-           rebuild;
   return "";
 }
 

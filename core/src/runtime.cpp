@@ -52,9 +52,10 @@ std::vector<PluginSearchPath> config_plugin_paths(const Value& config) {
 
 Runtime::Runtime(const RuntimeOptions& options) {
   if (options.config) {
-    raw_config_ = config::load(*options.config, options.overrides);
+    raw_config_ = config::load(*options.config, options.overrides, &dropped_options_);
   } else {
-    for (const auto& text : options.overrides) config::apply_override(raw_config_, config::parse_override(text));
+    for (const auto& text : options.overrides)
+      config::apply_override(raw_config_, config::parse_override(text), &dropped_options_);
   }
   std::vector<PluginSearchPath> command_line;
   for (const auto& p : options.plugin_paths) command_line.push_back({p, "--plugin-path"});

@@ -89,6 +89,53 @@ TEST(Cli, ConfigShowPrintsTheResolvedConfigWithDefaults) {
   EXPECT_NE(r.out.find("model: null"), std::string::npos) << r.out;
 }
 
+TEST(Cli, ChangingAComponentsTypeFromTheCommandLineDropsTheOldTypesOptionsWithANote) {
+  const std::string quickstart = std::string(LOOM_SOURCE_DIR) + "/configs/quickstart.yaml";
+  auto r = loom({"config", "show", quickstart, "data.type=text", "data.paths=[corpus.txt]"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("# note: data: command-line override 'data.type=text' changed the type from 'synthetic' to "
+                        "'text', so the options earlier layers gave 'synthetic' were dropped: num_documents (" +
+                            quickstart + ":14:18)\n",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("data:\n  type: text\n  paths: [corpus.txt]\n"), std::string::npos) << r.out;
+
+  // An out-of-tree optimizer tried on a config written for adamw: adamw's beta2 goes.
+  r = loom({"config", "show", quickstart, "optimizer.type=sgd"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("# note: optimizer: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer:\n  type: sgd\n"), std::string::npos) << r.out;
+
+  // Each override is a layer: paths given before the type belong to the old type.
+  r = loom({"config", "show", quickstart, "data.paths=[corpus.txt]", "data.type=text"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("data: missing required option 'paths'"), std::string::npos) << r.err;
+  // A typo is still an error.
+  r = loom({"config", "show", quickstart, "data.type=text", "data.path=[corpus.txt]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("data.path: unknown option of dataset 'text'; did you mean 'paths'?"), std::string::npos)
+      << r.err;
+}
+
+TEST(Cli, ARunShorterThanTheWarmupRunsWithOneWarning) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml",
+                              "model: {type: gpt2, seq_len: 16, hidden_dim: 16, num_layers: 1, num_heads: 2}\n"
+                              "tokenizer: byte\n"
+                              "data: {type: synthetic, num_documents: 50}\n"
+                              "lr_schedule: {type: cosine, warmup: 50}\n"
+                              "trainer: {num_train_steps: 400, train_batch_size: 2, sample_length: 4}\n");
+  const auto r =
+      loom({"train", file.string(), "trainer.num_train_steps=3", "trainer.run_dir=" + (dir.path() / "run").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string expected = "warning: " + file.string() +
+                               ":4:37: lr_schedule.warmup: 50 steps do not fit in the run of 3 steps; clamped to 3";
+  EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("warning: "), r.out.rfind("warning: ")) << r.out;  // one line
+  EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
+}
+
 TEST(Cli, ConfigErrorsExitTwoWithFileAndLine) {
   test::TempDir dir;
   const auto file = dir.write("run.yaml", "lr_schedule:\n  type: test_scaled\n  hold_step: 7\n");

@@ -178,11 +178,175 @@ TEST(ConfigOverride, PrecedenceIsBaseThenFileThenOverridesInOrder) {
             "command-line override 'optimizer.learning_rate=0.002'");
 }
 
-TEST(ConfigOverride, OverridingThroughAScalarIsAnError) {
+TEST(ConfigOverride, OverridingThroughANonMapIsAnError) {
   TempDir dir;
-  const auto file = dir.write("run.yaml", "model: gpt2\n");
-  const std::string msg = error_of([&] { config::load(file, {"model.hidden_dim=3"}); });
-  EXPECT_NE(msg.find("'model' is \"gpt2\" (set at " + file.string() + ":1:8), not a map"), std::string::npos) << msg;
+  const auto file = dir.write("run.yaml", "trainer: 5\n");
+  const std::string msg = error_of([&] { config::load(file, {"trainer.seed=3"}); });
+  EXPECT_NE(msg.find("'trainer' is 5 (set at " + file.string() + ":1:10), not a map"), std::string::npos) << msg;
+}
+
+// ---- Component sections across layers: a changed `type` starts the section afresh ----
+
+// The keys of the map at `path`, in order.
+std::vector<std::string> keys_at(const Value& root, std::string_view path) {
+  std::vector<std::string> out;
+  const Value* v = root.at_path(path);
+  if (v && v->is_map())
+    for (const auto& [k, e] : v->as_map()) out.push_back(k);
+  return out;
+}
+
+using Keys = std::vector<std::string>;
+
+TEST(ConfigLayers, ABaseFileOfOneTypeAndAChildOfAnotherKeepOnlyTheChildsOptions) {
+  TempDir dir;
+  const auto base = dir.write("base.yaml", "data:\n  type: synthetic\n  num_documents: 20000\n  seed: 3\n");
+  const auto child =
+      dir.write("child.yaml", "base_config: base.yaml\ndata:\n  type: text\n  paths: [a.txt]\n  seed: 4\n");
+  std::vector<config::DroppedOptions> dropped;
+  const Value v = config::load_file(child, &dropped);
+  EXPECT_EQ(keys_at(v, "data"), (Keys{"type", "paths", "seed"}));
+  EXPECT_EQ(v.at_path("data.seed")->as_int(), 4);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, "data");
+  EXPECT_EQ(dropped[0].old_type, "synthetic");
+  EXPECT_EQ(dropped[0].new_type, "text");
+  EXPECT_EQ(dropped[0].layer, child.string());
+  // seed was given again by the child, so only num_documents was lost.
+  EXPECT_EQ(dropped[0].keys, (Keys{"num_documents (" + base.string() + ":3:18)"}));
+  const std::string note = dropped[0].str();
+  EXPECT_NE(note.find("data: " + child.string() + " changed the type from 'synthetic' to 'text'"), std::string::npos)
+      << note;
+  EXPECT_NE(note.find("num_documents"), std::string::npos) << note;
+}
+
+TEST(ConfigLayers, AnOverrideChangingTheTypeDropsTheEarlierOptionsAndLaterOverridesApply) {
+  TempDir dir;
+  const auto file = dir.write("run.yaml", "data:\n  type: synthetic\n  num_documents: 20000\n");
+  std::vector<config::DroppedOptions> dropped;
+  const Value v = config::load(file, {"data.type=text", "data.paths=[a.txt]"}, &dropped);
+  EXPECT_EQ(keys_at(v, "data"), (Keys{"type", "paths"}));
+  EXPECT_EQ(v.at_path("data.type")->as_string(), "text");
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].layer, "command-line override 'data.type=text'");
+  EXPECT_EQ(dropped[0].keys, (Keys{"num_documents (" + file.string() + ":3:18)"}));
+
+  // An override is a layer of its own: an option given on the command line before the type
+  // changes belongs to the old type and goes with it.
+  dropped.clear();
+  const Value w = config::load(file, {"data.seed=5", "data.type=text"}, &dropped);
+  EXPECT_EQ(keys_at(w, "data"), (Keys{"type"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].keys.size(), 2u);
+  EXPECT_EQ(dropped[0].keys[1], "seed (command-line override 'data.seed=5')");
+}
+
+TEST(ConfigLayers, AMapOverrideWithTypeAndOptionsIsOneLayer) {
+  TempDir dir;
+  const auto file = dir.write("run.yaml", "optimizer: {type: adamw, beta2: 0.99, learning_rate: 0.002}\n");
+  std::vector<config::DroppedOptions> dropped;
+  const Value v = config::load(file, {"optimizer={type: sgd, momentum: 0.9}"}, &dropped);
+  EXPECT_EQ(keys_at(v, "optimizer"), (Keys{"type", "momentum"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].keys.size(), 2u);  // beta2 and learning_rate
+}
+
+TEST(ConfigLayers, TheSameTypeAgainOrNoTypeKeepsTheEarlierOptions) {
+  TempDir dir;
+  dir.write("base.yaml", "optimizer:\n  type: adamw\n  beta2: 0.99\n");
+  const auto same = dir.write("same.yaml", "base_config: base.yaml\noptimizer:\n  type: adamw\n  eps: 1.0e-6\n");
+  const auto untyped = dir.write("untyped.yaml", "base_config: base.yaml\noptimizer:\n  eps: 1.0e-6\n");
+  std::vector<config::DroppedOptions> dropped;
+  EXPECT_EQ(keys_at(config::load_file(same, &dropped), "optimizer"), (Keys{"type", "beta2", "eps"}));
+  EXPECT_EQ(keys_at(config::load_file(untyped, &dropped), "optimizer"), (Keys{"type", "beta2", "eps"}));
+  EXPECT_EQ(keys_at(config::load(untyped, {"optimizer.type=adamw"}, &dropped), "optimizer"),
+            (Keys{"type", "beta2", "eps"}));
+  // A bare name equal to the type is the same type.
+  EXPECT_EQ(keys_at(config::load(untyped, {"optimizer=adamw"}, &dropped), "optimizer"), (Keys{"type", "beta2", "eps"}));
+  EXPECT_TRUE(dropped.empty());
+
+  // An earlier layer that named no type used the section's default, which the loader does not
+  // know: its options are kept, and validation judges them against the new type.
+  const auto no_type = dir.write("no_type.yaml", "optimizer:\n  beta2: 0.99\n");
+  EXPECT_EQ(keys_at(config::load(no_type, {"optimizer.type=sgd"}, &dropped), "optimizer"), (Keys{"beta2", "type"}));
+  EXPECT_TRUE(dropped.empty());
+}
+
+TEST(ConfigLayers, NestedComponentSectionsFollowTheSameRule) {
+  TempDir dir;
+  const auto file = dir.write("run.yaml",
+                              "model:\n  type: gpt2\n  hidden_dim: 64\n  attention:\n    type: flash\n"
+                              "    block_size: 32\n");
+  std::vector<config::DroppedOptions> dropped;
+  Value v = config::load(file, {"model.attention.type=naive"}, &dropped);
+  EXPECT_EQ(keys_at(v, "model"), (Keys{"type", "hidden_dim", "attention"}));
+  EXPECT_EQ(keys_at(v, "model.attention"), (Keys{"type"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, "model.attention");
+  EXPECT_EQ(dropped[0].keys, (Keys{"block_size (" + file.string() + ":6:17)"}));
+
+  // The same through a file layer, and through a bare name.
+  dir.write("child.yaml", "base_config: run.yaml\nmodel:\n  attention: naive\n");
+  dropped.clear();
+  v = config::load_file(dir.path() / "child.yaml", &dropped);
+  EXPECT_EQ(v.at_path("model.attention")->as_string(), "naive");
+  EXPECT_EQ(v.at_path("model.hidden_dim")->as_int(), 64);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, "model.attention");
+
+  // Changing the outer type starts the whole section afresh, nested sections included.
+  dropped.clear();
+  v = config::load(file, {"model.type=llama"}, &dropped);
+  EXPECT_EQ(keys_at(v, "model"), (Keys{"type"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, "model");
+  EXPECT_EQ(dropped[0].keys.size(), 2u);  // hidden_dim, attention
+}
+
+TEST(ConfigLayers, OptionsGivenToABareNameExtendIt) {
+  TempDir dir;
+  const auto file = dir.write("run.yaml", "model:\n  type: gpt2\n  attention: flash\n");
+  Value v = config::load(file, {"model.attention.block_size=64"});
+  EXPECT_EQ(v.at_path("model.attention.type")->as_string(), "flash");
+  EXPECT_EQ(v.at_path("model.attention.block_size")->as_int(), 64);
+  EXPECT_EQ(v.at_path("model.attention.type")->location().str(), file.string() + ":3:14");
+
+  dir.write("child.yaml", "base_config: run.yaml\nmodel:\n  attention: {block_size: 16}\n");
+  v = config::load_file(dir.path() / "child.yaml");
+  EXPECT_EQ(keys_at(v, "model.attention"), (Keys{"type", "block_size"}));
+
+  // A type change through a bare name: nothing to drop, the new type with its options.
+  std::vector<config::DroppedOptions> dropped;
+  v = config::load(file, {"model.attention={type: naive, causal: true}"}, &dropped);
+  EXPECT_EQ(keys_at(v, "model.attention"), (Keys{"type", "causal"}));
+  EXPECT_TRUE(dropped.empty());
+}
+
+TEST(ConfigLayers, SeveralBaseConfigsAreLayersInOrder) {
+  TempDir dir;
+  const auto a = dir.write("a.yaml", "lr_schedule: {type: cosine, warmup: 50, min_lr_ratio: 0.1}\n");
+  const auto b = dir.write("b.yaml", "lr_schedule: {type: wsd, decay: 0.2}\n");
+  const auto top = dir.write("top.yaml", "base_config: [a.yaml, b.yaml]\nlr_schedule: {warmup: 10}\n");
+  std::vector<config::DroppedOptions> dropped;
+  const Value v = config::load_file(top, &dropped);
+  EXPECT_EQ(keys_at(v, "lr_schedule"), (Keys{"type", "decay", "warmup"}));
+  EXPECT_EQ(v.at_path("lr_schedule.warmup")->as_int(), 10);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].layer, b.string());
+  EXPECT_EQ(dropped[0].keys.size(), 2u);
+}
+
+TEST(ConfigLayers, AnIncludedFilesLayersAreNamedWhereItLands) {
+  TempDir dir;
+  dir.write("parts/sgd.yaml", "type: sgd\nmomentum: 0.9\n");
+  const auto adam = dir.write("parts/adam.yaml", "base_config: sgd.yaml\ntype: adamw\nbeta2: 0.95\n");
+  const auto top = dir.write("top.yaml", "optimizer: !include parts/adam.yaml\n");
+  std::vector<config::DroppedOptions> dropped;
+  const Value v = config::load_file(top, &dropped);
+  EXPECT_EQ(keys_at(v, "optimizer"), (Keys{"type", "beta2"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, "optimizer");
+  EXPECT_EQ(dropped[0].layer, adam.string());
 }
 
 }  // namespace

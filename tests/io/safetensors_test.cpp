@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -155,7 +158,7 @@ TEST_F(SafetensorsTest, RejectsBrokenFilesNamingFileAndTensor) {
   const std::vector<Case> cases = {
       {"not json", "{\"w\": ", w, "not valid JSON"},
       {"not an object", "[1, 2]", "", "must be a JSON object"},
-      {"unsupported dtype", "{" + entry("w", "F16", "[4]", 0, 8) + "}", w, "tensor 'w': dtype F16 is not supported"},
+      {"unsupported dtype", "{" + entry("w", "F64", "[1]", 0, 8) + "}", w, "tensor 'w': dtype F64 is not supported"},
       {"unknown dtype", "{" + entry("w", "Q7", "[2]", 0, 8) + "}", w, "tensor 'w': unknown dtype 'Q7'"},
       {"size mismatch", "{" + entry("w", "F32", "[3]", 0, 8) + "}", w, "tensor 'w': holds 8 bytes but"},
       {"past the end", "{" + entry("w", "F32", "[4]", 0, 16) + "}", w, "tensor 'w': data_offsets [0, 16] run past"},
@@ -176,7 +179,9 @@ TEST_F(SafetensorsTest, RejectsBrokenFilesNamingFileAndTensor) {
     EXPECT_NE(message.find("bad.safetensors"), std::string::npos) << c.what << ": " << message;
   }
 
-  EXPECT_NE(open_error(file("absent.safetensors")).find("cannot open"), std::string::npos);
+  EXPECT_NE(open_error(file("absent.safetensors")).find("absent.safetensors': no such file"), std::string::npos);
+  fs::create_directories(file("dir.safetensors"));
+  EXPECT_NE(open_error(file("dir.safetensors")).find("is not a regular file"), std::string::npos);
   { std::ofstream(file("short.safetensors")) << "abc"; }
   EXPECT_NE(open_error(file("short.safetensors")).find("is truncated: 3 bytes"), std::string::npos);
   {
@@ -250,6 +255,122 @@ TEST_F(SafetensorsTest, ParametersLoadByNameOrNotAtAll) {
     EXPECT_NE(m.find("layer.weight (file: F32 [2, 3], model: F32 [3, 2])"), std::string::npos) << m;
   }
   for (float x : wrong.data().to_vector()) EXPECT_EQ(x, 0.0f);
+}
+
+TEST_F(SafetensorsTest, F16WidensToF32Exactly) {
+  // binary16 bit patterns and the binary32 values they are: zeros, normals, the extremes,
+  // subnormals (which become normal floats), infinities and NaNs.
+  const std::vector<std::pair<std::uint16_t, float>> cases = {
+      {0x0000, 0.0f},
+      {0x8000, -0.0f},
+      {0x3c00, 1.0f},
+      {0xc000, -2.0f},
+      {0x3555, 0.333251953125f},
+      {0x7bff, 65504.0f},                  // the largest finite half
+      {0x0400, std::ldexp(1.0f, -14)},     // the smallest normal
+      {0x0001, std::ldexp(1.0f, -24)},     // the smallest subnormal
+      {0x03ff, std::ldexp(1023.0f, -24)},  // the largest subnormal
+      {0x8200, -std::ldexp(1.0f, -15)},    // a negative subnormal
+      {0x7c00, INFINITY},
+      {0xfc00, -INFINITY},
+  };
+  std::string data;
+  for (const auto& [bits, value] : cases) data.append(reinterpret_cast<const char*>(&bits), 2);
+  const std::uint16_t nans[] = {0x7e00, 0xfc01};  // a quiet NaN, a negative signalling one
+  for (const auto bits : nans) data.append(reinterpret_cast<const char*>(&bits), 2);
+  const std::size_t n = cases.size() + 2;
+  const std::string header = R"({"h":{"dtype":"F16","shape":[)" + std::to_string(n) + R"(],"data_offsets":[0,)" +
+                             std::to_string(2 * n) + "]}}";
+  const st::Reader r(raw(header, data));
+  EXPECT_EQ(r.info("h").stored_dtype, "F16");
+  EXPECT_EQ(r.info("h").dtype, DType::f32);
+
+  const Tensor read = r.read("h");
+  ASSERT_EQ(read.dtype(), DType::f32);
+  Tensor into = Tensor::zeros(Shape{static_cast<std::int64_t>(n)});
+  r.read_into("h", into);
+  for (const Tensor& t : {read, into}) {
+    const std::vector<float> got = t.to_vector();
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(cases[i].second))
+          << "half 0x" << std::hex << cases[i].first << " gave " << got[i];
+    }
+    EXPECT_TRUE(std::isnan(got[cases.size()]));
+    EXPECT_FALSE(std::signbit(got[cases.size()]));
+    EXPECT_TRUE(std::isnan(got[cases.size() + 1]));
+    EXPECT_TRUE(std::signbit(got[cases.size() + 1]));
+  }
+
+  // A bf16 destination does not take F16 data: that would round.
+  Tensor bf = Tensor::empty(Shape{static_cast<std::int64_t>(n)}, DType::bf16);
+  try {
+    r.read_into("h", bf);
+    ADD_FAILURE() << "expected a UserError";
+  } catch (const loom::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("has dtype F16 but BF16 is expected"), std::string::npos) << e.what();
+  }
+}
+
+// The header of `path`, parsed.
+nlohmann::json header_of(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  return nlohmann::json::parse(text);
+}
+
+TEST_F(SafetensorsTest, MetadataSaysFormatPtBesideLoomsOwnKeys) {
+  // Hugging Face's from_pretrained refuses a file whose metadata has no "format".
+  const std::vector<std::pair<std::string, Tensor>> t = {{"w", f32({1, 2}, Shape{2})}};
+  st::save(file("m.safetensors"), t, {{"model", "{\"type\": \"gpt2\"}"}, {"loom_version", "0.1.0"}});
+  const auto meta = header_of(file("m.safetensors"))["__metadata__"];
+  EXPECT_EQ(meta["format"], "pt");
+  EXPECT_EQ(meta["model"], "{\"type\": \"gpt2\"}");
+  EXPECT_EQ(meta["loom_version"], "0.1.0");
+  EXPECT_EQ(meta.size(), 3u);
+
+  st::save(file("bare.safetensors"), t);  // no metadata of loom's own: still a format
+  EXPECT_EQ(header_of(file("bare.safetensors"))["__metadata__"]["format"], "pt");
+  st::save(file("flax.safetensors"), t, {{"format", "flax"}});  // a caller that says otherwise
+  EXPECT_EQ(header_of(file("flax.safetensors"))["__metadata__"]["format"], "flax");
+}
+
+// The first of the reference environment's Python (scripts/setup-python-env.sh) and Debian's
+// that imports `modules`, or "" when neither does.
+std::string python_with(const std::string& modules) {
+  for (const std::string python : {std::string(LOOM_REFERENCE_ENV_PYTHON), std::string("/usr/bin/python3")})
+    if (fs::exists(python) && std::system((python + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0)
+      return python;
+  return "";
+}
+
+TEST_F(SafetensorsTest, PythonSafetensorsAndTransformersOpenLoomsFileAsPyTorch) {
+  const std::string python = python_with("safetensors, torch");
+  if (python.empty())
+    GTEST_SKIP() << "neither " << LOOM_REFERENCE_ENV_PYTHON
+                 << " (scripts/setup-python-env.sh) nor /usr/bin/python3 imports safetensors and torch";
+  const std::vector<std::pair<std::string, Tensor>> t = {{"w", f32({1.5f, -2.0f, 3.0f}, Shape{3})}};
+  st::save(file("py.safetensors"), t, {{"model", "gpt2"}});
+  const fs::path script = file("check.py");
+  // transformers' loader (what from_pretrained calls) refuses a file whose metadata has no
+  // framework format; it is checked where transformers is installed.
+  std::ofstream(script) << "import sys\n"
+                           "from safetensors import safe_open\n"
+                           "with safe_open(sys.argv[1], 'pt') as f:\n"
+                           "    meta = f.metadata()\n"
+                           "    assert meta == {'format': 'pt', 'model': 'gpt2'}, meta\n"
+                           "    w = f.get_tensor('w')\n"
+                           "    assert w.tolist() == [1.5, -2.0, 3.0], w\n"
+                           "try:\n"
+                           "    from transformers.modeling_utils import load_state_dict\n"
+                           "except ImportError:\n"
+                           "    print('transformers is not installed: its loader is not checked')\n"
+                           "    sys.exit(0)\n"
+                           "assert load_state_dict(sys.argv[1])['w'].tolist() == [1.5, -2.0, 3.0]\n";
+  EXPECT_EQ(std::system((python + " " + script.string() + " " + file("py.safetensors").string()).c_str()), 0)
+      << "with " << python;
 }
 
 }  // namespace

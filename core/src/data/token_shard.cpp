@@ -1,10 +1,5 @@
 #include "loom/token_shard.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -14,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "io/mapped_file.hpp"
 #include "loom/error.hpp"
 
 namespace fs = std::filesystem;
@@ -39,9 +35,7 @@ constexpr std::array<std::array<std::uint32_t, 256>, 8> make_crc_tables() {
 }
 constexpr auto crc_tables = make_crc_tables();
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
+using io::errno_text;
 
 // The header as stored: little-endian fields at fixed offsets.
 struct RawHeader {
@@ -100,13 +94,9 @@ std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t crc) {
 struct TokenShard::Mapping {
   fs::path path;
   TokenShardInfo info;
-  const std::byte* base = nullptr;
-  std::size_t size = 0;
+  io::MappedFile file;
+  const std::byte* base = nullptr;  // file.data()
   const std::int64_t* document_ends = nullptr;
-
-  ~Mapping() {
-    if (base) munmap(const_cast<std::byte*>(base), size);
-  }
 };
 
 TokenShard::TokenShard(std::unique_ptr<Mapping> mapping) : mapping_(std::move(mapping)) {}
@@ -136,35 +126,15 @@ TokenShard TokenShard::open(const fs::path& file, bool verify) {
   const std::string name = file.string();
   auto fail = [&](const std::string& what) -> UserError { return UserError("token shard " + name + ": " + what); };
 
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) throw fail("no such file");
-    throw fail("cannot open: " + errno_text());
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const std::string why = errno_text();
-    ::close(fd);
-    throw fail("cannot stat: " + why);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw fail("not a regular file");
-  }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size < sizeof(token_shard_magic)) {
-    ::close(fd);
+  io::MappedFile mapped = io::MappedFile::open(file, "token shard " + name);
+  const std::uint64_t size = mapped.size();
+  if (size < sizeof(token_shard_magic))
     throw fail("not a loom token shard: " + std::to_string(size) + " bytes, shorter than the 8-byte magic");
-  }
-  void* base = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string map_error = base == MAP_FAILED ? errno_text() : "";
-  ::close(fd);  // the mapping keeps the file
-  if (base == MAP_FAILED) throw fail("cannot memory-map: " + map_error);
 
   auto m = std::make_unique<Mapping>();
   m->path = file;
-  m->base = static_cast<const std::byte*>(base);
-  m->size = size;
+  m->file = std::move(mapped);
+  m->base = m->file.data();
 
   if (std::memcmp(m->base, token_shard_magic, sizeof(token_shard_magic)) != 0)
     throw fail("not a loom token shard (bad magic: the file does not start with \"LOOMTOKS\")");

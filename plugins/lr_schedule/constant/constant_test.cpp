@@ -48,16 +48,18 @@ TEST(ConstantSchedule, DecayAndCyclesLeaveTheRateAtThePeak) {
   EXPECT_NEAR(s->learning_rate(999, 1000, 1.0), 1.0, kTol);
 }
 
-TEST(ConstantSchedule, AWarmupLongerThanTheRunIsAUserErrorNamingIt) {
+TEST(ConstantSchedule, AWarmupLongerThanTheRunIsClampedToItWithOneWarning) {
+  // A run shortened from the command line: the 20-step warmup takes the whole 10-step run.
   auto s = constant("{warmup: 20}");
-  try {
-    s->learning_rate(0, 10, 1.0);
-    FAIL() << "expected a loom::UserError";
-  } catch (const loom::UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("lr_schedule.warmup: 20 steps do not fit in the run of 10 steps"),
-              std::string::npos)
-        << e.what();
-  }
+  const auto warnings = s->check(10);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("lr_schedule.warmup: 20 steps do not fit in the run of 10 steps; clamped to 10"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NEAR(s->learning_rate(0, 10, 1.0), 0.0, kTol);
+  EXPECT_NEAR(s->learning_rate(5, 10, 1.0), 0.5, kTol);
+  EXPECT_NEAR(s->learning_rate(9, 10, 1.0), 0.9, kTol);
+  EXPECT_TRUE(s->check(20).empty());  // it fits a run of its own length
 }
 
 }  // namespace

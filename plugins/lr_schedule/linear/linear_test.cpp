@@ -1,10 +1,11 @@
 // lr_schedule `linear`, loaded through the plugin host, and with it the cycle structure every
 // schedule shares (sdk/include/loom/lr_schedule_cycles.hpp): warmup given as a fraction or as
 // steps, a stable phase from `decay`, cycles by count, by end steps and by length, rewarmup, and
-// the errors for options that do not fit the run. Expected values are worked out by hand in the
+// what happens to options that do not fit the run (clamped, or errors). Expected values are worked out by hand in the
 // comments, and agree with Levanter's lr_scheduler run on optax.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -144,19 +145,49 @@ TEST(LinearSchedule, IsAPureFunctionOfItsArguments) {
   EXPECT_NEAR(early, 0.3, kTol);
 }
 
-TEST(LinearSchedule, OptionsThatDoNotFitTheRunAreUserErrorsNamingTheOption) {
-  std::string e = rate_error("{warmup: 500}", 0, 300, 1.0);
-  EXPECT_NE(e.find("lr_schedule.warmup"), std::string::npos) << e;
-  EXPECT_NE(e.find("500 steps do not fit in the run of 300 steps"), std::string::npos) << e;
-  EXPECT_EQ(e.rfind("schedule.yaml:1:", 0), 0u) << e;  // where the option was written
+// The lines check(num_steps) returns, joined.
+std::string check_warnings(std::string_view options, std::int64_t num_steps) {
+  std::string out;
+  for (const auto& w : linear(options)->check(num_steps)) out += w + "\n";
+  return out;
+}
 
-  e = rate_error("{warmup: 30, decay: 80}", 0, 100, 1.0);
+TEST(LinearSchedule, LengthsInStepsThatDoNotFitAShortRunAreClampedWithAWarningEach) {
+  std::string w = check_warnings("{warmup: 500}", 300);
+  EXPECT_EQ(w.rfind("schedule.yaml:1:", 0), 0u) << w;  // where the option was written
+  EXPECT_NE(w.find("lr_schedule.warmup: 500 steps do not fit in the run of 300 steps; clamped to 300"),
+            std::string::npos)
+      << w;
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 1) << w;
+
+  // 30 steps of warmup, then the decay takes the 70 steps left.
+  w = check_warnings("{warmup: 30, decay: 80}", 100);
+  EXPECT_NE(w.find("lr_schedule.decay: 80 steps of decay after 30 steps of warmup do not fit in the run of 100 "
+                   "steps; clamped to 70"),
+            std::string::npos)
+      << w;
+  auto s = linear("{warmup: 30, decay: 80, min_lr_ratio: 0}");
+  EXPECT_NEAR(s->learning_rate(30, 100, 1.0), 1.0, kTol);
+  EXPECT_NEAR(s->learning_rate(65, 100, 1.0), 0.5, kTol);  // half way down the 70 steps
+
+  // Reported once, although both cycles clamp it.
+  w = check_warnings("{rewarmup: 60, cycles: 3}", 120);
+  EXPECT_NE(w.find("lr_schedule.rewarmup: 60 steps do not fit in the cycle of steps [40, 80)"), std::string::npos) << w;
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 1) << w;
+
+  // A fraction always fits; a run long enough reports nothing.
+  EXPECT_EQ(check_warnings("{warmup: 0.5}", 3), "");
+  EXPECT_EQ(check_warnings("{warmup: 30, decay: 60}", 100), "");
+}
+
+TEST(LinearSchedule, OptionsThatFitNoRunAreUserErrorsNamingTheOption) {
+  // Fractions of the run that add up to more than it are a mistake whatever the run's length.
+  std::string e = rate_error("{warmup: 0.5, decay: 0.6}", 0, 100, 1.0);
+  EXPECT_NE(e.find("lr_schedule.decay: 60 steps of decay after 50 steps of warmup do not fit in the run of 100"),
+            std::string::npos)
+      << e;
+  e = user_error([] { linear("{warmup: 0.5, decay: 0.6}")->check(100); });
   EXPECT_NE(e.find("lr_schedule.decay"), std::string::npos) << e;
-  EXPECT_NE(e.find("80 steps of decay after 30 steps of warmup"), std::string::npos) << e;
-
-  e = rate_error("{rewarmup: 60, cycles: 2}", 0, 100, 1.0);
-  EXPECT_NE(e.find("lr_schedule.rewarmup"), std::string::npos) << e;
-  EXPECT_NE(e.find("the cycle of steps [50, 100)"), std::string::npos) << e;
 
   e = rate_error("{cycles: 5}", 0, 3, 1.0);
   EXPECT_NE(e.find("lr_schedule.cycles: 5 cycles do not fit in a run of 3 steps"), std::string::npos) << e;

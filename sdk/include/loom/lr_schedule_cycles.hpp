@@ -26,6 +26,13 @@
 // Like optax, the first step of a warmup from 0 has rate 0, and a decay of D steps reaches its
 // end value at step D of the phase, one past the last step of a cycle that ends with it.
 //
+// A length given in steps that does not fit its cycle is clamped, so that a run shortened from
+// the command line (`trainer.num_train_steps=5` on a config with `warmup: 50`) still runs: a
+// warmup (or rewarmup) longer than its cycle takes the whole cycle, and a decay that does not fit
+// after the warmup takes what is left. check() reports each clamp once; the trainer prints it as
+// a warning. Lengths that fit no run (fractions adding up to more than 1, more cycles than steps,
+// cycle ends past the end of the run) stay errors.
+//
 // A schedule derives from CycledLrSchedule and implements decay_rate(); learning_rate() is final.
 // Everything is computed from the arguments on each call: no state, safe from any thread.
 #pragma once
@@ -122,10 +129,17 @@ class CycledLrSchedule : public LrSchedule {
     return decay_rate({offset, cycle.decay, cycle.warmup, peak, min_lr});
   }
 
-  // The cycles of a run of `num_steps` steps. Throws UserError, naming the option, when the
-  // options do not fit the run (a warmup longer than its cycle, a decay that does not fit after
-  // the warmup, more cycles than steps, cycle ends past the end of the run).
-  std::vector<LrCycle> cycles(std::int64_t num_steps) const {
+  std::vector<std::string> check(std::int64_t num_steps) const final {
+    std::vector<std::string> clamped;
+    cycles(num_steps, &clamped);
+    return clamped;
+  }
+
+  // The cycles of a run of `num_steps` steps. Lengths in steps that do not fit are clamped (see
+  // above), with one line per clamped option appended to `clamped` when given. Throws UserError,
+  // naming the option, when the options fit no run (fractions of a cycle adding up to more than
+  // it, more cycles than steps, cycle ends past the end of the run).
+  std::vector<LrCycle> cycles(std::int64_t num_steps, std::vector<std::string>* clamped = nullptr) const {
     if (num_steps < 1)
       throw UserError(path_ + ": a schedule needs a run of at least one step, got " + std::to_string(num_steps) +
                       " training steps");
@@ -182,15 +196,24 @@ class CycledLrSchedule : public LrSchedule {
       cycle.end = end;
       const std::int64_t span = end - start;
       const char* warmup_name = first ? "warmup" : "rewarmup";
-      cycle.warmup = length_in_steps(first ? warmup_ : rewarmup_, span);
-      if (cycle.warmup > span)
-        option_error(warmup_name, std::to_string(cycle.warmup) + " steps do not fit in " + describe_cycle(cycle, ends) +
-                                      " of " + std::to_string(span) + " steps");
+      const double warmup_length = first ? warmup_ : rewarmup_;
+      cycle.warmup = length_in_steps(warmup_length, span);
+      if (cycle.warmup > span) {
+        note_clamp(clamped, warmup_name,
+                   std::to_string(cycle.warmup) + " steps do not fit in " + describe_cycle(cycle, ends) + " of " +
+                       std::to_string(span) + " steps; clamped to " + std::to_string(span) + " (no decay follows)");
+        cycle.warmup = span;
+      }
       cycle.decay = decay_ ? length_in_steps(*decay_, span) : span - cycle.warmup;
-      if (cycle.warmup + cycle.decay > span)
-        option_error("decay", std::to_string(cycle.decay) + " steps of decay after " + std::to_string(cycle.warmup) +
-                                  " steps of " + warmup_name + " do not fit in " + describe_cycle(cycle, ends) +
-                                  " of " + std::to_string(span) + " steps");
+      if (cycle.warmup + cycle.decay > span) {
+        const std::string what = std::to_string(cycle.decay) + " steps of decay after " + std::to_string(cycle.warmup) +
+                                 " steps of " + warmup_name + " do not fit in " + describe_cycle(cycle, ends) + " of " +
+                                 std::to_string(span) + " steps";
+        // Fractions of a cycle that add up to more than it fit no run: a mistake, not a short run.
+        if (warmup_length <= 1.0 && (!decay_ || *decay_ <= 1.0)) option_error("decay", what);
+        cycle.decay = span - cycle.warmup;
+        note_clamp(clamped, "decay", what + "; clamped to " + std::to_string(cycle.decay));
+      }
       cycle.stable = span - cycle.warmup - cycle.decay;
       out.push_back(cycle);
       start = end;
@@ -221,12 +244,25 @@ class CycledLrSchedule : public LrSchedule {
   // the next cycle's warmup starts), so it must accept decay_steps == 0.
   virtual double decay_rate(const DecayPoint& p) const = 0;
 
-  // Throws UserError "<file:line:column: ><path>.<option>: <message>".
-  [[noreturn]] void option_error(std::string_view option, const std::string& message) const {
+  // "<file:line:column: ><path>.<option>: <message>".
+  std::string option_message(std::string_view option, const std::string& message) const {
     std::string where;
     for (const auto& [name, prefix] : locations_)
       if (name == option) where = prefix;
-    throw UserError(where + path_ + "." + std::string(option) + ": " + message);
+    return where + path_ + "." + std::string(option) + ": " + message;
+  }
+
+  [[noreturn]] void option_error(std::string_view option, const std::string& message) const {
+    throw UserError(option_message(option, message));
+  }
+
+  // Appends the clamp of `option` to `clamped`, once per option (the first cycle it happens in).
+  void note_clamp(std::vector<std::string>* clamped, std::string_view option, const std::string& message) const {
+    if (!clamped) return;
+    const std::string prefix = path_ + "." + std::string(option) + ":";
+    for (const auto& line : *clamped)
+      if (line.find(prefix) != std::string::npos) return;
+    clamped->push_back(option_message(option, message));
   }
 
   const std::string& path() const { return path_; }

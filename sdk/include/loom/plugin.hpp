@@ -37,7 +37,7 @@ struct LoomAbiRecord {
   std::uint32_t abi_major;
   std::uint32_t abi_minor;
   char sdk_version[32];
-  char build_tag[192];  // "gcc-12.2;cxx11abi=1;eigen=3.4.0": see loom::parse_build_tag
+  char build_tag[192];  // "gcc-12.2;cxx11abi=1": see loom::check_abi
 };
 
 struct LoomRegisterResult {
@@ -59,17 +59,10 @@ typedef LoomRegisterResult (*LoomRegisterFunction)(loom::Registrar&) noexcept;
 #define LOOM_DETAIL_COMPILER "unknown"
 #endif
 
-#if __has_include(<Eigen/src/Core/util/Macros.h>)
-#include <Eigen/src/Core/util/Macros.h>
-#define LOOM_DETAIL_EIGEN                                                                                      \
-  ";eigen=" LOOM_DETAIL_STR(EIGEN_WORLD_VERSION) "." LOOM_DETAIL_STR(EIGEN_MAJOR_VERSION) "." LOOM_DETAIL_STR( \
-      EIGEN_MINOR_VERSION)
-#else
-#define LOOM_DETAIL_EIGEN ""
-#endif
-
-// The build tag of the translation unit that expands it (the plugin's, or the core's).
-#define LOOM_BUILD_TAG LOOM_DETAIL_COMPILER ";cxx11abi=" LOOM_DETAIL_STR(_GLIBCXX_USE_CXX11_ABI) LOOM_DETAIL_EIGEN
+// The build tag of the translation unit that expands it (the plugin's, or the core's): what the
+// types crossing the plugin boundary depend on. No library a plugin may use privately (Eigen,
+// for one) belongs here: its types never cross the boundary.
+#define LOOM_BUILD_TAG LOOM_DETAIL_COMPILER ";cxx11abi=" LOOM_DETAIL_STR(_GLIBCXX_USE_CXX11_ABI)
 
 namespace loom::detail {
 

@@ -8,9 +8,11 @@
 //                       of 8 bytes, so that the data that follows is 8-byte aligned)
 //   bytes [8 + N, end)  the data: every tensor's bytes, little-endian, row-major, back to back
 //
-// The header maps each tensor name to {"dtype": "F32" | "BF16" | "I32", "shape": [d0, d1, ...],
-// "data_offsets": [begin, end]} (byte offsets into the data section), and may hold one
-// "__metadata__" object of string values (loom stores the model's config there). The reader
+// The header maps each tensor name to {"dtype": "F32" | "BF16" | "F16" | "I32", "shape": [d0, d1,
+// ...], "data_offsets": [begin, end]} (byte offsets into the data section), and may hold one
+// "__metadata__" object of string values. loom writes "format": "pt" there (Hugging Face's
+// from_pretrained refuses a file without it) beside its own keys (the model's config). loom has
+// no f16 tensors: F16 data is read widened to f32, exactly, as BF16 data can be. The reader
 // accepts exactly what the specification allows: offsets in range, tensors whose byte count
 // matches dtype and shape, data covered with no gap and no overlap; anything else is a UserError
 // naming the file (and the tensor).
@@ -33,13 +35,14 @@
 
 namespace loom::safetensors {
 
-// "F32", "BF16", "I32": the safetensors name of a dtype.
+// "F32", "BF16", "I32": the safetensors name of a dtype (loom writes no F16).
 std::string_view dtype_code(DType dtype);
 
 // One tensor's entry in a file's header.
 struct TensorInfo {
   std::string name;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;          // what read() returns: the stored dtype, f32 for F16 data
+  std::string stored_dtype = "F32";  // the file's code: "F32", "BF16", "F16" or "I32"
   Shape shape;
   std::uint64_t begin = 0;  // byte offsets into the data section
   std::uint64_t end = 0;
@@ -66,11 +69,11 @@ class Reader {
   // Throws UserError naming the file when there is no tensor `name`.
   const TensorInfo& info(const std::string& name) const;
 
-  // A new contiguous tensor with the stored dtype, shape and values.
+  // A new contiguous tensor with the stored shape and values, of dtype info(name).dtype.
   Tensor read(const std::string& name) const;
   // Copies tensor `name` into `destination` (any strides), which must have the stored shape. An
-  // f32 destination accepts F32 and BF16 data (widened exactly); i32 and bf16 ones need their
-  // own dtype. Throws UserError naming the file and tensor on a mismatch.
+  // f32 destination accepts F32, BF16 and F16 data (widened exactly); i32 and bf16 ones need
+  // their own dtype. Throws UserError naming the file and tensor on a mismatch.
   void read_into(const std::string& name, const Tensor& destination) const;
 
  private:
@@ -83,8 +86,9 @@ class Reader {
 };
 
 // Writes `tensors` (names unique, non-empty and not "__metadata__"; any dtype, any strides) and
-// `metadata` to `path`, atomically. F32 and I32 tensors come first, then BF16 ones, so that every
-// tensor's data is aligned to its element size. Throws UserError when the file cannot be written.
+// `metadata` to `path`, atomically, with "format": "pt" added to the metadata unless it sets
+// "format" itself. F32 and I32 tensors come first, then BF16 ones, so that every tensor's data
+// is aligned to its element size. Throws UserError when the file cannot be written.
 void save(const std::filesystem::path& path, std::span<const std::pair<std::string, Tensor>> tensors,
           const std::map<std::string, std::string>& metadata = {});
 
@@ -92,7 +96,7 @@ void save(const std::filesystem::path& path, std::span<const std::pair<std::stri
 void save_parameters(const std::filesystem::path& path, std::span<const ModelParameter> parameters,
                      const std::map<std::string, std::string>& metadata = {});
 // Reads every parameter's value from `path` by name. The file must hold exactly the parameters'
-// names with their shapes (F32, or BF16 widened to f32): a missing, extra or mis-shaped tensor is
+// names with their shapes (F32, or BF16 or F16 widened to f32): a missing, extra or mis-shaped tensor is
 // a UserError that lists the offending names. Nothing is modified unless every check passes.
 // Returns the file's metadata.
 std::map<std::string, std::string> load_parameters(const std::filesystem::path& path,

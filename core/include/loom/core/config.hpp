@@ -6,9 +6,17 @@
 //      that names it), merged in order;
 //   2. the file itself;
 //   3. command-line overrides `a.b.c=value`, in the order given.
-// Maps merge key by key, recursively; any other value (scalars, lists) replaces. `!include PATH`
-// replaces a node by the whole content of another file. Include cycles are reported with the
-// chain of files.
+// Each of these is a layer. Maps merge key by key, recursively; any other value (scalars, lists)
+// replaces. `!include PATH` replaces a node by the whole content of another file (it is part of
+// the including file's layer). Include cycles are reported with the chain of files.
+//
+// Component sections are the exception to key-by-key merging. A map with a `type` key names a
+// component (or a variant chosen by `type`), and its other keys are that type's options: a layer
+// that changes `type` starts the section afresh, so the options earlier layers gave for the old
+// type are dropped (and reported as DroppedOptions) while the layer's own options, and later
+// layers', apply. A layer that repeats the same type, or gives options without a type, merges as
+// usual. A bare name (`attention: flash`) is shorthand for `{type: flash}`: options merged onto
+// it, or an override below it (`model.attention.block_size=64`), extend it into that map.
 #pragma once
 
 #include <filesystem>
@@ -22,12 +30,26 @@
 
 namespace loom::config {
 
+// Options an earlier layer gave a component section, dropped because a later layer changed its
+// `type` (see above). `loom config show` prints each as a note.
+struct DroppedOptions {
+  std::string path;      // the section's key path, "data" or "model.attention"
+  std::string old_type;  // the type the options were given for
+  std::string new_type;
+  std::string layer;              // the layer that changed the type: a file, or "command-line override '...'"
+  std::vector<std::string> keys;  // each dropped key with where it was set: "num_documents (run.yaml:14:3)"
+  // One line: "data: type 'synthetic' -> 'text' (command-line override 'data.type=text') dropped ..."
+  std::string str() const;
+};
+
 // Parses one YAML document (`text`, read from `file` for locations) into a Value, resolving
 // `!include` relative to `file`'s directory and `base_config` as described above. Scalars are
 // typed by the YAML 1.2 core schema (null, booleans, integers, floats, else strings); quoted
 // scalars are always strings.
-Value load_file(const std::filesystem::path& file);
-Value load_string(std::string_view text, const std::filesystem::path& file_for_locations);
+// Options dropped by type changes are appended to `dropped` when it is given.
+Value load_file(const std::filesystem::path& file, std::vector<DroppedOptions>* dropped = nullptr);
+Value load_string(std::string_view text, const std::filesystem::path& file_for_locations,
+                  std::vector<DroppedOptions>* dropped = nullptr);
 
 // One `a.b.c=value` override. The value parses as YAML ("3e-4", "[1,2]", "null", "{a: 1}").
 struct Override {
@@ -36,15 +58,20 @@ struct Override {
   std::string text;               // as given
 };
 Override parse_override(std::string_view text);
-// Sets the value at the override's path, creating maps along the way. Replacing a non-map on
-// the way (`a=1` then `a.b=2`) is a UserError.
-void apply_override(Value& root, const Override& o);
+// Sets the value at the override's path, creating maps along the way; the override is one layer
+// (a map value merges, a changed `type` drops the section's earlier options). Going through a
+// bare name extends it into {type: name}; going through any other non-map (`a=1` then `a.b=2`)
+// is a UserError.
+void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped = nullptr);
 
 // load_file followed by every override.
-Value load(const std::filesystem::path& file, const std::vector<std::string>& overrides);
+Value load(const std::filesystem::path& file, const std::vector<std::string>& overrides,
+           std::vector<DroppedOptions>* dropped = nullptr);
 
-// Merges `over` into `base` (maps recursively, everything else replaced).
-void merge(Value& base, const Value& over);
+// Merges layer `over` into `base`: maps recursively, component sections as described above,
+// everything else replaced. `layer` names `over` in DroppedOptions; `path` is where `base` sits.
+void merge(Value& base, const Value& over, const std::string& layer = "",
+           std::vector<DroppedOptions>* dropped = nullptr, const std::string& path = "");
 
 // What validation needs to know about components; the plugin registry implements it.
 class ComponentCatalog {

@@ -54,7 +54,7 @@ struct AbiRecordInfo {
 AbiRecordInfo read_abi_record(const std::filesystem::path& file);
 // Empty when a plugin with this record may be loaded by this host; else the reason.
 std::string check_abi(const AbiRecordInfo& record);
-// The host's own build tag (compiler, libstdc++ ABI, Eigen).
+// The host's own build tag (compiler, libstdc++ ABI).
 std::string host_build_tag();
 
 class PluginHost {

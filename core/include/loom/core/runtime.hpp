@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/plugin_host.hpp"
 #include "loom/core/registry.hpp"
 #include "loom/value.hpp"
@@ -39,6 +40,8 @@ class Runtime {
   // options) and every component's options, with defaults filled in. Throws UserError on any
   // invalid value, an unknown section included.
   Value resolved_config(const OptionSchema& sections) const;
+  // Options of component sections that a later layer dropped by changing their `type`.
+  const std::vector<config::DroppedOptions>& dropped_options() const { return dropped_options_; }
 
   Registry& registry() { return registry_; }
   const Registry& registry() const { return registry_; }
@@ -46,6 +49,7 @@ class Runtime {
 
  private:
   Value raw_config_ = Value::map();
+  std::vector<config::DroppedOptions> dropped_options_;
   Registry registry_;
   PluginHost host_;
 };

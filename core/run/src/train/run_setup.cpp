@@ -45,8 +45,10 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   build_model_and_data(c, run.batch_size, run.seed);
   run.directory.write_tokenizer_state(c.tokenizer->state());
   write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
-  // A schedule whose options do not fit the run (a warmup longer than it) says so now.
-  with_context("while checking the lr_schedule", [&] { c.schedule->learning_rate(0, run.num_steps, 1.0); });
+  // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
+  // to a shortened run) says what it changed.
+  for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
+    progress.say("warning: " + w);
   for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
   start_trackers(c, runtime.registry(), trainer,
                  RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
