@@ -340,7 +340,7 @@ TEST_F(SafetensorsTest, MetadataSaysFormatPtBesideLoomsOwnKeys) {
 // The first of the reference environment's Python (scripts/setup-python-env.sh) and Debian's
 // that imports `modules`, or "" when neither does.
 std::string python_with(const std::string& modules) {
-  for (const std::string python : {std::string(LOOM_REFERENCE_ENV_PYTHON), std::string("/usr/bin/python3")})
+  for (const std::string& python : {std::string(LOOM_REFERENCE_ENV_PYTHON), std::string("/usr/bin/python3")})
     if (fs::exists(python) && std::system((python + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0)
       return python;
   return "";

@@ -2,7 +2,7 @@
 // the evaluation scores it, for a tokenizer with an end-of-text token and one without, for
 // learned and rotary positions; past the context the cache slides as documented; the sampling
 // options are checked.
-#include "loom/core/generate.hpp"
+#include "loom/run/generate.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 #include "loom/autograd.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/run/run_config.hpp"
 #include "loom/token_windows.hpp"
 
 namespace loom {
@@ -57,7 +58,7 @@ Lm make_lm(const test::TempDir& dir, const std::string& model_yaml, std::int64_t
   options.config = file;
   Lm lm;
   lm.runtime = std::make_unique<Runtime>(options);
-  const Value config = lm.runtime->resolved_config();
+  const Value config = resolved_run_config(*lm.runtime);
   lm.backend = lm.runtime->registry().create<Backend>(ComponentRef{"backend", "", *config.find("backend"), "backend"});
   lm.model = lm.runtime->registry().create<Model>(ComponentRef{"model", "", *config.find("model"), "model"});
   lm.model->build(ModelSetup{vocab});
