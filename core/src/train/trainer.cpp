@@ -270,6 +270,7 @@ void Run::setup() {
 
   // Components, in dependency order.
   backend_ = create<Backend>(config_, "backend");
+  require_host_memory(*backend_, "loom train");
   tokenizer_ = create<Tokenizer>(config_, "tokenizer");
   dataset_ = create<Dataset>(config_, "data");
   model_ = create<Model>(config_, "model");
