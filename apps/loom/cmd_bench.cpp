@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "command_line.hpp"
-#include "loom/core/attention_bench.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
+#include "loom/run/attention_bench.hpp"
 
 namespace loom::app {
 

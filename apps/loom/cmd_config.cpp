@@ -4,6 +4,8 @@
 
 #include "command_line.hpp"
 #include "loom/error.hpp"
+#include "loom/run/describe.hpp"
+#include "loom/run/run_config.hpp"
 
 namespace loom::app {
 
@@ -17,7 +19,7 @@ int run_show(const std::vector<std::string>& args) {
       "validated and defaults filled in.");
   if (!options) return 0;
   const Runtime runtime(*options);
-  std::cout << runtime.resolved_config().to_yaml();
+  std::cout << resolved_run_config(runtime).to_yaml();
   return 0;
 }
 

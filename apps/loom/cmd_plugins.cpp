@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "command_line.hpp"
+#include "loom/run/describe.hpp"
 
 namespace loom::app {
 

@@ -11,8 +11,8 @@
 
 #include "command_line.hpp"
 #include "loom/core/config.hpp"
-#include "loom/core/tokenize.hpp"
 #include "loom/error.hpp"
+#include "loom/run/tokenize.hpp"
 
 namespace loom::app {
 

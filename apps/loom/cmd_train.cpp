@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "command_line.hpp"
-#include "loom/core/trainer.hpp"
+#include "loom/run/trainer.hpp"
 
 namespace loom::app {
 

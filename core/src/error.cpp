@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "loom/utf8.hpp"
+
 namespace loom {
 
 Error::Error(ErrorKind kind, std::string message) : kind_(kind), message_(std::move(message)) {
@@ -58,6 +60,50 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   // Close enough to be a typo: at most a third of the longer word's length.
   const std::size_t limit = std::max<std::size_t>(1, std::max(word.size(), best.size()) / 3);
   return best_distance <= limit ? best : "";
+}
+
+std::string escape_input(std::string_view input, std::size_t max_bytes) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  std::size_t i = 0;
+  while (i < input.size() && i < max_bytes) {
+    const auto b = static_cast<unsigned char>(input[i]);
+    if (b >= 0x80) {
+      // A valid multi-byte character is printable text; anything else is shown byte by byte.
+      const Utf8Char c = decode_utf8(input, i);
+      if (c.length > 0 && c.code_point >= 0xA0) {
+        if (i + c.length > max_bytes) break;
+        out.append(input.substr(i, c.length));
+        i += c.length;
+        continue;
+      }
+    }
+    switch (b) {
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (b < 0x20 || b >= 0x7f) {
+          out += "\\x";
+          out += hex[b >> 4];
+          out += hex[b & 15];
+        } else {
+          out += static_cast<char>(b);
+        }
+    }
+    ++i;
+  }
+  if (i < input.size()) out += "...";
+  return out;
 }
 
 }  // namespace loom

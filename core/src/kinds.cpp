@@ -1,5 +1,6 @@
 // Out-of-line destructors: they anchor every interface's vtable and type information in
 // libloom_core.so, so plugins built with hidden visibility share one definition of each.
+#include "loom/hf_interop.hpp"
 #include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/dataset.hpp"
@@ -24,5 +25,8 @@ Dataset::~Dataset() = default;
 Tokenizer::~Tokenizer() = default;
 LrSchedule::~LrSchedule() = default;
 Tracker::~Tracker() = default;
+
+HfModel::~HfModel() = default;
+HfTokenizer::~HfTokenizer() = default;
 
 }  // namespace loom

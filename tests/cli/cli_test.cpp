@@ -171,6 +171,80 @@ TEST(Cli, TrainAndGenerateRefuseBadInputWithStatusTwo) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
+// A run small enough to train in a second: context 32, byte tokenizer, no samples.
+const char* tiny_run_config = R"(
+model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 1, num_heads: 2}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: adamw, learning_rate: 3.0e-3}
+lr_schedule: {type: cosine, warmup: 1}
+trainer: {num_train_steps: 2, train_batch_size: 2, max_eval_batches: 1, sample_length: 0, trackers: [],
+          peak_flops: 1.0e9}
+)";
+
+TEST(Cli, GenerateGoesPastTheContextOrStopsWithAMessage) {
+  test::TempDir dir;
+  const auto file = dir.write("tiny.yaml", tiny_run_config);
+  const std::string run = (dir.path() / "run").string();
+  auto r = loom({"train", file.string(), "trainer.run_dir=" + run});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // 200 bytes of the byte tokenizer and the final newline, past the context of 32.
+  r = loom({"generate", run, "-n", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.size(), 201u) << r.out;
+  r = loom({"generate", run, "-n", "200", "--prompt", "The ", "--stop-at-context"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The prompt's 4 tokens and 28 new ones fill the context; the 29th is predicted at its end.
+  EXPECT_EQ(r.out.size(), 4u + 29u + 1u) << r.out;
+  EXPECT_NE(r.err.find("stopped after 29 of 200 tokens: the model's context of 32 tokens is full (--stop-at-context"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(Cli, SamplingOptionsOutOfRangeAreUserErrors) {
+  test::TempDir dir;
+  // Checked before the run is read: the run need not exist.
+  const std::string run = dir.path().string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--top-k", "-3"}, "--top-k (-k) must be at least 0 (0: every token), got -3"},
+      {{"--top-p", "0"}, "--top-p must be in (0, 1] (1: every token), got 0"},
+      {{"--top-p", "1.5"}, "--top-p must be in (0, 1] (1: every token), got 1.5"},
+      {{"--temperature", "-1"}, "--temperature (-t) must be a number >= 0 (0: greedy), got -1"},
+      {{"-n", "-1"}, "--max-new-tokens (-n) must be at least 0, got -1"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {"generate", run};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = loom(argv);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  // The trainer's sample_* options, checked with the config.
+  const auto file = dir.write("tiny.yaml", tiny_run_config);
+  const std::vector<std::pair<std::string, std::string>> trainer_cases = {
+      {"trainer.sample_top_k=-3", "trainer.sample_top_k"},
+      {"trainer.sample_top_p=0", "trainer.sample_top_p"},
+      {"trainer.sample_top_p=1.5", "trainer.sample_top_p"},
+      {"trainer.sample_temperature=-1", "trainer.sample_temperature"},
+      {"trainer.sample_length=-1", "trainer.sample_length"},
+  };
+  for (const auto& [override_, option] : trainer_cases) {
+    const auto r = loom({"train", file.string(), override_, "trainer.run_dir=" + (dir.path() / "never").string()});
+    EXPECT_EQ(r.exit_code, 2) << override_ << ": " << r.err;
+    EXPECT_NE(r.err.find(option), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, GenerateNamesAMissingRunItself) {
+  test::TempDir dir;
+  const std::string missing = (dir.path() / "runs" / "nope").string();
+  auto r = loom({"generate", missing});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'" + missing + "' does not exist"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find((dir.path() / "runs" / "config.yaml").string()), std::string::npos)
+      << "the message names the parent's config: " << r.err;
+}
+
 TEST(Cli, ConfigSchemaPrintsDeclaredOptions) {
   auto r = loom({"config", "schema", "lr_schedule/test_scaled", "--plugin-path", fixture_dir("good").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -18,13 +18,13 @@
 #include <iostream>
 #include <limits>
 #include <loom/autograd.hpp>
-#include <loom/core/attention_bench.hpp>
 #include <loom/core/plugin_host.hpp>
 #include <loom/core/registry.hpp>
 #include <loom/error.hpp>
 #include <loom/execution.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/backend.hpp>
+#include <loom/run/attention_bench.hpp>
 #include <random>
 #include <sstream>
 #include <string>

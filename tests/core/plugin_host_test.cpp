@@ -75,7 +75,7 @@ TEST(PluginHost, EachBrokenPluginIsRecordedWithItsReason) {
       {"libloom-test-text.so", "not an ELF shared object"},
       {"libloom-test-no-abi.so", "without a loom ABI record (missing symbol loom_plugin_abi"},
       {"libloom-test-no-register.so", "missing symbol loom_plugin_register"},
-      {"libloom-test-abi-major.so", "ABI mismatch: the plugin has ABI 999.0"},
+      {"libloom-test-abi-major.so", "ABI mismatch: the plugin has ABI 999."},  // minor: this SDK's
       {"libloom-test-build-tag.so", "build mismatch: the plugin was built with gcc-3.4"},
       {"libloom-test-fails.so", "register function failed: the test plugin reports an error"},
       {"libloom-test-throws.so", "register function failed: the test plugin refuses to register"},

@@ -33,10 +33,16 @@ set(example_build ${WORK_DIR}/example-build)
 
 # 1. Install.
 run(COMMAND ${CMAKE_COMMAND} --install ${LOOM_BUILD_DIR} --prefix ${prefix})
-foreach(f bin/loom lib/libloom_core.so include/loom/plugin.hpp include/loom/version.hpp
+foreach(f bin/loom lib/libloom_core.so lib/libloom_run.so include/loom/plugin.hpp include/loom/version.hpp
           lib/cmake/Loom/LoomConfig.cmake lib/cmake/Loom/LoomTargets.cmake lib/cmake/Loom/LoomPlugin.cmake)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install is missing ${f}")
+  endif()
+endforeach()
+# The SDK is for plugins: the core's own API and the run layer's headers stay out of it.
+foreach(d include/loom/core include/loom/run)
+  if(EXISTS ${prefix}/${d})
+    message(FATAL_ERROR "install has ${d}, which is not part of the plugin SDK")
   endif()
 endforeach()
 

@@ -1,6 +1,6 @@
 // The trainer end to end on tiny models: run directory contents, determinism, gradient
 // accumulation equal to one big batch, divergence stops, generation from a finished run.
-#include "loom/core/trainer.hpp"
+#include "loom/run/trainer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "../core/test_support.hpp"
-#include "loom/core/generate.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/run/generate.hpp"
 #include "loom/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -80,6 +80,8 @@ TEST(Trainer, WritesTheRunDirectory) {
   EXPECT_TRUE(fs::exists(run.run_dir / "config.yaml"));
   EXPECT_TRUE(fs::exists(run.run_dir / "model.safetensors"));
   EXPECT_TRUE(fs::is_directory(run.run_dir / "tensorboard"));
+  std::ifstream generation_info(run.run_dir / "generation.json");
+  EXPECT_EQ(nlohmann::json::parse(generation_info), nlohmann::json({{"separator_ends_documents", true}}));
   const auto records = read_metrics(run.run_dir);
   ASSERT_FALSE(records.empty());
   // Logged every 2 steps: 2, 4, 6, each with loss, lr, grad norm, tokens/s and MFU.
@@ -221,16 +223,27 @@ TEST(Generate, ARunCanBeLoadedAndSampledDeterministically) {
   options.config = dir.path() / "a" / "config.yaml";
   Runtime runtime(options);
   LoadedRun run = load_run(runtime, dir.path() / "a");
+  // The synthetic corpus separates documents with "\n" (the byte tokenizer has no end-of-text
+  // token) and has none inside them: a generated "\n" ends a document.
+  EXPECT_TRUE(run.documents.separator_ends_documents);
+  EXPECT_EQ(run.documents.separator, std::vector<std::int32_t>{'\n'});
   SamplingOptions sampling;
   sampling.max_new_tokens = 12;
   sampling.temperature = 0.9;
   sampling.seed = 7;
   const auto prompt = run.tokenizer->encode("The ");
-  const auto first = generate(*run.model, *run.backend, prompt, sampling);
-  const auto second = generate(*run.model, *run.backend, prompt, sampling);
+  const auto first = generate(*run.model, *run.backend, *run.tokenizer, run.documents, prompt, sampling).tokens;
+  const auto second = generate(*run.model, *run.backend, *run.tokenizer, run.documents, prompt, sampling).tokens;
   EXPECT_EQ(first.size(), 12u);
   EXPECT_EQ(first, second);
   for (auto t : first) EXPECT_TRUE(t >= 0 && t < 256);
+}
+
+// trainer.sample_length longer than the context (32) is not cut: the window slides.
+TEST(Trainer, SamplesLongerThanTheContextAreWhole) {
+  test::TempDir dir;
+  const TinyRun run = train_tiny(dir, "long", {"trainer.num_train_steps=2", "trainer.sample_length=100"});
+  EXPECT_EQ(run.summary.final_sample.size(), 100u) << run.summary.final_sample;  // one byte per token
 }
 
 TEST(Sampling, TemperatureTopKAndTopP) {

@@ -28,6 +28,19 @@ std::string relative_note(const std::string& pattern) {
   return ec ? "" : " (relative paths are relative to the current directory, " + cwd.string() + ")";
 }
 
+// nlohmann's parse error without its tag ("[json.exception.parse_error.101] ") and without the
+// raw bytes it quotes ("; last read: '...'"), which can be binary or a whole line: the bytes
+// around the error, escaped, instead.
+std::string json_error(const nlohmann::json::parse_error& e, std::string_view line) {
+  std::string what = e.what();
+  if (const auto bracket = what.find("] "); bracket != std::string::npos) what = what.substr(bracket + 2);
+  if (const auto last = what.find("; last read: "); last != std::string::npos) what.erase(last);
+  // e.byte is 1-based: the byte the parser stopped at.
+  const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, line.size());
+  const std::size_t from = at > 20 ? at - 20 : 0;
+  return what + "; near '" + (from > 0 ? "..." : "") + escape_input(line.substr(from), at - from + 20) + "'";
+}
+
 std::string where(const std::string& option) {
   return option.empty() ? "" : " (in " + option + ")";
 }
@@ -128,11 +141,7 @@ void read_jsonl(const fs::path& file, const std::string& field,
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
-      // nlohmann's message starts "[json.exception.parse_error.101] parse error at line 1, ...".
-      std::string what = e.what();
-      const auto bracket = what.find("] ");
-      if (bracket != std::string::npos) what = what.substr(bracket + 2);
-      throw UserError(at + "not valid JSON: " + what);
+      throw UserError(at + "not valid JSON: " + json_error(e, line));
     }
     if (!j.is_object())
       throw UserError(at + "expected a JSON object with a \"" + field + "\" field, found a " + j.type_name());
@@ -141,13 +150,13 @@ void read_jsonl(const fs::path& file, const std::string& field,
       std::string keys;
       for (auto k = j.begin(); k != j.end(); ++k) {
         if (!keys.empty()) keys += ", ";
-        keys += k.key();
+        keys += escape_input(k.key(), 40);
       }
       std::vector<std::string> names;
       for (auto k = j.begin(); k != j.end(); ++k) names.push_back(k.key());
       const std::string guess = closest_match(field, names);
       throw UserError(at + "no \"" + field + "\" field (the object has " + (keys.empty() ? "no fields" : keys) + ")" +
-                      (guess.empty() ? "" : "; did you mean text_field: " + guess + "?"));
+                      (guess.empty() ? "" : "; did you mean text_field: " + escape_input(guess, 40) + "?"));
     }
     if (!it->is_string())
       throw UserError(at + "field \"" + field + "\" is a " + it->type_name() + ", expected a string");

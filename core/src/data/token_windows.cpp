@@ -98,6 +98,9 @@ PackedTokens pack_documents(const Tokenizer& tokenizer, std::span<const std::str
   packed.tokens.reserve(total + non_empty * separator.size());
   packed.document_ends.reserve(documents.size());
   for (auto& e : encoded) {
+    if (!separator.empty() && !packed.separator_inside_documents)
+      packed.separator_inside_documents =
+          std::search(e.begin(), e.end(), separator.begin(), separator.end()) != e.end();
     packed.add_document(e, separator);
     std::vector<std::int32_t>().swap(e);
   }

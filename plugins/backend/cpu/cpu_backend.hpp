@@ -103,10 +103,9 @@ class CpuBackend final : public Backend {
   // out[j] (+)= sum over c < chunks, in chunk order, of partials[c * stride + j], for j < cols.
   void reduce_partials(const float* partials, int64_t chunks, int64_t stride, int64_t cols, float* out,
                        bool accumulate);
-  // How a GEMM is cut: `panels` (1: not at all) along m or n.
+  // How a GEMM is cut: `panels` (1: not at all) of rows of C.
   struct Split {
     int64_t panels;
-    bool along_m;
   };
   Split gemm_split(int64_t m, int64_t n, int64_t k) const;
   void gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

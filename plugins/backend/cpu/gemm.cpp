@@ -7,11 +7,15 @@
 // of B through its own packed copy of a block of A, the way OpenBLAS's own threading does.
 //
 // Thread-count independence: OpenBLAS's regular kernel sums each output element over k in the
-// same order whatever the panel, but for small problems (m*n*k up to about 1e6 on this
-// OpenBLAS) it switches to "small matrix" kernels that round differently. Panels are therefore
-// never smaller than half of gemm_parallel_min_work (2^20 by default): a problem is computed by
-// the same kernel whether it is split or not, and GEMM results do not depend on the thread
-// count (tests/numerics/cpu_backend_test.cpp checks it).
+// same order whatever the panel, but for small problems it switches to "small matrix" kernels
+// that round differently (m*n*k up to about 1e6 on Skylake-X, about 2^21 with the Zen kernels
+// of OpenBLAS 0.3.21). Panels are therefore never smaller than gemm_parallel_min_work (2^21 by
+// default), so a problem is computed by the same kernel whether it is split or not. Within the
+// regular kernel, an element's rounding also depends on the micro-tile that computes it: panel
+// starts are multiples of kPanelRows (a multiple of the 16- and 24-row tiles of Skylake-X and
+// Zen), so the tiles of a panel are those of the unsplit product. Products are never cut along
+// n: on Zen 3 column panels changed results however they were aligned. GEMM results do not
+// depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
 #include <cblas.h>
 
 #include "cpu_backend.hpp"
@@ -23,6 +27,8 @@ namespace {
 CBLAS_TRANSPOSE cblas_trans(bool t) {
   return t ? CblasTrans : CblasNoTrans;
 }
+
+constexpr int64_t kPanelRows = 48;
 
 // Start of panel i of p over [0, n), rounded to a multiple of `align`.
 int64_t panel_start(int64_t n, int64_t i, int64_t p, int64_t align) {
@@ -46,14 +52,10 @@ void CpuBackend::gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 }
 
 CpuBackend::Split CpuBackend::gemm_split(int64_t m, int64_t n, int64_t k) const {
-  const int64_t threads = ex_.num_threads();
   const int64_t work = m * n * std::max<int64_t>(k, 1);
-  const bool along_m = m >= 32 * threads || m >= n;
-  const int64_t extent = along_m ? m : n;
-  const int64_t panels =
-      std::min({threads, extent / 16, work / std::max<int64_t>(1, options_.gemm_parallel_min_work / 2)});
-  if (work < options_.gemm_parallel_min_work || panels < 2) return {1, true};
-  return {panels, along_m};
+  const int64_t panels = std::min<int64_t>(
+      {ex_.num_threads(), m / kPanelRows, work / std::max<int64_t>(1, options_.gemm_parallel_min_work)});
+  return {work < options_.gemm_parallel_min_work || panels < 2 ? 1 : panels};
 }
 
 void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -64,15 +66,12 @@ void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n
     gemm_single(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const int64_t extent = split.along_m ? m : n;
   ex_.parallel_for(split.panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
-      const int64_t s = panel_start(extent, p, split.panels, 16), e = panel_start(extent, p + 1, split.panels, 16);
+      const int64_t s = panel_start(m, p, split.panels, kPanelRows),
+                    e = panel_start(m, p + 1, split.panels, kPanelRows);
       if (s >= e) continue;
-      if (split.along_m)
-        gemm_single(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta, c + s * ldc, ldc);
-      else
-        gemm_single(ta, tb, m, e - s, k, alpha, a, lda, tb ? b + s * ldb : b + s, ldb, beta, c + s, ldc);
+      gemm_single(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta, c + s * ldc, ldc);
     }
   });
 }
@@ -82,7 +81,7 @@ void CpuBackend::linear_forward(Transpose trans_a, Transpose trans_b, int64_t m,
                                 Activation act) {
   const Split split = gemm_split(m, n, k);
   const bool epilogue = bias || act != Activation::none;
-  if (split.panels == 1 || !split.along_m || !epilogue) {
+  if (split.panels == 1 || !epilogue) {
     Backend::linear_forward(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, bias, out, act);
     return;
   }
@@ -91,7 +90,8 @@ void CpuBackend::linear_forward(Transpose trans_a, Transpose trans_b, int64_t m,
   const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
   ex_.parallel_for(split.panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
-      const int64_t s = panel_start(m, p, split.panels, 16), e = panel_start(m, p + 1, split.panels, 16);
+      const int64_t s = panel_start(m, p, split.panels, kPanelRows),
+                    e = panel_start(m, p + 1, split.panels, kPanelRows);
       if (s >= e) continue;
       gemm_single(ta, tb, e - s, n, k, 1.0f, ta ? a + s : a + s * lda, lda, b, ldb, 0.0f, pre + s * n, n);
       bias_activation_rows(pre, bias, out, s, e, n, act);

@@ -41,6 +41,7 @@ class JsonlDataset final : public loom::Dataset {
     corpus_.batch(split, index, out);
   }
   std::int64_t num_tokens(loom::Split split) const override { return corpus_.num_tokens(split); }
+  bool separator_ends_documents() const override { return corpus_.separator_ends_documents(); }
 
  private:
   std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& files) const {

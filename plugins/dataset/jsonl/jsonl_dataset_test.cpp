@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "dataset_test_support.hpp"
@@ -135,6 +136,15 @@ TEST(JsonlDataset, BadLinesAreUserErrorsWithFileAndLine) {
   };
   std::string e = error_for("bad.jsonl", jsonl_lines(2) + "{\"text\": \"unterminated}\n");
   EXPECT_NE(e.find("bad.jsonl:3: not valid JSON"), std::string::npos) << e;
+  // A binary or huge line: the message quotes a short excerpt, escaped, where nlohmann's own
+  // message holds the raw bytes and all of the run before them.
+  e = error_for("binary.jsonl", jsonl_lines(1) + "{\"text\": \"" + std::string(300, 'z') + "\xff\x1b[2J\"}\n");
+  EXPECT_NE(e.find("binary.jsonl:2: not valid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("zzz\\xff\\x1b[2J"), std::string::npos) << e;
+  EXPECT_TRUE(std::all_of(e.begin(), e.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) << e;
+  EXPECT_LT(e.size(), 300u) << e;
+  e = error_for("control.jsonl", "{\"te\\u001bxt\": \"x\"}\n");
+  EXPECT_NE(e.find("the object has te\\x1bxt)"), std::string::npos) << e;
   e = error_for("missing.jsonl", jsonl_lines(1) + "{\"content\": \"x\", \"id\": 2}\n");
   EXPECT_NE(e.find("missing.jsonl:2: no \"text\" field (the object has content, id)"), std::string::npos) << e;
   e = error_for("typo.jsonl", jsonl_lines(3), "txet");

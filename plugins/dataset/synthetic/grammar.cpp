@@ -8,7 +8,8 @@ namespace loom::synthetic {
 
 namespace {
 
-// SplitMix64: a 64-bit counter through hash_u64 (its finaliser).
+// SplitMix64: a 64-bit counter through hash_u64 (its finaliser). Stateful: never call it twice
+// in one expression (the order of the calls would be up to the compiler).
 class Rng {
  public:
   explicit Rng(std::uint64_t seed) : state_(seed) {}
@@ -82,8 +83,14 @@ std::string transitive(Rng& rng) {
 
 std::string intransitive(Rng& rng) {
   const NounPhrase subject = noun_phrase(rng, animate_nouns());
-  return subject.text + " " + verb(rng.pick(intransitive_verbs()), subject.plural) + " " + rng.pick(prepositions()) +
-         " the " + rng.pick(places()) + ".";
+  // One draw per statement: C++ leaves the order of calls within one expression unspecified, so
+  // two compilers would otherwise draw in different orders and build different corpora. This is
+  // the order GCC chose when the draws shared one expression, so the corpus stays what GCC builds
+  // have always trained on.
+  const char* place = rng.pick(places());
+  const char* preposition = rng.pick(prepositions());
+  const Word& v = rng.pick(intransitive_verbs());
+  return subject.text + " " + verb(v, subject.plural) + " " + preposition + " the " + place + ".";
 }
 
 std::string counting(Rng& rng) {

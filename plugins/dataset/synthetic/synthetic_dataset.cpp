@@ -61,6 +61,7 @@ class SyntheticDataset final : public loom::Dataset {
   std::int64_t num_tokens(loom::Split split) const override {
     return (split == loom::Split::train ? splits_.train : splits_.validation).num_tokens();
   }
+  bool separator_ends_documents() const override { return corpus_.separator_ends_documents(); }
 
  private:
   std::int64_t num_documents_;

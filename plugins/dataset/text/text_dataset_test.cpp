@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "dataset_test_support.hpp"
+#include "loom/random.hpp"
 #include "loom/text_corpus.hpp"
+#include "loom/token_windows.hpp"
 
 namespace loom::test {
 namespace {
@@ -104,6 +108,38 @@ TEST(TextDataset, AnEpochVisitsEveryWindowOnce) {
     EXPECT_EQ(residues.size(), 1u) << "one epoch uses one grid";
     if (!offsets) {
       EXPECT_EQ(*residues.begin(), 0u);
+    }
+  }
+}
+
+// docs/datasets.md gives the order as a formula of the run's seed; it must be the one the code
+// uses. The trainer hands the dataset stream_key(seed, 2, 0) (DatasetSetup::seed).
+TEST(TextDataset, TheOrderIsTheDocumentedFormula) {
+  const std::string doc = "stream_key(stream_key(seed, 2, 0), 2, split)";
+  std::ifstream in(std::filesystem::path(LOOM_SOURCE_DIR) / "docs" / "datasets.md");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("`key` is `" + doc + "`"), std::string::npos) << "docs/datasets.md no longer says " << doc;
+
+  TempDir dir;
+  const std::string corpus = random_text(2004);
+  const auto file = dir.write("a.txt", corpus);
+  const std::int64_t seq_len = 10, run_seed = 42;
+  auto ds =
+      text_dataset({file.string()}, options({{"validation_fraction", Value(0.5)}, {"random_offsets", Value(false)}}));
+  ds->prepare(make_setup(std::make_shared<TestTokenizer>(), seq_len, 1, stream_key(run_seed, 2, 0)));
+  const std::size_t half = corpus.size() / 2;  // 1002 tokens per split: 100 windows each
+  for (const Split split : {Split::train, Split::validation}) {
+    const std::uint64_t key = stream_key(stream_key(run_seed, 2, 0), 2, split == Split::train ? 0 : 1);
+    const std::string stream = split == Split::train ? corpus.substr(0, half) : corpus.substr(half);
+    Batch b;
+    for (const std::int64_t sample : {0, 1, 7, 99, 100, 101, 250}) {
+      const std::uint64_t epoch = static_cast<std::uint64_t>(sample / 100);
+      const std::uint64_t window =
+          permute_index(static_cast<std::uint64_t>(sample % 100), 100, hash_u64(key ^ hash_u64(epoch + 1)));
+      ds->batch(split, sample, b);
+      const auto w = loom::test::window(b, 0);
+      EXPECT_EQ(std::string(w.begin(), w.end()), stream.substr(window * seq_len, seq_len + 1))
+          << (split == Split::train ? "train" : "validation") << " sample " << sample;
     }
   }
 }

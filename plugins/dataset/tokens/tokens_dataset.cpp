@@ -1,6 +1,7 @@
 // The `tokens` dataset: pre-tokenized shards (loom/token_shard.hpp, written by `loom tokenize`),
 // memory-mapped and cut into seq_len + 1 windows in place (loom/token_windows.hpp): nothing is
 // read until a batch needs it, and a batch is a copy of its windows' ids.
+#include <algorithm>
 #include <cstdio>
 #include <loom/kinds/dataset.hpp>
 #include <loom/plugin.hpp>
@@ -65,6 +66,7 @@ class TokensDataset final : public loom::Dataset {
       validation_windows_ = loom::TokenWindows(std::move(validation), setup.seq_len, setup.seed,
                                                loom::Split::validation, {order_.shuffle, false}, validation_what);
     batch_size_ = setup.batch_size;
+    separator_ends_documents_ = setup.tokenizer && separator_only_between_documents(*setup.tokenizer);
   }
 
   void batch(loom::Split split, std::int64_t index, loom::Batch& out) const override {
@@ -81,6 +83,7 @@ class TokensDataset final : public loom::Dataset {
   std::int64_t num_tokens(loom::Split split) const override {
     return (split == loom::Split::train ? train_windows_ : validation_windows_).num_tokens();
   }
+  bool separator_ends_documents() const override { return separator_ends_documents_; }
 
  private:
   loom::TokenShard open(const std::filesystem::path& file) const {
@@ -95,6 +98,47 @@ class TokensDataset final : public loom::Dataset {
     q.document_ends = s.document_ends();
     q.name = s.path().string();
     return q;
+  }
+
+  // Whether the shards hold several documents and the separator `loom tokenize` writes between
+  // them nowhere else. An end-of-text token is taken to be only a separator; a "\n" separator is
+  // looked for inside the documents, which reads every token, so only when the shards were read
+  // anyway (verify).
+  bool separator_only_between_documents(const loom::Tokenizer& tokenizer) const {
+    std::int64_t documents = 0;
+    for (const auto* shards : {&train_, &validation_})
+      for (const auto& s : *shards) documents += static_cast<std::int64_t>(s.document_ends().size());
+    if (documents < 2) return false;
+    if (tokenizer.end_of_text()) return true;
+    if (!verify_) return false;
+    std::vector<std::int32_t> separator;
+    try {
+      separator = loom::document_separator(tokenizer);
+    } catch (const loom::UserError&) {
+      return false;  // a vocabulary without "\n": nothing separated the documents
+    }
+    if (separator.empty()) return false;
+    std::vector<std::int32_t> document;
+    for (const auto* shards : {&train_, &validation_})
+      for (const auto& s : *shards) {
+        std::int64_t start = 0;
+        for (const std::int64_t end : s.document_ends()) {
+          document.resize(static_cast<std::size_t>(end - start));
+          for (std::int64_t i = start; i < end; ++i)
+            document[static_cast<std::size_t>(i - start)] =
+                s.info().token_bytes == 2 ? static_cast<std::int32_t>(static_cast<const std::uint16_t*>(s.tokens())[i])
+                                          : static_cast<std::int32_t>(static_cast<const std::uint32_t*>(s.tokens())[i]);
+          // The separator that ends the document is its last tokens (not after a stream's last).
+          auto body_end = document.end();
+          if (document.size() >= separator.size() &&
+              std::equal(separator.begin(), separator.end(),
+                         document.end() - static_cast<std::ptrdiff_t>(separator.size())))
+            body_end -= static_cast<std::ptrdiff_t>(separator.size());
+          if (std::search(document.begin(), body_end, separator.begin(), separator.end()) != body_end) return false;
+          start = end;
+        }
+      }
+    return true;
   }
 
   // The last validation_fraction of the training stream, as the text datasets split theirs.
@@ -156,6 +200,7 @@ class TokensDataset final : public loom::Dataset {
   std::vector<loom::TokenShard> train_, validation_;
   loom::TokenWindows train_windows_, validation_windows_;
   std::int64_t batch_size_ = 0;
+  bool separator_ends_documents_ = false;
 };
 
 loom::OptionSchema options() {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dataset_test_support.hpp"
-#include "loom/core/tokenize.hpp"
+#include "loom/run/tokenize.hpp"
 #include "loom/token_shard.hpp"
 
 namespace loom::test {
@@ -120,6 +120,33 @@ TEST(TokensDataset, JsonlRoundTripKeepsDocumentBoundaries) {
   Batch b;
   tokens->batch(Split::train, 0, b);
   expect_segments_follow(b, 256);
+}
+
+// Whether a generated "\n" ends a document (Dataset::separator_ends_documents): only when the
+// data has several documents and no line break inside one. The shards say what the text says.
+TEST(TokensDataset, SeparatorEndsDocumentsAsTheTextDatasetSays) {
+  TempDir dir;
+  auto tok = std::make_shared<TestTokenizer>();  // no end-of-text token: "\n" separates
+  const auto check = [&](const std::string& name, const std::vector<std::string>& texts, bool expected) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> files;
+    for (std::size_t i = 0; i < texts.size(); ++i)
+      files.push_back(dir.write(name + "/" + std::to_string(i) + ".txt", texts[i]).string());
+    const TokenizeSummary s = tokenize(*tok, files, dir.path() / (name + "-out"));
+    auto text = named_dataset("text", files);
+    auto tokens = tokens_dataset({s.train_shards.at(0).string()});
+    text->prepare(make_setup(tok, 2, 1));
+    tokens->prepare(make_setup(tok, 2, 1));
+    EXPECT_EQ(text->separator_ends_documents(), expected);
+    EXPECT_EQ(tokens->separator_ends_documents(), expected);
+    // Unknown unless the shards are read at start-up.
+    auto unverified = tokens_dataset({s.train_shards.at(0).string()}, with(Value::map(), "verify", Value(false)));
+    unverified->prepare(make_setup(tok, 2, 1));
+    EXPECT_FALSE(unverified->separator_ends_documents());
+  };
+  check("apart", {"one short document", "and another one", "and a third"}, true);
+  check("inside", {"one short document", "two lines\nin one", "and a third"}, false);
+  check("single", {"one document only, long enough"}, false);
 }
 
 TEST(TokensDataset, ManyShardsAndWindowsStayInsideEach) {

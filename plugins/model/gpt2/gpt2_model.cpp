@@ -1,8 +1,10 @@
 // The `gpt2` model: GPT-2 (Radford et al. 2019) as Levanter's Gpt2Config describes it. Learned
 // position embeddings, pre-LayerNorm blocks, GELU (tanh form) MLP, tied input and output
 // embeddings. Parameter names and layouts follow the Hugging Face / OpenAI checkpoints
-// ("h.0.attn.c_attn.weight" is [hidden, 3 * hidden]: Conv1D's [in, out]).
+// ("h.0.attn.c_attn.weight" is [hidden, 3 * hidden]: Conv1D's [in, out]), so the Hugging Face
+// mapping (loom::HfModel) is the names under transformers' "transformer." prefix, unchanged.
 #include <cmath>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/model.hpp>
 #include <loom/model_support.hpp>
@@ -24,10 +26,10 @@ using loom::Tensor;
 
 struct Gpt2Options {
   std::int64_t seq_len, hidden_dim, num_layers, num_heads, mlp_scale;
-  double initializer_range;
-  float embed_pdrop, resid_pdrop, layer_norm_epsilon;
+  double initializer_range, embed_pdrop, resid_pdrop, layer_norm_epsilon;
   bool scale_attn_by_inverse_layer_idx, use_bias, tie_word_embeddings;
   std::int64_t vocab_size;  // 0: from the tokenizer
+  std::string path;         // of the options in the config ("model"), for messages
 };
 
 struct Block {
@@ -43,7 +45,7 @@ Tensor value(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
-class Gpt2Model final : public loom::models::CausalLm {
+class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
  public:
   Gpt2Model(const Gpt2Options& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
       : o_(o), kernel_(std::move(kernel)), execution_(&execution), head_dim_(o.hidden_dim / o.num_heads) {}
@@ -123,6 +125,89 @@ class Gpt2Model final : public loom::models::CausalLm {
     return loom::models::training_flops_per_token(s, seq_len);
   }
 
+  // ---- Hugging Face (transformers' GPT2LMHeadModel, GPT2Config) ----
+
+  loom::Value hf_config() const override {
+    require_built("hf_config");
+    if (!o_.use_bias)
+      throw loom::UserError(o_.path +
+                            ".use_bias is false, and Hugging Face's GPT-2 has biases in every linear layer and "
+                            "LayerNorm; only a model with use_bias: true can be exported");
+    loom::Value c = loom::Value::map();
+    c.set("architectures", loom::Value::List{loom::Value("GPT2LMHeadModel")});
+    c.set("model_type", "gpt2");
+    c.set("vocab_size", vocab_);
+    c.set("n_positions", o_.seq_len);
+    c.set("n_embd", o_.hidden_dim);
+    c.set("n_layer", o_.num_layers);
+    c.set("n_head", o_.num_heads);
+    c.set("n_inner", o_.hidden_dim * o_.mlp_scale);
+    c.set("activation_function", "gelu_new");  // GELU's tanh form, as loom's gpt2 computes it
+    c.set("resid_pdrop", o_.resid_pdrop);
+    c.set("embd_pdrop", o_.embed_pdrop);
+    c.set("attn_pdrop", 0.0);
+    c.set("layer_norm_epsilon", o_.layer_norm_epsilon);
+    c.set("initializer_range", o_.initializer_range);
+    c.set("scale_attn_weights", true);
+    c.set("scale_attn_by_inverse_layer_idx", o_.scale_attn_by_inverse_layer_idx);
+    c.set("reorder_and_upcast_attn", false);
+    c.set("tie_word_embeddings", o_.tie_word_embeddings);
+    return c;
+  }
+
+  loom::HfTensorLayout hf_tensors() const override {
+    require_built("hf_tensors");
+    loom::HfTensorLayout layout;
+    layout.base_model_prefix = "transformer";
+    for (const auto& p : store_.parameters()) {
+      const std::string& name = p.parameter->name();
+      layout.tensors.push_back(
+          {name == "lm_head.weight" ? name : "transformer." + name, name, 0, p.parameter->data().size(0)});
+    }
+    // OpenAI's files and older transformers keep each layer's causal mask ("attn.bias") and
+    // masked-score constant ("attn.masked_bias") as tensors; transformers rebuilds both.
+    layout.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+    if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
+    return layout;
+  }
+
+  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
+    require_built("hf_config_mismatches");
+    loom::HfConfigCheck check(config, o_.path);
+    const std::string type = check.string("model_type", "");
+    if (type != "gpt2") {
+      check.mismatch("model_type is " + loom::Value(type).describe() +
+                     "; the gpt2 model loads GPT-2 checkpoints (model_type \"gpt2\")");
+      return check.take();
+    }
+    // GPT2Config's defaults stand in for absent fields.
+    check.expect_integer("vocab_size", 50257, vocab_, "vocab_size");
+    check.expect_integer("n_positions", 1024, o_.seq_len, "seq_len");
+    check.expect_integer("n_embd", 768, o_.hidden_dim, "hidden_dim");
+    check.expect_integer("n_layer", 12, o_.num_layers, "num_layers");
+    check.expect_integer("n_head", 12, o_.num_heads, "num_heads");
+    const std::int64_t n_embd = check.integer("n_embd", 768);
+    const std::int64_t inner = check.integer("n_inner", 4 * n_embd);
+    if (inner != o_.hidden_dim * o_.mlp_scale)
+      check.mismatch("n_inner is " + std::to_string(inner) + ", " + o_.path + ".hidden_dim * " + o_.path +
+                     ".mlp_scale is " + std::to_string(o_.hidden_dim * o_.mlp_scale));
+    const std::string act = check.string("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      check.mismatch("activation_function is " + loom::Value(act).describe() +
+                     "; loom's gpt2 computes GELU's tanh form (\"gelu_new\")");
+    check.expect_number("layer_norm_epsilon", 1e-5, o_.layer_norm_epsilon, "layer_norm_epsilon");
+    if (!check.boolean("scale_attn_weights", true))
+      check.mismatch("scale_attn_weights is false; loom's gpt2 divides attention scores by sqrt(head_dim)");
+    check.expect_boolean("scale_attn_by_inverse_layer_idx", false, o_.scale_attn_by_inverse_layer_idx,
+                         "scale_attn_by_inverse_layer_idx");
+    check.expect_boolean("tie_word_embeddings", true, o_.tie_word_embeddings, "tie_word_embeddings");
+    if (!o_.use_bias)
+      check.mismatch(o_.path +
+                     ".use_bias is false, and GPT-2 checkpoints have biases in every linear layer and "
+                     "LayerNorm");
+    return check.take();
+  }
+
  private:
   const char* name() const override { return "gpt2"; }
   bool built() const override { return store_.allocated(); }
@@ -144,12 +229,13 @@ class Gpt2Model final : public loom::models::CausalLm {
     const Tensor pe = ops.embedding(wpe_->tensor(), positions);
     const Block& first = blocks_.front();
     Tensor h, x;
-    if (o_.embed_pdrop > 0.0f && ops.training()) {
-      h = ops.dropout(ops.add(tok, pe), o_.embed_pdrop);
-      x = ops.layer_norm(h, value(first.ln_1_weight), value(first.ln_1_bias), o_.layer_norm_epsilon);
+    const auto eps = static_cast<float>(o_.layer_norm_epsilon);
+    const auto resid_pdrop = static_cast<float>(o_.resid_pdrop);
+    if (o_.embed_pdrop > 0.0 && ops.training()) {
+      h = ops.dropout(ops.add(tok, pe), static_cast<float>(o_.embed_pdrop));
+      x = ops.layer_norm(h, value(first.ln_1_weight), value(first.ln_1_bias), eps);
     } else {
-      std::tie(h, x) =
-          ops.add_layer_norm(tok, pe, value(first.ln_1_weight), value(first.ln_1_bias), o_.layer_norm_epsilon);
+      std::tie(h, x) = ops.add_layer_norm(tok, pe, value(first.ln_1_weight), value(first.ln_1_bias), eps);
     }
 
     loom::LinearOptions in_out;
@@ -172,17 +258,16 @@ class Gpt2Model final : public loom::models::CausalLm {
         params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
       const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, c});
       const Tensor attn_out =
-          ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), o_.resid_pdrop);
-      std::tie(h, x) =
-          ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), o_.layer_norm_epsilon);
+          ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), resid_pdrop);
+      std::tie(h, x) = ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), eps);
       const Tensor m = ops.linear(x, b.c_fc_weight->tensor(), value(b.c_fc_bias), in_out_gelu);
       const Tensor mlp_out =
-          ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), o_.resid_pdrop);
+          ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), resid_pdrop);
       // The residual add fused with the next norm: the next block's ln_1, or ln_f after the last.
       const bool last = l + 1 == blocks_.size();
       const Parameter* norm_w = last ? ln_f_weight_ : blocks_[l + 1].ln_1_weight;
       const Parameter* norm_b = last ? ln_f_bias_ : blocks_[l + 1].ln_1_bias;
-      std::tie(h, x) = ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), o_.layer_norm_epsilon);
+      std::tie(h, x) = ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), eps);
     }
     if (cache) cache->advance(seq);
     return x;
@@ -233,14 +318,15 @@ void register_components(loom::Registrar& registrar) {
         o.num_heads = options.get<std::int64_t>("num_heads");
         o.mlp_scale = options.get<std::int64_t>("mlp_scale");
         o.initializer_range = options.get<double>("initializer_range");
-        o.embed_pdrop = options.get<float>("embed_pdrop");
-        o.resid_pdrop = options.get<float>("resid_pdrop");
-        o.layer_norm_epsilon = options.get<float>("layer_norm_epsilon");
+        o.embed_pdrop = options.get<double>("embed_pdrop");
+        o.resid_pdrop = options.get<double>("resid_pdrop");
+        o.layer_norm_epsilon = options.get<double>("layer_norm_epsilon");
         o.scale_attn_by_inverse_layer_idx = options.get<bool>("scale_attn_by_inverse_layer_idx");
         o.use_bias = options.get<bool>("use_bias");
         o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
         o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
         const std::string at = options.path().empty() ? "model" : options.path();
+        o.path = at;
         if (o.hidden_dim % o.num_heads != 0)
           throw loom::UserError(at + ": num_heads (" + std::to_string(o.num_heads) + ") must divide hidden_dim (" +
                                 std::to_string(o.hidden_dim) + ")");

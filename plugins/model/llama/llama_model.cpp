@@ -1,9 +1,12 @@
 // The `llama` model: Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024) as Levanter's
 // LlamaConfig describes it. RMSNorm pre-norm blocks, rotary position embeddings (optionally with
 // Llama 3.1's frequency rescaling), SwiGLU MLP, grouped-query attention; `sliding_window` gives
-// Mistral's local attention and `use_qk_norm` Qwen3's per-head RMSNorm of queries and keys.
-// q, k and v come from one fused projection (qkv_proj, rows [q heads | k heads | v heads]).
+// Mistral's local attention, `qkv_bias` Qwen2's biases on q, k and v, and `use_qk_norm` Qwen3's
+// per-head RMSNorm of queries and keys. q, k and v come from one fused projection (qkv_proj, rows
+// [q heads | k heads | v heads]); the Hugging Face mapping (loom::HfModel) splits it into
+// q_proj, k_proj and v_proj and otherwise keeps transformers' names under "model.".
 #include <cmath>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/model.hpp>
 #include <loom/model_support.hpp>
@@ -22,14 +25,22 @@ using loom::ParameterRole;
 using loom::Shape;
 using loom::Tensor;
 
+// The `rope` options as given (RopeConfig below is what they compute).
+struct RopeOptions {
+  std::string type;
+  double theta, factor, low_freq_factor, high_freq_factor;
+  std::int64_t original_max_position_embeddings;
+};
+
 struct LlamaOptions {
   std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
-  double initializer_range;
-  float layer_norm_epsilon;
-  bool tie_word_embeddings, use_bias, use_qk_norm;
+  double initializer_range, layer_norm_epsilon;
+  bool tie_word_embeddings, use_bias, qkv_bias, use_qk_norm;
   std::int64_t sliding_window;  // 0: none
+  RopeOptions rope_options;
   loom::RopeConfig rope;
   std::int64_t vocab_size;  // 0: from the tokenizer
+  std::string path;         // of the options in the config ("model"), for messages
 };
 
 struct Layer {
@@ -47,7 +58,7 @@ Tensor value(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
-class LlamaModel final : public loom::models::CausalLm {
+class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
  public:
   LlamaModel(const LlamaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
       : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
@@ -65,7 +76,8 @@ class LlamaModel final : public loom::models::CausalLm {
       const std::string p = "layers." + std::to_string(l) + ".";
       store_.declare(p + "input_layernorm.weight", Shape{c}, ParameterRole::norm, &y.input_norm);
       store_.declare(p + "self_attn.qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &y.qkv_weight);
-      if (bias) store_.declare(p + "self_attn.qkv_proj.bias", Shape{q + 2 * kv}, ParameterRole::bias, &y.qkv_bias);
+      if (bias || o_.qkv_bias)
+        store_.declare(p + "self_attn.qkv_proj.bias", Shape{q + 2 * kv}, ParameterRole::bias, &y.qkv_bias);
       if (o_.use_qk_norm) {
         store_.declare(p + "self_attn.q_norm.weight", Shape{d}, ParameterRole::norm, &y.q_norm);
         store_.declare(p + "self_attn.k_norm.weight", Shape{d}, ParameterRole::norm, &y.k_norm);
@@ -131,7 +143,233 @@ class LlamaModel final : public loom::models::CausalLm {
     return loom::models::training_flops_per_token(s, seq_len);
   }
 
+  // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) ----
+
+  loom::Value hf_config() const override {
+    require_built("hf_config");
+    const std::string type = hf_model_type();
+    loom::Value c = loom::Value::map();
+    const char* architecture = type == "llama"     ? "LlamaForCausalLM"
+                               : type == "mistral" ? "MistralForCausalLM"
+                                                   : "Qwen2ForCausalLM";
+    c.set("architectures", loom::Value::List{loom::Value(architecture)});
+    c.set("model_type", type);
+    c.set("vocab_size", vocab_);
+    c.set("hidden_size", o_.hidden_dim);
+    c.set("intermediate_size", o_.intermediate_dim);
+    c.set("num_hidden_layers", o_.num_layers);
+    c.set("num_attention_heads", o_.num_heads);
+    c.set("num_key_value_heads", o_.num_kv_heads);
+    if (type != "qwen2") c.set("head_dim", o_.head_dim);  // Qwen2 derives it: hidden_size / heads
+    c.set("hidden_act", "silu");
+    c.set("max_position_embeddings", o_.seq_len);
+    c.set("initializer_range", o_.initializer_range);
+    c.set("rms_norm_eps", o_.layer_norm_epsilon);
+    c.set("rope_theta", o_.rope_options.theta);
+    if (type != "mistral") c.set("rope_scaling", hf_rope_scaling());
+    c.set("tie_word_embeddings", o_.tie_word_embeddings);
+    c.set("attention_dropout", 0.0);
+    if (type == "llama") {
+      c.set("attention_bias", o_.use_bias);
+      c.set("mlp_bias", o_.use_bias);
+      c.set("pretraining_tp", 1);
+    } else if (type == "mistral") {
+      c.set("sliding_window", o_.sliding_window);
+    } else {
+      c.set("use_sliding_window", false);
+    }
+    return c;
+  }
+
+  loom::HfTensorLayout hf_tensors() const override {
+    require_built("hf_tensors");
+    loom::HfTensorLayout layout;
+    layout.base_model_prefix = "model";
+    const std::int64_t q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
+    for (const auto& p : store_.parameters()) {
+      const std::string& name = p.parameter->name();
+      if (name == "lm_head.weight") {
+        layout.tensors.push_back({name, name, 0, vocab_});
+        continue;
+      }
+      const auto fused = name.find("self_attn.qkv_proj.");
+      if (fused == std::string::npos) {
+        layout.tensors.push_back({"model." + name, name, 0, p.parameter->data().size(0)});
+        continue;
+      }
+      // Rows [q heads | k heads | v heads] of the fused projection, weight or bias alike.
+      const std::string head = "model." + name.substr(0, fused) + "self_attn.";
+      const std::string tail = name.substr(fused + std::string("self_attn.qkv_proj").size());  // ".weight"
+      layout.tensors.push_back({head + "q_proj" + tail, name, 0, q});
+      layout.tensors.push_back({head + "k_proj" + tail, name, q, q + kv});
+      layout.tensors.push_back({head + "v_proj" + tail, name, q + kv, q + 2 * kv});
+    }
+    // Older transformers saved each layer's RoPE frequencies; they are recomputed from rope_theta.
+    layout.ignored_suffixes = {".rotary_emb.inv_freq"};
+    if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
+    return layout;
+  }
+
+  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
+    require_built("hf_config_mismatches");
+    loom::HfConfigCheck check(config, o_.path);
+    const std::string& at = o_.path;
+    const std::string type = check.string("model_type", "");
+    if (type != "llama" && type != "mistral" && type != "qwen2") {
+      check.mismatch("model_type is " + loom::Value(type).describe() +
+                     "; the llama model loads Llama, Mistral and Qwen2 checkpoints (model_type \"llama\", "
+                     "\"mistral\" or \"qwen2\")");
+      return check.take();
+    }
+    // The config classes' defaults stand in for absent fields (LlamaConfig, MistralConfig and
+    // Qwen2Config agree on those checked here unless noted).
+    check.expect_integer("vocab_size", 32000, vocab_, "vocab_size");
+    check.expect_integer("hidden_size", 4096, o_.hidden_dim, "hidden_dim");
+    check.expect_integer("intermediate_size", type == "mistral" ? 14336 : 11008, o_.intermediate_dim,
+                         "intermediate_dim");
+    check.expect_integer("num_hidden_layers", 32, o_.num_layers, "num_layers");
+    const std::int64_t heads = check.integer("num_attention_heads", 32);
+    check.expect_integer("num_attention_heads", 32, o_.num_heads, "num_heads");
+    check.expect_integer("num_key_value_heads", heads, o_.num_kv_heads, "num_kv_heads");
+    const std::int64_t hidden = check.integer("hidden_size", 4096);
+    const std::int64_t derived_head_dim = heads > 0 ? hidden / heads : 0;
+    if (type == "qwen2") {
+      if (o_.head_dim != derived_head_dim)
+        check.mismatch("Qwen2's head width is hidden_size / num_attention_heads = " + std::to_string(derived_head_dim) +
+                       ", " + at + ".head_dim is " + std::to_string(o_.head_dim));
+    } else {
+      check.expect_integer("head_dim", derived_head_dim, o_.head_dim, "head_dim");
+    }
+    const std::string act = check.string("hidden_act", "silu");
+    if (act != "silu")
+      check.mismatch("hidden_act is " + loom::Value(act).describe() + "; loom's llama uses SiLU (SwiGLU)");
+    check.expect_number("rms_norm_eps", 1e-6, o_.layer_norm_epsilon, "layer_norm_epsilon");
+    check.expect_number("rope_theta", 10000.0, o_.rope_options.theta, "rope.theta");
+    check_rope_scaling(check, type);
+    check.expect_boolean("tie_word_embeddings", false, o_.tie_word_embeddings, "tie_word_embeddings");
+    if (o_.use_qk_norm) check.mismatch(at + ".use_qk_norm is true, and " + type + " checkpoints have no q/k norms");
+
+    // Biases: Llama's attention_bias (q, k, v, o) and mlp_bias; Mistral has none; Qwen2 has them
+    // on q, k and v only.
+    const bool qkv = o_.use_bias || o_.qkv_bias;
+    if (type == "llama") {
+      check.expect_boolean("attention_bias", false, o_.use_bias, "use_bias");
+      check.expect_boolean("mlp_bias", false, o_.use_bias, "use_bias");
+      if (o_.qkv_bias && !o_.use_bias)
+        check.mismatch(at +
+                       ".qkv_bias is true, and Llama checkpoints have biases on q, k, v and o together "
+                       "(attention_bias) or none");
+    } else if (type == "mistral") {
+      if (qkv)
+        check.mismatch(std::string("Mistral checkpoints have no biases, ") + at + "." +
+                       (o_.use_bias ? "use_bias" : "qkv_bias") + " is true");
+    } else {
+      if (!o_.qkv_bias || o_.use_bias)
+        check.mismatch("Qwen2 checkpoints have biases on q, k and v only; set " + at + ".qkv_bias: true and " + at +
+                       ".use_bias: false");
+    }
+
+    // Sliding window: Mistral's (null: none), none in Llama, Qwen2's per-layer window not at all.
+    std::int64_t window = 0;
+    if (type == "mistral") {
+      // MistralConfig's default is 4096; an explicit null is no window.
+      const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
+      window = given && given->is_null() ? 0 : check.integer("sliding_window", 4096);
+    } else if (type == "qwen2" && check.boolean("use_sliding_window", false)) {
+      check.mismatch(
+          "use_sliding_window is true; loom's llama has no equivalent of Qwen2's per-layer window "
+          "(max_window_layers)");
+    }
+    if (window != o_.sliding_window)
+      check.mismatch("sliding_window is " + (window > 0 ? std::to_string(window) : std::string("null")) + ", " + at +
+                     ".sliding_window is " +
+                     (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
+    return check.take();
+  }
+
  private:
+  // The Hugging Face architecture that computes what this model computes.
+  std::string hf_model_type() const {
+    const std::string& at = o_.path;
+    if (o_.use_qk_norm)
+      throw loom::UserError(at +
+                            ".use_qk_norm is true (Qwen3's q/k norms): loom exports llama models as Hugging Face "
+                            "Llama, Mistral or Qwen2, none of which has them");
+    if (o_.qkv_bias && !o_.use_bias) {
+      if (o_.sliding_window > 0)
+        throw loom::UserError(at + ".qkv_bias with " + at +
+                              ".sliding_window has no Hugging Face architecture (Qwen2 has the biases, Mistral the "
+                              "window)");
+      if (o_.head_dim * o_.num_heads != o_.hidden_dim)
+        throw loom::UserError(at + ".head_dim (" + std::to_string(o_.head_dim) +
+                              ") must be hidden_dim / num_heads to export qkv_bias as Qwen2, which derives it");
+      return "qwen2";
+    }
+    if (o_.sliding_window > 0) {
+      if (o_.use_bias)
+        throw loom::UserError(at + ".use_bias with " + at +
+                              ".sliding_window has no Hugging Face architecture (Mistral has no biases)");
+      if (o_.rope_options.type != "default" || o_.rope_options.factor != 1.0)
+        throw loom::UserError(at + ".rope scaling with " + at +
+                              ".sliding_window has no Hugging Face architecture (Mistral's RoPE is unscaled)");
+      return "mistral";
+    }
+    return "llama";
+  }
+
+  // transformers' rope_scaling: null, {"rope_type": "linear", "factor"} or the llama3 rule.
+  loom::Value hf_rope_scaling() const {
+    const RopeOptions& r = o_.rope_options;
+    if (r.type == "default" && r.factor == 1.0) return loom::Value();
+    loom::Value s = loom::Value::map();
+    s.set("rope_type", r.type == "llama3" ? "llama3" : "linear");
+    s.set("factor", r.factor);
+    if (r.type == "llama3") {
+      s.set("low_freq_factor", r.low_freq_factor);
+      s.set("high_freq_factor", r.high_freq_factor);
+      s.set("original_max_position_embeddings", r.original_max_position_embeddings);
+    }
+    return s;
+  }
+
+  void check_rope_scaling(loom::HfConfigCheck& check, const std::string& type) const {
+    const RopeOptions& r = o_.rope_options;
+    const std::string& at = o_.path;
+    const loom::Value none;
+    const loom::Value& scaling = check.field("rope_scaling", none);
+    const bool scaled = !(r.type == "default" && r.factor == 1.0);
+    if (scaling.is_null() || type == "mistral") {  // Mistral ignores rope_scaling
+      if (scaled)
+        check.mismatch("rope_scaling is null, " + at + ".rope is " + r.type + " with factor " +
+                       loom::Value(r.factor).describe());
+      return;
+    }
+    if (!scaling.is_map()) {
+      check.mismatch("rope_scaling is " + scaling.describe() + ", expected null or a map");
+      return;
+    }
+    loom::HfConfigCheck inner(scaling, at + ".rope");
+    const std::string kind = inner.string("rope_type", inner.string("type", ""));
+    if (kind == "linear") {
+      if (r.type != "default")
+        check.mismatch("rope_scaling.rope_type is \"linear\", " + at + ".rope.type is " + r.type);
+      inner.expect_number("factor", 1.0, r.factor, "factor");
+    } else if (kind == "llama3") {
+      if (r.type != "llama3") check.mismatch("rope_scaling.rope_type is \"llama3\", " + at + ".rope.type is " + r.type);
+      inner.expect_number("factor", 8.0, r.factor, "factor");
+      inner.expect_number("low_freq_factor", 1.0, r.low_freq_factor, "low_freq_factor");
+      inner.expect_number("high_freq_factor", 4.0, r.high_freq_factor, "high_freq_factor");
+      inner.expect_integer("original_max_position_embeddings", 8192, r.original_max_position_embeddings,
+                           "original_max_position_embeddings");
+    } else if (kind == "default") {
+      if (scaled) check.mismatch("rope_scaling.rope_type is \"default\", " + at + ".rope is " + r.type + " scaling");
+    } else {
+      check.mismatch("rope_scaling.rope_type is " + loom::Value(kind).describe() +
+                     "; loom's llama computes default, linear and llama3 RoPE");
+    }
+    for (auto& line : inner.take()) check.mismatch("rope_scaling." + line);
+  }
+
   const char* name() const override { return "llama"; }
   bool built() const override { return store_.allocated(); }
   CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
@@ -144,7 +382,7 @@ class LlamaModel final : public loom::models::CausalLm {
     const std::int64_t batch = tokens.size(0), seq = tokens.size(1), d = o_.head_dim;
     const std::int64_t heads = o_.num_heads, kv_heads = o_.num_kv_heads;
     const std::int64_t offset = cache ? cache->length() : 0;
-    const float eps = o_.layer_norm_epsilon;
+    const auto eps = static_cast<float>(o_.layer_norm_epsilon);
     loom::AttentionParams params;
     params.causal = true;
     params.window = o_.sliding_window;
@@ -228,6 +466,7 @@ loom::OptionSchema llama_schema() {
   s.number("layer_norm_epsilon", 1e-5, "RMSNorm epsilon.").min(0.0);
   s.boolean("tie_word_embeddings", false, "Use the token embedding as the output projection.");
   s.boolean("use_bias", false, "Biases in every linear projection (q, k, v, o and the MLP).");
+  s.boolean("qkv_bias", false, "Biases in the q, k and v projections only (Qwen2); use_bias includes them.");
   s.integer("sliding_window", 0, "Attend to the last this many positions only (Mistral); null: all.")
       .required()
       .nullable()
@@ -248,9 +487,11 @@ LlamaOptions read_options(const loom::Options& options) {
   o.num_heads = options.get<std::int64_t>("num_heads");
   o.num_kv_heads = options.get<std::int64_t>("num_kv_heads");
   o.initializer_range = options.get<double>("initializer_range");
-  o.layer_norm_epsilon = options.get<float>("layer_norm_epsilon");
+  o.layer_norm_epsilon = options.get<double>("layer_norm_epsilon");
   o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
   o.use_bias = options.get<bool>("use_bias");
+  o.qkv_bias = options.get<bool>("qkv_bias");
+  o.path = at;
   o.use_qk_norm = options.get<bool>("use_qk_norm");
   o.sliding_window = options.get_optional<std::int64_t>("sliding_window").value_or(0);
   o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
@@ -273,6 +514,12 @@ LlamaOptions read_options(const loom::Options& options) {
   const bool llama3 = rope.get<std::string>("type") == "llama3";
   o.rope.base = rope.get_optional<double>("theta").value_or(llama3 ? 500000.0 : 10000.0);
   const double factor = rope.get_optional<double>("factor").value_or(llama3 ? 8.0 : 1.0);
+  o.rope_options = {rope.get<std::string>("type"),
+                    o.rope.base,
+                    factor,
+                    rope.get<double>("low_freq_factor"),
+                    rope.get<double>("high_freq_factor"),
+                    rope.get<std::int64_t>("original_max_position_embeddings")};
   if (llama3) {
     o.rope.llama3_scaling = true;
     o.rope.factor = factor;

@@ -1,5 +1,6 @@
 #include "bpe_model.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -56,7 +57,32 @@ std::string relative_note(const std::filesystem::path& p) {
   return " (relative paths are relative to the current directory" + (ec ? std::string() : ", " + cwd.string()) + ")";
 }
 
-// `what` names the file by its option ("encoder_json file 'x.json'").
+json parse_json(const std::string& text, const std::string& what) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string message = e.what();
+    // "[json.exception.parse_error.101] parse error at line 3, column 2: ..." without the tag.
+    if (const auto close = message.find("] "); message.rfind("[json.exception", 0) == 0 && close != std::string::npos)
+      message.erase(0, close + 2);
+    // nlohmann quotes the raw bytes it last read, which may be binary or long: the bytes around
+    // the error, escaped, instead.
+    if (const auto last = message.find("; last read: "); last != std::string::npos) message.erase(last);
+    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const std::size_t from = at > 20 ? at - 20 : 0;
+    throw UserError("gpt2-bpe: " + what + " is not valid JSON: " + message + "; near '" + (from > 0 ? "..." : "") +
+                    escape_input(std::string_view(text).substr(from), at - from + 20) + "'");
+  }
+}
+
+// A string as JSON writes it, quoted and escaped (invalid UTF-8 shown as U+FFFD): token text in
+// messages, where a raw "\n" or a lone byte would garble the line.
+std::string json_quoted(std::string_view s) {
+  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
 std::string read_file(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   const fs::path p(path);
@@ -76,26 +102,6 @@ std::string read_file(const std::string& path, const std::string& what) {
   if (!in) throw UserError("gpt2-bpe: " + what + " could not be read: " + std::strerror(errno));
   return data;
 }
-
-json parse_json(const std::string& text, const std::string& what) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    std::string message = e.what();
-    // "[json.exception.parse_error.101] parse error at line 3, column 2: ..." without the tag.
-    if (const auto close = message.find("] "); message.rfind("[json.exception", 0) == 0 && close != std::string::npos)
-      message.erase(0, close + 2);
-    throw UserError("gpt2-bpe: " + what + " is not valid JSON: " + message);
-  }
-}
-
-// A string as JSON writes it, quoted and escaped (invalid UTF-8 shown as U+FFFD): token text in
-// messages, where a raw "\n" or a lone byte would garble the line.
-std::string json_quoted(std::string_view s) {
-  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-}  // namespace
 
 // Fills a BpeModel from whichever file format, with the checks both formats share.
 class VocabularyBuilder {

@@ -111,4 +111,8 @@ class BpeModel {
   std::int32_t end_of_text_ = -1;
 };
 
+// The bytes of the file at `path` (relative to the current directory); `what` names it in errors
+// ("encoder_json file 'x.json'").
+std::string read_file(const std::string& path, const std::string& what);
+
 }  // namespace loom::gpt2_bpe

@@ -5,9 +5,11 @@
 // until no adjacent pair has a rank.
 #include <algorithm>
 #include <cstring>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/tokenizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "bpe_merge.hpp"
@@ -25,10 +27,15 @@ bool is_white_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-class Gpt2Bpe final : public Tokenizer {
+// Where the vocabulary came from: OpenAI's two files or a Hugging Face tokenizer.json.
+struct Source {
+  std::string encoder_json, vocab_bpe, tokenizer_json, end_of_text;
+};
+
+class Gpt2Bpe final : public Tokenizer, public HfTokenizer {
  public:
-  Gpt2Bpe(BpeModel model, bool recognize_special_tokens, std::size_t cache_size)
-      : model_(std::move(model)), cache_(cache_size) {
+  Gpt2Bpe(BpeModel model, Source source, bool recognize_special_tokens, std::size_t cache_size)
+      : model_(std::move(model)), source_(std::move(source)), cache_(cache_size) {
     if (recognize_special_tokens) specials_ = model_.added_tokens();
     // Longest first, so that of two special tokens starting at one place the longer wins.
     std::stable_sort(specials_.begin(), specials_.end(),
@@ -86,6 +93,35 @@ class Gpt2Bpe final : public Tokenizer {
       text += *token;
     }
     return text;
+  }
+
+  // transformers' GPT2Tokenizer reads OpenAI's two files as vocab.json and merges.txt (or, for a
+  // tokenizer.json, GPT2TokenizerFast that file); tokenizer_config.json names the class and the
+  // special tokens.
+  std::vector<HfFile> hf_tokenizer_files(std::int64_t model_max_length) const override {
+    std::vector<HfFile> files;
+    if (source_.tokenizer_json.empty()) {
+      files.push_back(
+          {"vocab.json", read_file(source_.encoder_json, "encoder_json file '" + source_.encoder_json + "'")});
+      files.push_back({"merges.txt", read_file(source_.vocab_bpe, "vocab_bpe file '" + source_.vocab_bpe + "'")});
+    } else {
+      files.push_back({"tokenizer.json",
+                       read_file(source_.tokenizer_json, "tokenizer_json file '" + source_.tokenizer_json + "'")});
+    }
+    nlohmann::ordered_json config = {{"tokenizer_class", "GPT2Tokenizer"},
+                                     {"model_max_length", model_max_length},
+                                     {"add_prefix_space", false},
+                                     {"errors", "replace"},
+                                     {"clean_up_tokenization_spaces", false}};
+    nlohmann::ordered_json specials = nlohmann::ordered_json::object();
+    if (!source_.end_of_text.empty())
+      for (const char* role : {"bos_token", "eos_token", "unk_token"}) {
+        config[role] = source_.end_of_text;
+        specials[role] = source_.end_of_text;
+      }
+    files.push_back({"tokenizer_config.json", config.dump(2) + "\n"});
+    files.push_back({"special_tokens_map.json", specials.dump(2) + "\n"});
+    return files;
   }
 
  private:
@@ -157,6 +193,7 @@ class Gpt2Bpe final : public Tokenizer {
   }
 
   BpeModel model_;
+  Source source_;
   PreTokenizer pre_tokenizer_;
   mutable WordCache cache_;  // encode is const, and safe to call concurrently: the cache locks
   std::vector<AddedToken> specials_;
@@ -213,7 +250,8 @@ std::unique_ptr<Tokenizer> create(const Options& o) {
                     "` is not; OpenAI's format needs both files");
   BpeModel model = openai ? BpeModel::from_openai_files(encoder_json, vocab_bpe, end_of_text)
                           : BpeModel::from_tokenizer_json(tokenizer_json, end_of_text);
-  return std::make_unique<Gpt2Bpe>(std::move(model), o.get<bool>("recognize_special_tokens"),
+  return std::make_unique<Gpt2Bpe>(std::move(model), Source{encoder_json, vocab_bpe, tokenizer_json, end_of_text},
+                                   o.get<bool>("recognize_special_tokens"),
                                    static_cast<std::size_t>(o.get<std::int64_t>("cache_size")));
 }
 

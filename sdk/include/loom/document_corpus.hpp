@@ -84,6 +84,11 @@ class DocumentCorpus {
     return (split == Split::train ? splits_.train : splits_.validation).num_tokens();
   }
 
+  // Dataset::separator_ends_documents, over both splits.
+  bool separator_ends_documents() const {
+    return train_ && train_->separator_ends_documents() && !(validation_ && validation_->separator_inside_documents);
+  }
+
  private:
   std::string path_;
   // The token windows point into these, so they live as long as the splits.

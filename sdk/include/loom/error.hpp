@@ -80,4 +80,11 @@ decltype(auto) with_context(std::string_view context, F&& body) {
 // plausible typo. Used for every "did you mean" in loom's messages.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// `input` (bytes read from a file, or given by the user) made safe to quote in a message:
+// control characters, DEL and bytes that are not valid UTF-8 escaped (\n, \t, \\, \x1b, \xff),
+// and cut after `max_bytes` bytes of input, ending in "...". So a message that quotes a line of a
+// binary file, or a megabyte-long line, stays one readable line. Every message that quotes input
+// uses it.
+std::string escape_input(std::string_view input, std::size_t max_bytes = 60);
+
 }  // namespace loom

@@ -57,6 +57,12 @@ struct PackedTokens {
   std::vector<std::int32_t> tokens;
   std::vector<std::int64_t> document_ends;
   std::int32_t max_token_id = -1;
+  // Set by pack_documents: whether a document's own tokens hold the separator (a line break in
+  // a document, when "\n" separates them).
+  bool separator_inside_documents = false;
+
+  // Several documents, and the separator only between them: Dataset::separator_ends_documents.
+  bool separator_ends_documents() const { return document_ends.size() > 1 && !separator_inside_documents; }
 
   // Appends one document. When it is not the first, `separator` is appended first and ends the
   // previous document. Empty documents are skipped.
@@ -65,7 +71,11 @@ struct PackedTokens {
 };
 
 // What separates documents: the tokenizer's end-of-text id, or the encoding of "\n" when it has
-// none.
+// none. It is also how a document starts for the model, and generation from an empty prompt
+// relies on it (docs/training.md, "Generation"): a document's first token is predicted from this
+// separator at the end of the previous document's segment, and the document's other tokens never
+// see it. A dataset plugin that packs documents differently breaks that: pack with
+// PackedTokens or write token shards with `loom tokenize`, which both follow it.
 std::vector<std::int32_t> document_separator(const Tokenizer& tokenizer);
 
 // Encodes `documents` (in parallel on `execution` when it is given; the result does not depend on

@@ -1,5 +1,6 @@
-// A loom process's runtime: the resolved config, the plugins it found, and the registry they
-// filled. Every subcommand of `loom` starts here.
+// A loom process's runtime: the merged config, the plugins it found, and the registry they
+// filled. Every subcommand of `loom` starts here. What the config's sections mean beyond
+// `plugins` is the caller's: the run layer (loom/run/run_config.hpp) declares them.
 #pragma once
 
 #include <filesystem>
@@ -22,8 +23,9 @@ struct RuntimeOptions {
   bool default_plugin_path = true;
 };
 
-// The top-level sections of a config file and their options.
-const OptionSchema& run_config_schema();
+// The `plugins` section, which the runtime reads itself to find the plugins before anything is
+// validated. A caller's top-level schema includes it (the run layer's run_config_schema() does).
+const OptionSchema& plugins_section_schema();
 
 class Runtime {
  public:
@@ -33,9 +35,10 @@ class Runtime {
 
   // The merged config (includes and overrides applied), not yet validated.
   const Value& raw_config() const { return raw_config_; }
-  // The config validated against run_config_schema() and every component's options, with
-  // defaults filled in. Throws UserError on any invalid value.
-  Value resolved_config() const;
+  // The config validated against `sections` (the top-level schema: every section and its
+  // options) and every component's options, with defaults filled in. Throws UserError on any
+  // invalid value, an unknown section included.
+  Value resolved_config(const OptionSchema& sections) const;
 
   Registry& registry() { return registry_; }
   const Registry& registry() const { return registry_; }
@@ -46,16 +49,5 @@ class Runtime {
   Registry registry_;
   PluginHost host_;
 };
-
-// `loom plugins`: every component by kind, then every plugin that failed or was shadowed.
-std::string describe_plugins(const Runtime& runtime);
-std::string describe_plugins_json(const Runtime& runtime);
-
-// `loom config schema [KIND[/NAME]]`: the declared options of the config's sections and of
-// every registered component (or the selected ones). Throws UserError for an unknown selector.
-std::string describe_schema(const Runtime& runtime, const std::string& selector);
-std::string describe_schema_json(const Runtime& runtime, const std::string& selector);
-// The same as a Markdown reference page (docs/config-reference.md is this output).
-std::string describe_schema_markdown(const Runtime& runtime, const std::string& selector);
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 // gpt2_reference.py (OpenAI's published algorithm in Python, not loom).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -334,6 +335,14 @@ TEST_F(Gpt2BpeTest, CorruptFilesAreUserErrorsNamingThePathAndTheProblem) {
   std::string message = user_error(openai(path("broken.json"), kVocabBpe));
   EXPECT_TRUE(contains(message, "encoder_json file '" + path("broken.json") + "' is not valid JSON")) << message;
   EXPECT_TRUE(contains(message, "line 2")) << message;
+  // Bytes that are not text, after a long run: the message quotes a short excerpt, escaped,
+  // where nlohmann's own message holds the raw bytes and all of the run.
+  write_file(path("binary.json"), "{\"a\": \"" + std::string(300, 'z') + "\xff\x1b\"}");
+  message = user_error(openai(path("binary.json"), kVocabBpe));
+  EXPECT_TRUE(contains(message, "is not valid JSON")) << message;
+  EXPECT_TRUE(contains(message, "zzz\\xff\\x1b")) << message;
+  EXPECT_TRUE(std::all_of(message.begin(), message.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) << message;
+  EXPECT_LT(message.size(), 300u) << message;
 
   write_file(path("list.json"), "[1, 2]");
   message = user_error(openai(path("list.json"), kVocabBpe));

@@ -52,6 +52,13 @@ class Dataset : public Component {
 
   // Tokens in a split (0 if the dataset has none of that split).
   virtual std::int64_t num_tokens(Split split) const = 0;
+
+  // Whether the data holds several documents and their separator (document_separator in
+  // loom/token_windows.hpp) occurs nowhere but between them, so that a generated separator ends
+  // a document and what follows starts a new segment, as in training (docs/training.md,
+  // "Generation"). False when unknown, or when the separator ("\n" for a tokenizer without an
+  // end-of-text token) also occurs inside documents. Valid after prepare().
+  virtual bool separator_ends_documents() const { return false; }
 };
 
 }  // namespace loom

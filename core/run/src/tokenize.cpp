@@ -1,4 +1,4 @@
-#include "loom/core/tokenize.hpp"
+#include "loom/run/tokenize.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "loom/core/config.hpp"
 #include "loom/error.hpp"
+#include "loom/run/run_config.hpp"
 #include "loom/text_corpus.hpp"
 #include "loom/token_shard.hpp"
 #include "loom/token_windows.hpp"

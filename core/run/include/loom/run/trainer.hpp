@@ -13,6 +13,11 @@
 //
 // Everything is deterministic for a given config, seed and thread count: initialisation,
 // data order and dropout draw from separate counter-based streams of trainer.seed.
+//
+// The parts, one concern per file under core/run/src/train/: run_setup (config to a run ready to
+// step), components, run_directory (config.yaml, tokenizer.state, weights), step_loop, prefetcher,
+// train_step (with train_state: what a checkpoint must capture), micro_batches, evaluation,
+// sampling, progress (the terminal).
 #pragma once
 
 #include <cstdint>

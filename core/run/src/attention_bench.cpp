@@ -1,5 +1,5 @@
 // `loom bench attention`: see attention_bench.hpp for what is measured and how.
-#include "loom/core/attention_bench.hpp"
+#include "loom/run/attention_bench.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -1,0 +1,76 @@
+// Weights in and out in the Hugging Face layout (docs/checkpoints.md).
+//
+//   export_hf            `loom export RUN_DIR_OR_CHECKPOINT --format hf OUT_DIR`: config.json,
+//                        model.safetensors (or shards and model.safetensors.index.json above
+//                        max_shard_bytes) and the tokenizer's files, which transformers'
+//                        AutoModelForCausalLM / AutoTokenizer .from_pretrained(OUT_DIR) load.
+//   load_initial_weights trainer.init_from: a loom checkpoint, a loom model.safetensors or a
+//                        Hugging Face model directory, into a built model.
+//
+// The model plugin supplies the mapping (loom::HfModel, sdk/include/loom/hf_interop.hpp); these
+// functions own the files.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/kinds/model.hpp"
+#include "loom/kinds/tokenizer.hpp"
+
+namespace loom {
+
+struct HfExportOptions {
+  // Shards of at most this many bytes (a tensor larger than it gets a shard of its own); one
+  // model.safetensors when everything fits. transformers' save_pretrained default: 5 GB.
+  std::uint64_t max_shard_bytes = 5'000'000'000;
+};
+
+struct HfExportResult {
+  std::vector<std::string> files;  // written into the directory, in order
+  std::int64_t tensors = 0;
+  std::uint64_t weight_bytes = 0;
+  std::int64_t shards = 0;     // 1: a single model.safetensors
+  std::string tokenizer_note;  // why no tokenizer files were written, or ""
+};
+
+// Writes `model` (built, with its weights) and, when it has a Hugging Face form, `tokenizer`
+// into `out_dir`, which must not exist or be empty. Throws UserError when the model has no
+// Hugging Face mapping or an option has no Hugging Face equivalent.
+HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const std::filesystem::path& out_dir,
+                         const HfExportOptions& options = {});
+
+// "5GB", "200MB", "64KiB", "1000" (bytes): decimal units as transformers' max_shard_size reads
+// them (KB = 1000 bytes), binary ones with an i (KiB = 1024). Throws UserError naming `what`.
+std::uint64_t parse_byte_size(std::string_view text, std::string_view what);
+
+// Whether `dir` is a Hugging Face model directory (it holds config.json).
+bool is_hf_model_dir(const std::filesystem::path& dir);
+
+// Reads a Hugging Face model directory (config.json with model.safetensors, or with
+// model.safetensors.index.json and its shards) into the built `model`. config.json must fit
+// the model (HfModel::hf_config_mismatches) and every parameter must be found with its shape;
+// otherwise one UserError lists every mismatch, missing tensor and unexpected tensor, and no
+// parameter is changed. Returns note lines: what was read, and the tensors skipped as unused
+// buffers (attn.bias, rotary_emb.inv_freq, a tied lm_head).
+std::vector<std::string> import_hf(Model& model, const std::filesystem::path& dir);
+
+// The files of RUN_DIR_OR_CHECKPOINT (docs/checkpoints.md): a run directory (its
+// checkpoints/latest when there is one, else its own final weights), a checkpoints/ directory
+// (its latest), a step-<N>/ directory, or a weights file (in its directory).
+struct RunFiles {
+  std::filesystem::path dir;      // config.yaml and tokenizer.state
+  std::filesystem::path weights;  // model.safetensors
+};
+// Throws UserError when `path` is none of these.
+RunFiles resolve_run_or_checkpoint(const std::filesystem::path& path);
+
+// trainer.init_from: loads `source` into the built `model`, over its initialisation. `source`
+// is a Hugging Face model directory (import_hf; a weights file in one means the directory), a
+// loom run, checkpoints/ or step-<N>/ directory, or a loom model.safetensors file (names and
+// shapes must match exactly). Returns note lines for the run's log.
+std::vector<std::string> load_initial_weights(Model& model, const std::filesystem::path& source);
+
+}  // namespace loom

@@ -1,0 +1,94 @@
+#include "train/components.hpp"
+
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/random.hpp"
+#include "loom/run/hf_interop.hpp"
+
+namespace loom::training {
+
+namespace {
+
+template <class T>
+Handle<T> create(const Registry& registry, const Value& config, const char* section) {
+  const Value* node = config.find(section);
+  if (!node || node->is_null())
+    throw UserError("the config has no `" + std::string(section) +
+                    "` section: `loom train` needs one (see `loom config schema " + std::string(T::kind) +
+                    "` for what is available)");
+  return registry.create<T>(ComponentRef{std::string(T::kind), "", *node, section});
+}
+
+}  // namespace
+
+RunComponents create_components(const Registry& registry, const Value& config) {
+  RunComponents c;
+  c.backend = create<Backend>(registry, config, "backend");
+  require_host_memory(*c.backend, "loom train");
+  c.tokenizer = create<Tokenizer>(registry, config, "tokenizer");
+  c.dataset = create<Dataset>(registry, config, "data");
+  c.model = create<Model>(registry, config, "model");
+  c.optimizer = create<Optimizer>(registry, config, "optimizer");
+  c.schedule = create<LrSchedule>(registry, config, "lr_schedule");
+  return c;
+}
+
+void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64_t seed) {
+  const std::int64_t seq_len = c.model->max_seq_len();
+  auto prepare_data = [&](std::int64_t vocab_size) {
+    with_context("while preparing the data (data)", [&] {
+      c.dataset->prepare(DatasetSetup{c.tokenizer, seq_len, batch_size, stream_key(seed, 2, 0), vocab_size});
+    });
+  };
+  if (c.tokenizer->needs_fit()) {
+    prepare_data(0);
+    c.model->build(ModelSetup{c.tokenizer->vocab_size()});
+  } else {
+    c.model->build(ModelSetup{c.tokenizer->vocab_size()});
+    prepare_data(c.model->vocab_size());
+  }
+}
+
+std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed) {
+  c.model->initialize(seed);
+  std::vector<std::string> notes;
+  if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+    notes = with_context("while loading trainer.init_from '" + from + "'",
+                         [&] { return load_initial_weights(*c.model, from); });
+  c.parameters = c.model->parameters();
+
+  std::vector<OptimizerParameter> opt_params;
+  const bool decay_emb = trainer.get<bool>("decay_embeddings"), decay_norm = trainer.get<bool>("decay_norms"),
+             decay_bias = trainer.get<bool>("decay_biases");
+  for (const auto& p : c.parameters) {
+    bool decay = true;
+    switch (p.role) {
+      case ParameterRole::weight:
+        decay = true;
+        break;
+      case ParameterRole::bias:
+        decay = decay_bias;
+        break;
+      case ParameterRole::norm:
+        decay = decay_norm;
+        break;
+      case ParameterRole::embedding:
+        decay = decay_emb;
+        break;
+    }
+    opt_params.push_back({p.parameter, decay});
+  }
+  c.optimizer->init(opt_params);
+  return notes;
+}
+
+void start_trackers(RunComponents& c, const Registry& registry, const Options& trainer, const RunInfo& run) {
+  for (const auto& name : trainer.get<std::vector<std::string>>("trackers")) {
+    auto tracker = registry.create<Tracker>(ComponentRef{"tracker", name, Value(name), "trainer.trackers"});
+    tracker->start(run);
+    c.trackers.push_back(std::move(tracker));
+  }
+}
+
+}  // namespace loom::training

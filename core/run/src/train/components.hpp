@@ -1,0 +1,50 @@
+// The components of a training run, built from the config through the registry, and made ready
+// to train: data prepared, model built and initialised, optimizer given its parameters.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loom/core/registry.hpp"
+#include "loom/kinds/backend.hpp"
+#include "loom/kinds/dataset.hpp"
+#include "loom/kinds/lr_schedule.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/kinds/optimizer.hpp"
+#include "loom/kinds/tokenizer.hpp"
+#include "loom/kinds/tracker.hpp"
+#include "loom/options.hpp"
+
+namespace loom::training {
+
+struct RunComponents {
+  Handle<Backend> backend;
+  Handle<Tokenizer> tokenizer;
+  Handle<Dataset> dataset;
+  Handle<Model> model;
+  Handle<Optimizer> optimizer;
+  Handle<LrSchedule> schedule;
+  std::vector<Handle<Tracker>> trackers;
+  std::vector<ModelParameter> parameters;  // the model's, once it is initialised
+};
+
+// Backend, tokenizer, dataset, model, optimizer and lr_schedule from their sections of the
+// resolved `config`, in that order. A missing section is a UserError.
+RunComponents create_components(const Registry& registry, const Value& config);
+
+// Prepares the data (batches of batch_size x the model's context, in the order of the data
+// stream of `seed`) and builds the model for the tokenizer's vocabulary. A tokenizer that learns
+// its vocabulary from the training text (char) is fitted when the dataset prepares, so the data
+// comes first; otherwise the model is built first and the dataset checks every id against the
+// model's vocabulary.
+void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed);
+
+// Initialises the model's weights from `seed`, or loads them from trainer.init_from, and hands the
+// optimizer its parameters, each with the weight decay trainer.decay_embeddings, decay_norms and
+// decay_biases give its role. Returns what init_from read, for the log.
+std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed);
+
+// Creates the trackers trainer.trackers names and starts them on the run.
+void start_trackers(RunComponents& components, const Registry& registry, const Options& trainer, const RunInfo& run);
+
+}  // namespace loom::training

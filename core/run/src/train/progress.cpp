@@ -1,0 +1,106 @@
+#include "train/progress.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+namespace loom::training {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<std::int64_t>(seconds + 0.5);
+  std::ostringstream os;
+  if (s >= 3600)
+    os << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60)
+    os << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else
+    os << s << "s";
+  return os.str();
+}
+
+std::string format_rate(double tokens_per_second) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (tokens_per_second >= 1e6)
+    os << tokens_per_second / 1e6 << "M";
+  else if (tokens_per_second >= 1e3)
+    os << tokens_per_second / 1e3 << "k";
+  else
+    os << tokens_per_second;
+  return os.str();
+}
+
+void ProgressPrinter::say(const std::string& line) {
+  if (line_open_) {
+    out_ << "\r\033[K";
+    line_open_ = false;
+  }
+  out_ << line << "\n" << std::flush;
+}
+
+void ProgressPrinter::header(const RunHeader& run) {
+  std::ostringstream os;
+  os << "run " << run.run_id << " -> " << run.run_dir << "\n"
+     << "model: " << run.model_type << ", " << std::fixed << std::setprecision(2)
+     << static_cast<double>(run.num_parameters) / 1e6 << "M parameters, vocab " << run.vocab_size << ", context "
+     << run.seq_len << ", " << std::setprecision(3) << run.flops_per_token / 1e6 << " MFLOP/token\n"
+     << "data: " << run.train_tokens << " training tokens, " << run.validation_tokens << " validation tokens\n"
+     << "batch " << run.batch_size << " x " << run.seq_len << " tokens";
+  if (run.micro_size != run.batch_size) os << " in micro-batches of " << run.micro_size;
+  os << ", " << run.num_steps << " steps; peak " << std::setprecision(1) << run.peak_flops / 1e9 << " GFLOP/s"
+     << (run.peak_flops_probed ? " (sgemm probe)" : " (trainer.peak_flops)");
+  say(os.str());
+}
+
+void ProgressPrinter::step(const StepReport& r) {
+  std::ostringstream line;
+  line << "step " << r.step << "/" << r.num_steps << "  loss " << std::fixed << std::setprecision(4) << r.mean_loss
+       << "  lr " << std::scientific << std::setprecision(2) << r.lr << "  grad " << std::fixed << std::setprecision(3)
+       << r.grad_norm << "  " << format_rate(r.tokens_per_second) << " tok/s  MFU " << std::setprecision(1)
+       << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
+  if (r.skipped_steps) line << "  skipped " << r.skipped_steps;
+  if (interactive_) {
+    out_ << "\r\033[K" << line.str() << std::flush;
+    line_open_ = true;
+  } else {
+    say(line.str());
+  }
+}
+
+void ProgressPrinter::eval(std::int64_t step, double loss) {
+  std::ostringstream line;
+  line << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << loss << ", perplexity "
+       << std::setprecision(2) << std::exp(loss);
+  say(line.str());
+}
+
+void ProgressPrinter::final_eval(double loss, std::int64_t batches) {
+  std::ostringstream line;
+  line << "final eval: loss " << std::fixed << std::setprecision(4) << loss << ", perplexity " << std::setprecision(2)
+       << std::exp(loss) << " (" << batches << " validation batches)";
+  say(line.str());
+}
+
+void ProgressPrinter::sample(std::int64_t step, const std::string& text) {
+  say("sample at step " + std::to_string(step) + ":\n" + text);
+}
+
+void ProgressPrinter::final_sample(const std::string& text) {
+  say("sample:\n" + text);
+}
+
+void ProgressPrinter::end_steps() {
+  if (line_open_) say("");
+}
+
+void ProgressPrinter::done(std::int64_t steps, double wall_seconds, double tokens_per_second, double mfu,
+                           const std::string& run_dir) {
+  std::ostringstream line;
+  line << "done: " << steps << " steps in " << format_duration(wall_seconds) << ", " << format_rate(tokens_per_second)
+       << " tok/s, MFU " << std::fixed << std::setprecision(1) << 100.0 * mfu << "%; files in " << run_dir;
+  say(line.str());
+}
+
+}  // namespace loom::training

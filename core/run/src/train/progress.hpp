@@ -1,0 +1,62 @@
+// What a training run tells the person watching it: a header, a line per log interval (a live
+// line on a terminal), evaluations, samples and a closing line. Only the terminal: the trackers
+// get the metrics.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace loom::training {
+
+// "42s", "3m07s", "1h05m"; "?" when unknown.
+std::string format_duration(double seconds);
+// Tokens per second as "950.0", "12.3k", "1.2M".
+std::string format_rate(double tokens_per_second);
+
+// What the header of a run says about it.
+struct RunHeader {
+  std::string run_id, run_dir, model_type;
+  std::int64_t num_parameters = 0, vocab_size = 0, seq_len = 0;
+  double flops_per_token = 0;
+  std::int64_t train_tokens = 0, validation_tokens = 0;
+  std::int64_t batch_size = 0, micro_size = 0, num_steps = 0;
+  double peak_flops = 0;
+  bool peak_flops_probed = false;  // measured by the sgemm probe, not trainer.peak_flops
+};
+
+// What the line of a log interval says.
+struct StepReport {
+  std::int64_t step = 0, num_steps = 0;   // steps done, of
+  double mean_loss = 0;                   // over the interval
+  double lr = 0, grad_norm = 0;           // of its last step
+  double tokens_per_second = 0, mfu = 0;  // over the interval
+  double eta_seconds = 0;
+  std::int64_t skipped_steps = 0;  // in the whole run
+};
+
+class ProgressPrinter {
+ public:
+  // `interactive`: `out` is a terminal, so the step line is rewritten in place.
+  ProgressPrinter(std::ostream& out, bool interactive) : out_(out), interactive_(interactive) {}
+
+  void header(const RunHeader& run);
+  void step(const StepReport& report);
+  void eval(std::int64_t step, double loss);
+  void final_eval(double loss, std::int64_t batches);
+  void sample(std::int64_t step, const std::string& text);
+  void final_sample(const std::string& text);
+  // Ends the live step line, if one is open, so what follows starts on a line of its own.
+  void end_steps();
+  void done(std::int64_t steps, double wall_seconds, double tokens_per_second, double mfu, const std::string& run_dir);
+
+  // One line (or several), after clearing the live step line.
+  void say(const std::string& line);
+
+ private:
+  std::ostream& out_;
+  bool interactive_ = false;
+  bool line_open_ = false;
+};
+
+}  // namespace loom::training

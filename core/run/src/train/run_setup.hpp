@@ -1,0 +1,36 @@
+// Everything a training run does before its first step: the config resolved, the components
+// built and made ready, the run directory written, the throughput roof measured.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/runtime.hpp"
+#include "loom/options.hpp"
+#include "loom/value.hpp"
+#include "train/components.hpp"
+#include "train/progress.hpp"
+#include "train/run_directory.hpp"
+#include "train/train_state.hpp"
+
+namespace loom::training {
+
+struct Run {
+  Value config;     // resolved
+  Options trainer;  // its `trainer` section
+  std::uint64_t seed = 0;
+  std::int64_t num_steps = 0;
+  std::int64_t batch_size = 0;  // sequences per step
+  std::int64_t micro_size = 0;  // sequences per forward/backward pass; divides batch_size
+  std::int64_t seq_len = 0;     // the model's context
+  RunDirectory directory;
+  RunComponents components;
+  TrainState state;
+  double flops_per_token = 0;  // the model's, at seq_len
+  double peak_flops = 0;       // what MFU is relative to
+};
+
+// Sets up the run runtime's config describes and prints its header. Throws UserError for a bad
+// config or data, or a run directory that already holds a run.
+Run set_up_run(Runtime& runtime, ProgressPrinter& progress);
+
+}  // namespace loom::training

@@ -1,0 +1,102 @@
+#include "train/train_step.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "loom/autograd.hpp"
+#include "loom/error.hpp"
+#include "train/micro_batches.hpp"
+
+namespace loom::training {
+
+namespace {
+
+bool is_bad(double x, bool nan, bool inf) {
+  return (nan && std::isnan(x)) || (inf && std::isinf(x));
+}
+
+}  // namespace
+
+StepResult TrainStep::run(const Batch& batch, TrainState& state) {
+  const std::int64_t step = state.step;
+  StepResult result;
+  result.loss = accumulate_gradients(batch, step);
+  // Data parallelism reduces the gradients (and the loss) across ranks here, so that every rank
+  // sees the same norm, takes the same skip decision and applies the same update.
+  result.grad_norm = global_grad_norm();
+  check_finite(step, result.loss, result.grad_norm);
+
+  result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.optimizer->learning_rate());
+  result.skipped = state.skip_rule && state.skip_rule->should_skip(result.loss, result.grad_norm);
+  if (result.skipped || !std::isfinite(result.grad_norm)) {
+    ++state.skipped_steps;
+    ++state.step;
+    return result;
+  }
+
+  clip_gradients(result.grad_norm, components_.optimizer->max_grad_norm());
+  components_.optimizer->step(result.lr, step - state.skipped_steps);
+  ++state.step;
+  return result;
+}
+
+double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
+  for (auto& p : components_.parameters) p.parameter->zero_grad();
+  const std::int64_t micro_steps = batch.batch_size / settings_.micro_size;
+
+  // Each micro-batch's loss is a mean over its counted targets; weighting it by its share of
+  // the batch's counted targets makes the accumulated gradient the gradient of the whole
+  // batch's mean loss, as one big batch would give.
+  const std::int64_t total_counted = count_targets(batch.targets);
+  if (total_counted == 0) throw UserError("step " + std::to_string(step) + ": the batch has no targets to learn");
+
+  double loss_sum = 0;
+  for_each_micro_batch(batch, settings_.micro_size, [&](const MicroBatch& micro) {
+    Tape tape;
+    Ops ops(*components_.backend, &tape);
+    ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
+    Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
+    const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
+    loss_sum += static_cast<double>(loss.item()) * weight;
+    tape.backward(loss, static_cast<float>(weight));
+  });
+  return loss_sum;
+}
+
+double TrainStep::global_grad_norm() const {
+  // In double, in parameter order.
+  double sum_squares = 0;
+  for (const auto& p : components_.parameters) {
+    if (!p.parameter->has_grad()) continue;
+    const Tensor g = p.parameter->grad();
+    const float* d = g.data<float>();
+    const std::int64_t n = g.numel();
+    double local = 0;
+    for (std::int64_t i = 0; i < n; ++i) local += static_cast<double>(d[i]) * d[i];
+    sum_squares += local;
+  }
+  return std::sqrt(sum_squares);
+}
+
+void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) const {
+  const bool crash_nan = settings_.crash_on_nan, crash_inf = settings_.crash_on_inf;
+  if (is_bad(loss, crash_nan, crash_inf) || is_bad(grad_norm, crash_nan, crash_inf))
+    throw UserError("step " + std::to_string(step) + ": the " +
+                    (is_bad(loss, crash_nan, crash_inf) ? "loss" : "gradient norm") + " is " +
+                    (std::isnan(is_bad(loss, crash_nan, crash_inf) ? loss : grad_norm) ? "NaN" : "infinite") +
+                    " (loss " + std::to_string(loss) + ", gradient norm " + std::to_string(grad_norm) +
+                    "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
+                    "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway");
+}
+
+void TrainStep::clip_gradients(double grad_norm, double max_norm) {
+  if (max_norm <= 0 || grad_norm <= max_norm) return;
+  const float factor = static_cast<float>(max_norm / (grad_norm + 1e-6));
+  for (const auto& p : components_.parameters) {
+    if (!p.parameter->has_grad()) continue;
+    const Tensor g = p.parameter->grad();
+    components_.backend->scale(g.data<float>(), factor, g.data<float>(), g.numel(), false);
+  }
+}
+
+}  // namespace loom::training

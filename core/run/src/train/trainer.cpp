@@ -1,0 +1,70 @@
+// The trainer: `loom train`. The run is set up (run_setup), then stepped (step_loop); each step
+// (train_step) runs the batch's micro-batches (micro_batches) and updates the weights. See
+// core/run/include/loom/run/trainer.hpp for the shape of a step.
+#include "loom/run/trainer.hpp"
+
+#include <iostream>
+
+#include "train/progress.hpp"
+#include "train/run_setup.hpp"
+#include "train/step_loop.hpp"
+
+namespace loom {
+
+OptionSchema trainer_schema() {
+  OptionSchema s;
+  s.integer("seed", 0, "Seed of every random stream: initialisation, data order, dropout, sampling.").min(0);
+  s.integer("num_train_steps", 1000, "Optimizer steps to run.").min(1);
+  s.integer("train_batch_size", 8, "Sequences per optimizer step (Levanter's default is 512; loom's suits one CPU).")
+      .min(1);
+  s.integer("microbatch_size", 0,
+            "Sequences per forward/backward pass; gradients accumulate over train_batch_size / microbatch_size "
+            "passes. 0: the whole batch at once.")
+      .min(0);
+  s.integer("per_device_parallelism", -1, "Levanter's name for microbatch_size on one device; -1: the whole batch.")
+      .min(-1);
+  s.integer("log_every", 10, "Steps between log lines, metrics records and progress updates.").min(1);
+  s.integer("steps_per_eval", 1000, "Steps between evaluations on the validation split; 0: only at the end.").min(0);
+  s.integer("max_eval_batches", 10, "Validation batches per evaluation (the same ones every time); 0: none.").min(0);
+  s.integer("sample_every", 0, "Steps between text samples printed during training; 0: only at the end.").min(0);
+  s.integer("sample_length", 200, "Tokens per sample; 0: no samples.").min(0);
+  s.string("sample_prompt", "",
+           "Text the samples continue (empty: a new document, started as the training data starts one).");
+  s.number("sample_temperature", 0.8, "Sampling temperature of the samples; 0: greedy.").min(0.0);
+  s.integer("sample_top_k", 0, "Keep only the k most likely tokens when sampling; 0: all.").min(0);
+  s.number("sample_top_p", 1.0,
+           "Keep only the most likely tokens whose probabilities add up to p when sampling; 1: all.")
+      .min(0.0, false)
+      .max(1.0);
+  s.number("peak_flops", 0.0, "FLOP/s that MFU is measured against; 0: measure with a short sgemm probe at start-up.")
+      .min(0.0);
+  s.string("run_dir", "", "Directory of this run's files; empty: runs/<run_id>.");
+  s.string("run_id", "", "Name of the run; empty: the config file's name and the start time.");
+  s.boolean("crash_on_nan", true, "Stop with an error when the loss or a gradient is NaN.");
+  s.boolean("crash_on_inf", true, "Stop with an error when the loss or a gradient is infinite.");
+  s.boolean("skip_bad_steps", false,
+            "Skip the update of a step whose loss or gradient norm exceeds the rolling mean by skip_step_sigma "
+            "standard deviations (Levanter's SkipStepConfig).");
+  s.integer("skip_step_window", 128, "Steps in the rolling window of skip_bad_steps.").min(2);
+  s.number("skip_step_sigma", 6.0, "Standard deviations above the rolling mean that count as a bad step.")
+      .min(0.0, false);
+  s.boolean("decay_embeddings", false, "Apply weight decay to embedding tables.");
+  s.boolean("decay_norms", false, "Apply weight decay to normalisation weights.");
+  s.boolean("decay_biases", false, "Apply weight decay to biases.");
+  s.list("trackers", OptionType::string, {"jsonl", "tensorboard"}, "Trackers that record the run's metrics.");
+  s.string("init_from", "",
+           "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
+           "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
+           "to the current directory.");
+  s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
+  s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
+  return s;
+}
+
+TrainSummary train(Runtime& runtime, const TrainOptions& options) {
+  training::ProgressPrinter progress(options.out ? *options.out : std::cout, options.interactive);
+  training::Run run = training::set_up_run(runtime, progress);
+  return training::execute(run, progress);
+}
+
+}  // namespace loom
