@@ -1,7 +1,8 @@
 // The backend contract at the kernel level, for every registered backend: BLAS semantics of
 // gemm (transposes, leading dimensions, alpha, beta, beta == 0 ignoring NaN, k == 0), outputs
 // written with accumulate == false never read, the aliasing the contract allows, empty sizes,
-// and extreme inputs.
+// and extreme inputs. Kernels receive addresses in the backend's own memory: the arguments are
+// host vectors copied to the backend's buffer type for each call and read back after it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +27,59 @@ bool any_nan(const std::vector<float>& v) {
     if (std::isnan(x)) return true;
   return false;
 }
+
+// Kernel arguments in a backend's memory. Each host vector passed through operator() is copied
+// to a buffer of the backend's buffer type (one buffer per vector, so passing a vector twice
+// expresses aliasing); sync() copies the writable ones back and forgets them all. For a backend
+// whose memory is the host's the vectors are passed as they are.
+class DeviceArgs {
+ public:
+  explicit DeviceArgs(Backend& backend) : backend_(backend), host_(backend.buffer_type().host_visible()) {}
+  ~DeviceArgs() { sync(); }
+  DeviceArgs(const DeviceArgs&) = delete;
+  DeviceArgs& operator=(const DeviceArgs&) = delete;
+
+  float* operator()(std::vector<float>& v) { return host_ ? v.data() : bind(v, &v).device_data<float>(); }
+  const float* operator()(const std::vector<float>& v) {
+    return host_ ? v.data() : bind(v, nullptr).device_data<float>();
+  }
+  const std::int32_t* operator()(const std::vector<std::int32_t>& v) {
+    if (host_) return v.data();
+    const Tensor t = Tensor::from(std::span<const std::int32_t>(v), Shape{static_cast<std::int64_t>(v.size())});
+    bound_.push_back({&v, nullptr, on_backend(t, backend_)});
+    return bound_.back().device.device_data<std::int32_t>();
+  }
+
+  void sync() {
+    for (Bound& b : bound_)
+      if (b.writable) {
+        const std::vector<float> values = b.device.to_vector();
+        std::copy(values.begin(), values.end(), b.writable->begin());
+      }
+    bound_.clear();
+  }
+
+ private:
+  struct Bound {
+    const void* source;
+    std::vector<float>* writable;  // copied back by sync(); null for inputs
+    Tensor device;
+  };
+  const Tensor& bind(const std::vector<float>& v, std::vector<float>* writable) {
+    for (Bound& b : bound_)
+      if (b.source == &v) {
+        if (writable) b.writable = writable;
+        return b.device;
+      }
+    const Tensor t = Tensor::from(std::span<const float>(v), Shape{static_cast<std::int64_t>(v.size())});
+    bound_.push_back({&v, writable, on_backend(t, backend_)});
+    return bound_.back().device;
+  }
+
+  Backend& backend_;
+  bool host_;
+  std::vector<Bound> bound_;
+};
 
 class KernelContract : public ::testing::TestWithParam<std::string> {
  protected:
@@ -68,8 +122,10 @@ TEST_P(KernelContract, GemmFollowsBlasSemantics) {
           std::vector<float> c = random_vector(static_cast<std::size_t>(s.m * ldc), 3);
           if (beta == 0.0f) std::fill(c.begin(), c.end(), nan_value);  // beta == 0 must not read C
           const auto want = gemm_expected(ta, tb, s.m, s.n, s.k, 0.7f, a, lda, b, ldb, beta, c, ldc);
+          DeviceArgs d(*backend_);
           backend_->gemm(ta ? Transpose::yes : Transpose::no, tb ? Transpose::yes : Transpose::no, s.m, s.n, s.k, 0.7f,
-                         a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+                         d(a), lda, d(b), ldb, beta, d(c), ldc);
+          d.sync();
           // Compare the m x n window only; the padding of C must be left alone.
           std::vector<float> got_window, want_window;
           for (std::int64_t i = 0; i < s.m; ++i)
@@ -89,10 +145,13 @@ TEST_P(KernelContract, GemmFollowsBlasSemantics) {
 
 TEST_P(KernelContract, GemmWithEmptyInnerDimensionScalesC) {
   std::vector<float> c(12, 2.0f);
-  backend_->gemm(Transpose::no, Transpose::no, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, c.data(), 4);
+  DeviceArgs d(*backend_);
+  backend_->gemm(Transpose::no, Transpose::no, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, d(c), 4);
+  d.sync();
   for (float v : c) EXPECT_EQ(v, 1.0f);
   std::fill(c.begin(), c.end(), nan_value);
-  backend_->gemm(Transpose::no, Transpose::no, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, c.data(), 4);
+  backend_->gemm(Transpose::no, Transpose::no, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, d(c), 4);
+  d.sync();
   for (float v : c) EXPECT_EQ(v, 0.0f);
   backend_->gemm(Transpose::no, Transpose::no, 0, 4, 3, 1.0f, nullptr, 3, nullptr, 4, 0.0f, nullptr, 4);
 }
@@ -102,8 +161,10 @@ TEST_P(KernelContract, BatchedGemmSharesAZeroStrideOperand) {
   const auto a = random_vector(static_cast<std::size_t>(batch * m * k), 4);
   const auto b = random_vector(static_cast<std::size_t>(k * n), 5);
   std::vector<float> c(static_cast<std::size_t>(batch * m * n), nan_value);
-  backend_->gemm_batched(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, m * k, b.data(), n, 0, 0.0f,
-                         c.data(), n, m * n, batch);
+  DeviceArgs d(*backend_);
+  backend_->gemm_batched(Transpose::no, Transpose::no, m, n, k, 1.0f, d(a), k, m * k, d(b), n, 0, 0.0f, d(c), n, m * n,
+                         batch);
+  d.sync();
   for (std::int64_t i = 0; i < batch; ++i) {
     std::vector<float> ai(a.begin() + i * m * k, a.begin() + (i + 1) * m * k);
     const auto want = gemm_expected(false, false, m, n, k, 1.0f, ai, k, b, n, 0.0f, std::vector<float>(m * n), n);
@@ -120,51 +181,63 @@ TEST_P(KernelContract, OverwrittenOutputsAreNeverRead) {
   std::vector<float> out(n), out2(n), vec(cols), vec2(cols), stats(rows), stats2(rows);
   auto poison = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), nan_value); };
   Backend& be = *backend_;
+  DeviceArgs d(be);
 
   for (Activation act : {Activation::gelu_tanh, Activation::silu}) {
     poison(out);
-    be.activation_forward(act, x.data(), out.data(), n);
+    be.activation_forward(act, d(x), d(out), n);
+    d.sync();
     EXPECT_FALSE(any_nan(out));
     poison(out);
-    be.activation_backward(act, x.data(), dy.data(), out.data(), n, false);
+    be.activation_backward(act, d(x), d(dy), d(out), n, false);
+    d.sync();
     EXPECT_FALSE(any_nan(out));
     poison(out);
     poison(vec);
-    be.bias_activation_backward(x.data(), dy.data(), out.data(), vec.data(), false, rows, cols, act);
+    be.bias_activation_backward(d(x), d(dy), d(out), d(vec), false, rows, cols, act);
+    d.sync();
     EXPECT_FALSE(any_nan(out) || any_nan(vec));
   }
   poison(out);
   poison(out2);
-  be.swiglu_backward(x.data(), up.data(), dy.data(), out.data(), false, out2.data(), false, n);
+  be.swiglu_backward(d(x), d(up), d(dy), d(out), false, d(out2), false, n);
+  d.sync();
   EXPECT_FALSE(any_nan(out) || any_nan(out2));
   poison(out);
-  be.scale(x.data(), 0.5f, out.data(), n, false);
+  be.scale(d(x), 0.5f, d(out), n, false);
+  d.sync();
   EXPECT_FALSE(any_nan(out));
   poison(out);
-  be.dropout(x.data(), out.data(), n, 0.25f, 99, false);
+  be.dropout(d(x), d(out), n, 0.25f, 99, false);
+  d.sync();
   EXPECT_FALSE(any_nan(out));
 
   std::vector<float> mean(rows), rstd(rows);
-  be.layer_norm_forward(x.data(), w.data(), bias.data(), out2.data(), mean.data(), rstd.data(), rows, cols, 1e-5f);
+  be.layer_norm_forward(d(x), d(w), d(bias), d(out2), d(mean), d(rstd), rows, cols, 1e-5f);
+  d.sync();
   poison(out);
   poison(vec);
   poison(vec2);
-  be.layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), out.data(), false, vec.data(), false,
-                         vec2.data(), false, rows, cols);
+  be.layer_norm_backward(d(x), d(w), d(mean), d(rstd), d(dy), d(out), false, d(vec), false, d(vec2), false, rows, cols);
+  d.sync();
   EXPECT_FALSE(any_nan(out) || any_nan(vec) || any_nan(vec2));
-  be.rms_norm_forward(x.data(), w.data(), out2.data(), rstd.data(), rows, cols, 1e-6f);
+  be.rms_norm_forward(d(x), d(w), d(out2), d(rstd), rows, cols, 1e-6f);
+  d.sync();
   poison(out);
   poison(vec);
-  be.rms_norm_backward(x.data(), w.data(), rstd.data(), dy.data(), out.data(), false, vec.data(), false, rows, cols);
+  be.rms_norm_backward(d(x), d(w), d(rstd), d(dy), d(out), false, d(vec), false, rows, cols);
+  d.sync();
   EXPECT_FALSE(any_nan(out) || any_nan(vec));
 
   // RoPE: [1, rows, 1, cols - 1] (an even head_dim), both directions.
   const std::int64_t hd = cols - 1;
   const RopeTable table(RopeConfig{}, hd, rows);
+  const std::vector<float> cos = table.cos().to_vector(), sin = table.sin().to_vector();
   for (bool inverse : {false, true}) {
     poison(out);
-    be.rope(x.data(), rows * hd, hd, out.data(), rows * hd, hd, table.cos().data<float>(), table.sin().data<float>(),
-            nullptr, 0, 1, rows, 1, hd, false, inverse, false);
+    be.rope(d(x), rows * hd, hd, d(out), rows * hd, hd, d(cos), d(sin), nullptr, 0, 1, rows, 1, hd, false, inverse,
+            false);
+    d.sync();
     EXPECT_FALSE(any_nan(std::vector<float>(out.begin(), out.begin() + rows * hd)));
   }
 }
@@ -172,23 +245,28 @@ TEST_P(KernelContract, OverwrittenOutputsAreNeverRead) {
 TEST_P(KernelContract, AllowedAliasing) {
   const std::int64_t n = 301;
   const auto a = random_vector(n, 11), b = random_vector(n, 12);
+  DeviceArgs d(*backend_);
   std::vector<float> y = a;
-  backend_->add(y.data(), b.data(), y.data(), n);  // y may be a
+  backend_->add(d(y), d(b), d(y), n);  // y may be a
+  d.sync();
   std::vector<float> want(n);
   reference_->add(a.data(), b.data(), want.data(), n);
   EXPECT_TRUE(all_close(y, want, 1e-7));
   y = a;
-  backend_->scale(y.data(), -2.0f, y.data(), n, false);  // in-place scaling
+  backend_->scale(d(y), -2.0f, d(y), n, false);  // in-place scaling
+  d.sync();
   for (std::int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[i], -2.0f * a[i]);
   // dpre may be dout: with no activation only the bias gradient is computed.
   y = a;
   std::vector<float> dbias(7), want_dbias(7);
-  backend_->bias_activation_backward(nullptr, y.data(), y.data(), dbias.data(), false, 43, 7, Activation::none);
+  backend_->bias_activation_backward(nullptr, d(y), d(y), d(dbias), false, 43, 7, Activation::none);
+  d.sync();
   reference_->bias_activation_backward(nullptr, a.data(), want.data(), want_dbias.data(), false, 43, 7,
                                        Activation::none);
   EXPECT_TRUE(all_close(dbias, want_dbias, 1e-5));
   EXPECT_EQ(y, a);
-  backend_->bias_activation_backward(b.data(), y.data(), y.data(), dbias.data(), false, 43, 7, Activation::gelu_tanh);
+  backend_->bias_activation_backward(d(b), d(y), d(y), d(dbias), false, 43, 7, Activation::gelu_tanh);
+  d.sync();
   reference_->bias_activation_backward(b.data(), a.data(), want.data(), want_dbias.data(), false, 43, 7,
                                        Activation::gelu_tanh);
   EXPECT_TRUE(all_close(y, want, 1e-5));
@@ -229,14 +307,17 @@ TEST_P(KernelContract, CrossEntropyIsStableAndHonoursIgnoredRows) {
   logits[2 * vocab + 3] = 1.0e4f;
   const std::vector<std::int32_t> targets{5, 17, 3, -100};
   std::vector<float> losses(rows), lse(rows), want_losses(rows), want_lse(rows);
-  backend_->cross_entropy_forward(logits.data(), vocab, targets.data(), losses.data(), lse.data(), rows, vocab, -100);
+  DeviceArgs d(*backend_);
+  backend_->cross_entropy_forward(d(logits), vocab, d(targets), d(losses), d(lse), rows, vocab, -100);
+  d.sync();
   reference_->cross_entropy_forward(logits.data(), vocab, targets.data(), want_losses.data(), want_lse.data(), rows,
                                     vocab, -100);
   EXPECT_TRUE(all_close(losses, want_losses, 1e-5));
   EXPECT_TRUE(all_close(lse, want_lse, 1e-6));
   EXPECT_EQ(losses[3], 0.0f);
   std::vector<float> grad = logits, want = logits;
-  backend_->cross_entropy_backward(grad.data(), vocab, targets.data(), lse.data(), 0.25f, rows, vocab, -100);
+  backend_->cross_entropy_backward(d(grad), vocab, d(targets), d(lse), 0.25f, rows, vocab, -100);
+  d.sync();
   reference_->cross_entropy_backward(want.data(), vocab, targets.data(), lse.data(), 0.25f, rows, vocab, -100);
   EXPECT_TRUE(all_close(grad, want, 1e-5));
   for (std::int64_t j = 0; j < vocab; ++j) EXPECT_EQ(grad[3 * vocab + j], 0.0f);
@@ -253,7 +334,9 @@ TEST_P(KernelContract, DropoutMaskIsTheSharedCounterBasedOne) {
   const float p = 0.3f;
   const std::vector<float> ones(n, 1.0f);
   std::vector<float> y(n);
-  backend_->dropout(ones.data(), y.data(), n, p, 12345, false);
+  DeviceArgs d(*backend_);
+  backend_->dropout(d(ones), d(y), n, p, 12345, false);
+  d.sync();
   std::int64_t kept = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const bool keep = dropout_keep(12345, static_cast<std::uint32_t>(i), dropout_threshold(p));

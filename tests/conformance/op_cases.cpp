@@ -226,7 +226,7 @@ std::vector<OpCase> build_cases() {
       return data;
     };
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
-      const std::int64_t k = e.data.consts[0].data<std::int32_t>()[0];
+      const std::int64_t k = e.data.consts[0].to_int_vector()[0];
       return {e.ops.linear(e.p[0].slice(1, 2, 2 + k), e.p[1].slice(1, 1, 1 + k), e.p[2],
                            {.activation = Activation::gelu_tanh})};
     };
@@ -320,7 +320,7 @@ std::vector<OpCase> build_cases() {
       return data;
     };
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
-      const std::int64_t chunk = e.data.consts[1].data<std::int32_t>()[0];
+      const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];
       return {e.ops.linear_cross_entropy(e.p[0], e.p[1], e.data.consts[0], {.chunk_tokens = chunk})};
     };
     cases.push_back(c);
@@ -355,14 +355,17 @@ Evaluation evaluate(Backend& backend, const OpCase& c, const CaseData& data, Mod
   for (std::size_t i = 0; i < data.params.size(); ++i) {
     std::string name = std::to_string(i);
     name.insert(name.begin(), 'p');
-    params.push_back(std::make_unique<Parameter>(std::move(name), data.params[i].clone()));
+    params.push_back(std::make_unique<Parameter>(std::move(name), on_backend(data.params[i], backend)));
     if (mode == Mode::frozen && i % 2 == 1) params.back()->set_requires_grad(false);
   }
-  NaiveAttention attention;
+  CaseData device_data = data;
+  for (Tensor& t : device_data.consts) t = on_backend(t, backend);
+  const Handle<AttentionKernel> attention = attention_for(backend);
+  if (!attention) throw std::runtime_error("no attention kernel computes on " + backend.device().str());
   Tape tape;
   Ops ops(backend, backward ? &tape : nullptr);
   ops.set_dropout_seed(3, 1);
-  CaseEnv env{ops, {}, data, attention};
+  CaseEnv env{ops, {}, device_data, *attention};
   for (auto& p : params) env.p.push_back(p->tensor());
   std::vector<Tensor> outs = c.run(env);
   if (mode == Mode::twice) {
@@ -376,7 +379,7 @@ Evaluation evaluate(Backend& backend, const OpCase& c, const CaseData& data, Mod
     for (std::size_t i = 0; i < outs.size(); ++i)
       if (outs[i].requires_grad()) {
         roots.push_back(outs[i]);
-        seeds.push_back(output_seed(outs[i].shape(), i));
+        seeds.push_back(on_backend(output_seed(outs[i].shape(), i), backend));
       }
     outs.clear();
     if (!roots.empty()) tape.backward(roots, seeds);

@@ -24,6 +24,7 @@ class Dims {
   std::uint32_t counter_ = 0;
 };
 
+// A case's inputs, made on the host; evaluate() copies them to the backend's device.
 struct CaseData {
   std::vector<Tensor> params;  // f32 inputs: each becomes a Parameter
   std::vector<Tensor> consts;  // ids, targets, positions, segment ids
@@ -33,8 +34,8 @@ struct CaseData {
 struct CaseEnv {
   Ops& ops;
   std::vector<Tensor> p;  // the parameters' tensors, in CaseData::params order
-  const CaseData& data;
-  NaiveAttention& attention;
+  const CaseData& data;   // consts on the backend's device (read them with to_int_vector())
+  AttentionKernel& attention;
 };
 
 struct OpCase {
@@ -61,8 +62,9 @@ struct Evaluation {
   std::vector<std::vector<float>> grads;  // per parameter; empty when it got none
 };
 
-// Runs the case on `backend` with the given inputs; with `backward`, seeds every output with a
-// fixed random gradient and back-propagates.
+// Runs the case on `backend` with the given inputs, copied to its device (outputs and gradients
+// are copied back); with `backward`, seeds every output with a fixed random gradient and
+// back-propagates. Attention runs on attention_for(backend).
 Evaluation evaluate(Backend& backend, const OpCase& c, const CaseData& data, Mode mode, bool backward);
 
 // The seed gradient of output i, a pure function of its shape and index.

@@ -14,20 +14,21 @@ struct StepResult {
 };
 
 StepResult train_steps(Backend& backend, int steps) {
-  NaiveAttention attention;
-  TinyModel model({});
+  const Handle<AttentionKernel> attention = attention_for(backend);
+  TinyModel model({}, 1, backend.device());
   Tape tape;
   Ops ops(backend, &tape);
   StepResult r;
   for (int s = 0; s < steps; ++s) {
     auto [tokens, targets] = model.batch(static_cast<std::uint64_t>(s));
     ops.set_dropout_seed(5, static_cast<std::uint64_t>(s));
-    Tensor loss = model.loss(ops, attention, tokens, targets);
+    Tensor loss = model.loss(ops, *attention, tokens, targets);
     r.losses.push_back(loss.item());
     tape.backward(loss);
     // A plain SGD step so that later steps depend on earlier gradients.
     for (Parameter& p : model.parameters())
-      if (p.has_grad()) backend.scale(p.grad().data<float>(), -0.05f, p.data().data<float>(), p.grad().numel(), true);
+      if (p.has_grad())
+        backend.scale(p.grad().device_data<float>(), -0.05f, p.data().device_data<float>(), p.grad().numel(), true);
     if (s + 1 < steps)
       for (Parameter& p : model.parameters()) p.zero_grad();
   }

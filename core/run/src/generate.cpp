@@ -298,6 +298,7 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights) {
     return runtime.registry().create(kind, ComponentRef{std::string(kind), "", *node, section});
   };
   run.backend = std::static_pointer_cast<Backend>(create("backend", Backend::kind));
+  require_host_memory(*run.backend, "loom generate");
   run.tokenizer = std::static_pointer_cast<Tokenizer>(create("tokenizer", Tokenizer::kind));
   run.model = std::static_pointer_cast<Model>(create("model", Model::kind));
   if (std::ifstream state_file{run.run_dir / "tokenizer.state", std::ios::binary}) {

@@ -1,15 +1,19 @@
 // The caching tensor allocator (allocator.hpp): size classes, intrusive free lists, no memory
-// returned to the system until allocator_release_cached().
+// returned to the system until allocator_release_cached(). It is the host's buffer type
+// (device.hpp), and this file also keeps the table of registered buffer types.
 #include "loom/allocator.hpp"
 
 #include <sys/mman.h>
 
 #include <bit>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <vector>
 
+#include "loom/error.hpp"
 #include "numerics/allocator_impl.hpp"
 
 namespace loom {
@@ -22,7 +26,7 @@ constexpr std::size_t huge_alignment = 2u << 20;    // a transparent huge page
 constexpr std::size_t huge_threshold = 4u << 20;    // blocks this large get huge pages
 constexpr std::size_t classes_per_octave_log2 = 5;  // 32 classes per power of two
 
-struct Block final : StorageHeader {
+struct Block final : Storage {
   std::size_t size_class = 0;
   Block* next_free = nullptr;
 };
@@ -37,9 +41,27 @@ std::size_t size_class(std::size_t bytes) {
   return (bytes + granularity - 1) / granularity * granularity;
 }
 
-class CachingAllocator {
+class CachingAllocator final : public BufferType {
  public:
-  Block* allocate(std::size_t bytes) {
+  Device device() const override { return Device::host(); }
+  bool host_visible() const override { return true; }
+  Storage* allocate(std::size_t bytes) override { return allocate_block(bytes); }
+  void release(Storage* storage) noexcept override { release_block(static_cast<Block*>(storage)); }
+  void copy_to_host(void* host, const Storage& src, std::size_t offset, std::size_t bytes) override {
+    if (bytes) std::memcpy(host, src.data + offset, bytes);
+  }
+  void copy_from_host(Storage& dst, std::size_t offset, const void* host, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst.data + offset, host, bytes);
+  }
+  void copy(Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
+            std::size_t bytes) override {
+    if (bytes) std::memmove(dst.data + dst_offset, src.data + src_offset, bytes);
+  }
+  void fill_zero(Storage& dst, std::size_t offset, std::size_t bytes) override {
+    if (bytes) std::memset(dst.data + offset, 0, bytes);
+  }
+
+  Block* allocate_block(std::size_t bytes) {
     const std::size_t cls = size_class(bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -72,11 +94,13 @@ class CachingAllocator {
     b->data = static_cast<std::byte*>(data);
     b->bytes = cls;
     b->size_class = cls;
+    b->type = this;
+    b->host_visible = true;
     b->refs.store(1, std::memory_order_relaxed);
     return b;
   }
 
-  void release(Block* b) noexcept {
+  void release_block(Block* b) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.releases;
     stats_.bytes_in_use -= b->size_class;
@@ -131,17 +155,53 @@ CachingAllocator& allocator() {
   return *instance;
 }
 
-}  // namespace
-
-StorageHeader* allocate_storage(std::size_t bytes) {
-  return allocator().allocate(bytes);
+// The registered buffer types, the host's first. Never destroyed, like the allocator.
+struct BufferTypeTable {
+  std::mutex mutex;
+  std::vector<BufferType*> types{&allocator()};
+};
+BufferTypeTable& buffer_types() {
+  static auto* table = new BufferTypeTable;
+  return *table;
 }
 
-void release_storage(StorageHeader* storage) noexcept {
-  allocator().release(static_cast<Block*>(storage));
+}  // namespace
+
+Storage* allocate_storage(std::size_t bytes) {
+  return allocator().allocate_block(bytes);
 }
 
 }  // namespace detail
+
+BufferType::~BufferType() = default;
+
+BufferType& host_buffer_type() {
+  return detail::allocator();
+}
+
+void register_buffer_type(BufferType& type) {
+  const Device device = type.device();
+  auto& table = detail::buffer_types();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (BufferType* t : table.types) {
+    if (t == &type) return;
+    if (t->device() == device)
+      throw InternalError("a second buffer type for device " + device.str() + " was registered");
+  }
+  table.types.push_back(&type);
+}
+
+BufferType& buffer_type_of(const Device& device) {
+  auto& table = detail::buffer_types();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  std::string known;
+  for (BufferType* t : table.types) {
+    if (t->device() == device) return *t;
+    known += (known.empty() ? "" : ", ") + t->device().str();
+  }
+  throw InternalError("no buffer type is registered for device " + device.str() + " (registered: " + known +
+                      "); a backend registers its buffer type when it is created");
+}
 
 AllocatorStats allocator_stats() {
   return detail::allocator().stats();

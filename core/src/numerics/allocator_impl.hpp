@@ -8,6 +8,6 @@
 namespace loom::detail {
 
 // A block of at least `bytes` bytes, 64-byte aligned, with one reference held by the caller.
-StorageHeader* allocate_storage(std::size_t bytes);
+Storage* allocate_storage(std::size_t bytes);
 
 }  // namespace loom::detail

@@ -13,7 +13,7 @@ using detail::op_error;
 namespace {
 
 AttentionOperand operand(const Tensor& t) {
-  return {t.data<float>(), t.stride(0), t.stride(1)};
+  return {t.device_data<float>(), t.stride(0), t.stride(1)};
 }
 
 struct AttentionNode final : Node {
@@ -28,14 +28,14 @@ struct AttentionNode final : Node {
     AttentionBackwardArgs b;
     b.forward = &args;
     const Tensor& g = pass.output_grad(*this, 0);
-    b.dout = g.data<float>();
+    b.dout = g.device_data<float>();
     // Keep the buffers alive for the duration of the call.
     BackwardPass::Buffer bq, bk, bv;
     auto resolve = [&](const GradTarget& t, BackwardPass::Buffer& buf, AttentionGradient& grad) {
       if (!t.active()) return;
       const int sharing = int(t.same_base(dq)) + int(t.same_base(dk)) + int(t.same_base(dv));
       buf = pass.grad(t, sharing > 1);
-      grad = {buf.tensor.data<float>(), buf.tensor.stride(0), buf.tensor.stride(1), buf.accumulate};
+      grad = {buf.tensor.device_data<float>(), buf.tensor.stride(0), buf.tensor.stride(1), buf.accumulate};
     };
     // One at a time: q, k and v may be views of one buffer (fused qkv), and resolving the first
     // zero-fills it for the others.
@@ -56,9 +56,13 @@ bool attention_layout(const Tensor& t) {
 Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                       const AttentionParams& params, const Tensor& q_segments, const Tensor& kv_segments) {
   constexpr const char* op = "attention";
-  detail::require_f32(q_in, op, "q");
-  detail::require_f32(k_in, op, "k");
-  detail::require_f32(v_in, op, "v");
+  detail::require_f32(*this, q_in, op, "q");
+  detail::require_f32(*this, k_in, op, "k");
+  detail::require_f32(*this, v_in, op, "v");
+  if (!(kernel.device() == device()))
+    op_error(op, "the attention kernel computes on " + kernel.device().str() + " but backend '" +
+                     std::string(backend_->name()) + "' on " + device().str() +
+                     "; configure an attention kernel for the backend's device");
   if (q_in.rank() != 4 || k_in.rank() != 4 || v_in.rank() != 4)
     op_error(op,
              "q, k and v must be [batch, len, heads, head_dim]: " + q_in.str() + ", " + k_in.str() + ", " + v_in.str());
@@ -78,8 +82,8 @@ Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor&
   if (!(params.scale >= 0.0f)) op_error(op, "scale must be >= 0");
   if (q_segments.defined() != kv_segments.defined()) op_error(op, "give both q_segments and kv_segments, or neither");
   if (q_segments.defined()) {
-    detail::require_i32(q_segments, op, "q_segments");
-    detail::require_i32(kv_segments, op, "kv_segments");
+    detail::require_i32(*this, q_segments, op, "q_segments");
+    detail::require_i32(*this, kv_segments, op, "kv_segments");
     if (!(q_segments.shape() == Shape{batch, q_len}) || !(kv_segments.shape() == Shape{batch, kv_len}))
       op_error(op, "segment ids must be [batch, q_len] and [batch, kv_len], not " + q_segments.shape().str() + " and " +
                        kv_segments.shape().str());
@@ -88,8 +92,8 @@ Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor&
   const Tensor k = attention_layout(k_in) ? k_in : contiguous(k_in);
   const Tensor v = attention_layout(v_in) ? v_in : contiguous(v_in);
 
-  Tensor out = Tensor::empty(Shape{batch, q_len, q_heads, head_dim});
-  Tensor lse = Tensor::empty(Shape{batch, q_heads, q_len});
+  Tensor out = detail::empty(*this, Shape{batch, q_len, q_heads, head_dim});
+  Tensor lse = detail::empty(*this, Shape{batch, q_heads, q_len});
   AttentionForwardArgs a;
   a.batch = batch;
   a.q_len = q_len;
@@ -100,12 +104,12 @@ Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor&
   a.q = operand(q);
   a.k = operand(k);
   a.v = operand(v);
-  a.q_segments = q_segments.defined() ? q_segments.data<std::int32_t>() : nullptr;
-  a.kv_segments = kv_segments.defined() ? kv_segments.data<std::int32_t>() : nullptr;
+  a.q_segments = detail::ids_ptr(q_segments);
+  a.kv_segments = detail::ids_ptr(kv_segments);
   a.params = params;
   if (a.params.scale == 0.0f) a.params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  a.out = out.data<float>();
-  a.lse = lse.data<float>();
+  a.out = out.device_data<float>();
+  a.lse = lse.device_data<float>();
   kernel.forward(a);
 
   if (auto* rec = detail::recording_state(tape_, {&q, &k, &v}, op)) {

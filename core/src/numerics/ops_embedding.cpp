@@ -10,6 +10,7 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
 namespace {
 
@@ -22,9 +23,9 @@ struct EmbeddingNode final : Node {
   void backward(BackwardPass& pass) override {
     auto b = pass.grad(dtable);
     // The kernel scatters with +=, so a first gradient starts from zero.
-    if (!b.accumulate) pass.backend().fill(b.tensor.data<float>(), 0.0f, b.tensor.numel());
-    pass.backend().embedding_backward(ids.data<std::int32_t>(), pass.output_grad(*this, 0).data<float>(),
-                                      b.tensor.data<float>(), ids.numel(), dim, vocab);
+    if (!b.accumulate) pass.backend().fill(ptr(b.tensor), 0.0f, b.tensor.numel());
+    pass.backend().embedding_backward(detail::ids_ptr(ids), ptr(pass.output_grad(*this, 0)), ptr(b.tensor), ids.numel(),
+                                      dim, vocab);
   }
 };
 
@@ -38,9 +39,8 @@ struct RopeNode final : Node {
   void backward(BackwardPass& pass) override {
     auto b = pass.grad(dx);
     const std::int64_t token = heads * head_dim;
-    pass.backend().rope(pass.output_grad(*this, 0).data<float>(), seq * token, token, b.tensor.data<float>(),
-                        b.tensor.stride(0), b.tensor.stride(1), cos.data<float>(), sin.data<float>(),
-                        positions.defined() ? positions.data<std::int32_t>() : nullptr, offset, batch, seq, heads,
+    pass.backend().rope(ptr(pass.output_grad(*this, 0)), seq * token, token, ptr(b.tensor), b.tensor.stride(0),
+                        b.tensor.stride(1), ptr(cos), ptr(sin), detail::ids_ptr(positions), offset, batch, seq, heads,
                         head_dim, interleaved, /*inverse=*/true, b.accumulate);
   }
 };
@@ -49,12 +49,15 @@ struct RopeNode final : Node {
 
 Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
   constexpr const char* op = "embedding";
-  detail::require_f32(table, op, "table");
-  detail::require_i32(ids, op, "ids");
+  detail::require_f32(*this, table, op, "table");
+  detail::require_i32(*this, ids, op, "ids");
   if (table.rank() != 2 || !table.is_contiguous())
     op_error(op, "table must be a contiguous [vocab, dim], not " + table.str());
+  detail::require_op(*this, BackendOp::embedding, DType::f32, op);
+  detail::require_op(*this, BackendOp::fill, DType::f32, op);
   const std::int64_t vocab = table.size(0), dim = table.size(1);
-  const std::int32_t* id = ids.data<std::int32_t>();
+  const Tensor host_ids = detail::host_readable(ids);
+  const std::int32_t* id = host_ids.data<std::int32_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i)
     if (id[i] < 0 || id[i] >= vocab)
       op_error(op, "id " + std::to_string(id[i]) + " at position " + std::to_string(i) + " is outside [0, " +
@@ -65,8 +68,8 @@ Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
   for (int i = 0; i < ids.rank(); ++i) dims[static_cast<std::size_t>(i)] = ids.size(i);
   dims[static_cast<std::size_t>(ids.rank())] = dim;
   Tensor out =
-      Tensor::empty(Shape(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(ids.rank() + 1))));
-  backend_->embedding_forward(table.data<float>(), id, out.data<float>(), ids.numel(), dim, vocab);
+      detail::empty(*this, Shape(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(ids.rank() + 1))));
+  backend_->embedding_forward(ptr(table), detail::ids_ptr(ids), ptr(out), ids.numel(), dim, vocab);
   if (auto* rec = detail::recording_state(tape_, {&table}, op)) {
     auto* node = rec->record<EmbeddingNode>(*backend_);
     node->ids = ids;
@@ -107,7 +110,7 @@ RopeTable::RopeTable(const RopeConfig& config, std::int64_t head_dim, std::int64
       }
     }
   }
-  cos_ = Tensor::empty(Shape{max_positions, half});
+  cos_ = Tensor::empty(Shape{max_positions, half});  // host tables; tables_on copies them to a device
   sin_ = Tensor::empty(Shape{max_positions, half});
   float* c = cos_.data<float>();
   float* s = sin_.data<float>();
@@ -119,20 +122,32 @@ RopeTable::RopeTable(const RopeConfig& config, std::int64_t head_dim, std::int64
     }
 }
 
+std::pair<Tensor, Tensor> RopeTable::tables_on(BufferType& type) const {
+  if (&type == &cos_.buffer_type()) return {cos_, sin_};
+  if (!device_cos_.defined() || &device_cos_.buffer_type() != &type) {
+    device_cos_ = Tensor::empty(cos_.shape(), DType::f32, type);
+    device_cos_.copy_from(cos_);
+    device_sin_ = Tensor::empty(sin_.shape(), DType::f32, type);
+    device_sin_.copy_from(sin_);
+  }
+  return {device_cos_, device_sin_};
+}
+
 Tensor Ops::rope(const Tensor& x_in, const RopeTable& table, const Tensor& positions, std::int64_t position_offset) {
   constexpr const char* op = "rope";
-  detail::require_f32(x_in, op, "x");
+  detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() != 4) op_error(op, "x must be [batch, seq, heads, head_dim], not " + x_in.str());
   const std::int64_t batch = x_in.size(0), seq = x_in.size(1), heads = x_in.size(2), head_dim = x_in.size(3);
   if (head_dim != table.head_dim())
     op_error(op, "x has head_dim " + std::to_string(head_dim) + " but the table was built for " +
                      std::to_string(table.head_dim()));
   if (positions.defined()) {
-    detail::require_i32(positions, op, "positions");
+    detail::require_i32(*this, positions, op, "positions");
     if (!(positions.shape() == Shape{batch, seq}))
       op_error(
           op, "positions must be [" + std::to_string(batch) + ", " + std::to_string(seq) + "], not " + positions.str());
-    const std::int32_t* p = positions.data<std::int32_t>();
+    const Tensor host_positions = detail::host_readable(positions);
+    const std::int32_t* p = host_positions.data<std::int32_t>();
     for (std::int64_t i = 0; i < positions.numel(); ++i)
       if (p[i] < 0 || p[i] >= table.max_positions())
         op_error(op, "position " + std::to_string(p[i]) + " is outside the table's [0, " +
@@ -141,19 +156,20 @@ Tensor Ops::rope(const Tensor& x_in, const RopeTable& table, const Tensor& posit
     op_error(op, "positions [" + std::to_string(position_offset) + ", " + std::to_string(position_offset + seq) +
                      ") exceed the table's " + std::to_string(table.max_positions()));
   }
+  detail::require_op(*this, BackendOp::rope, DType::f32, op);
   // Heads must be contiguous within a token; tokens and batches may be strided.
   const bool layout_ok = x_in.stride(3) == 1 && (heads == 1 || x_in.stride(2) == head_dim);
   const Tensor x = layout_ok ? x_in : contiguous(x_in);
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = detail::empty(*this, x.shape());
   const std::int64_t token = heads * head_dim;
-  backend_->rope(x.data<float>(), x.stride(0), x.stride(1), y.data<float>(), seq * token, token,
-                 table.cos().data<float>(), table.sin().data<float>(),
-                 positions.defined() ? positions.data<std::int32_t>() : nullptr, position_offset, batch, seq, heads,
-                 head_dim, table.config().interleaved, /*inverse=*/false, /*accumulate=*/false);
+  auto [cos, sin] = table.tables_on(*buffers_);
+  backend_->rope(ptr(x), x.stride(0), x.stride(1), ptr(y), seq * token, token, ptr(cos), ptr(sin),
+                 detail::ids_ptr(positions), position_offset, batch, seq, heads, head_dim, table.config().interleaved,
+                 /*inverse=*/false, /*accumulate=*/false);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<RopeNode>(*backend_);
-    node->cos = table.cos();
-    node->sin = table.sin();
+    node->cos = std::move(cos);
+    node->sin = std::move(sin);
     node->positions = positions;
     node->dx = rec->target(x);
     node->offset = position_offset;

@@ -7,8 +7,9 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
-Ops::Ops(Backend& backend, Tape* tape) : backend_(&backend), tape_(tape) {}
+Ops::Ops(Backend& backend, Tape* tape) : backend_(&backend), buffers_(&backend.buffer_type()), tape_(tape) {}
 
 bool Ops::recording() const {
   return tape_ && tape_->recording();
@@ -35,23 +36,21 @@ struct LinearNode final : Node {
     Backend& be = pass.backend();
     const Tensor& g = pass.output_grad(*this, 0);
     Tensor dpre_owned;
-    const float* dpre = g.data<float>();
+    const float* dpre = ptr(g);
     float* dbias_ptr = nullptr;
     bool dbias_acc = false;
     BackwardPass::Buffer bb;
     if (dbias.active()) {
       bb = pass.grad(dbias);
-      dbias_ptr = bb.tensor.data<float>();
+      dbias_ptr = ptr(bb.tensor);
       dbias_acc = bb.accumulate;
     }
     if (act != Activation::none) {
-      dpre_owned = Tensor::empty(Shape{m, n});
-      be.bias_activation_backward(pre.data<float>(), g.data<float>(), dpre_owned.data<float>(), dbias_ptr, dbias_acc, m,
-                                  n, act);
-      dpre = dpre_owned.data<float>();
+      dpre_owned = pass.empty(Shape{m, n});
+      be.bias_activation_backward(ptr(pre), ptr(g), ptr(dpre_owned), dbias_ptr, dbias_acc, m, n, act);
+      dpre = ptr(dpre_owned);
     } else if (dbias_ptr) {
-      be.bias_activation_backward(nullptr, g.data<float>(), const_cast<float*>(g.data<float>()), dbias_ptr, dbias_acc,
-                                  m, n, Activation::none);
+      be.bias_activation_backward(nullptr, ptr(g), ptr(g), dbias_ptr, dbias_acc, m, n, Activation::none);
     }
     if (dx.active()) {
       auto b = pass.grad(dx);
@@ -86,23 +85,23 @@ struct MatmulNode final : Node {
   void backward(BackwardPass& pass) override {
     Backend& be = pass.backend();
     const Tensor& g = pass.output_grad(*this, 0);
-    const float* dc = g.data<float>();
+    const float* dc = ptr(g);
     const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
     const std::int64_t sa = m * k, sb = shared_b ? 0 : k * n, sc = m * n;
     if (da.active()) {
       auto buf = pass.grad(da);
       const float beta = buf.accumulate ? 1.0f : 0.0f;
       if (!ta)  // dA[m, k] = dC[m, n] * op(B)^T
-        be.gemm_batched(Transpose::no, tr(!tb), m, k, n, 1.0f, dc, n, sc, b.data<float>(), ldb, sb, beta,
-                        buf.tensor.data<float>(), k, sa, batch);
+        be.gemm_batched(Transpose::no, tr(!tb), m, k, n, 1.0f, dc, n, sc, ptr(b), ldb, sb, beta, ptr(buf.tensor), k, sa,
+                        batch);
       else  // A is stored [k, m]: dA = op(B)[k, n] * dC^T[n, m]
-        be.gemm_batched(tr(tb), Transpose::yes, k, m, n, 1.0f, b.data<float>(), ldb, sb, dc, n, sc, beta,
-                        buf.tensor.data<float>(), m, sa, batch);
+        be.gemm_batched(tr(tb), Transpose::yes, k, m, n, 1.0f, ptr(b), ldb, sb, dc, n, sc, beta, ptr(buf.tensor), m, sa,
+                        batch);
     }
     if (db.active()) {
       auto buf = pass.grad(db);
-      const float* pa = a.data<float>();
-      float* pdb = buf.tensor.data<float>();
+      const float* pa = ptr(a);
+      float* pdb = ptr(buf.tensor);
       // A shared B sums its gradient over the batch: one GEMM per batch, accumulating.
       const std::int64_t calls = shared_b ? batch : 1;
       const std::int64_t per_call = shared_b ? 1 : batch;
@@ -130,8 +129,9 @@ struct ContiguousNode final : Node {
 
 Tensor Ops::contiguous(const Tensor& x) {
   if (!x.defined()) op_error("contiguous", "undefined tensor");
+  detail::require_device(*this, x, "contiguous", "x");
   if (x.is_contiguous()) return x;
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), *buffers_);
   y.copy_from(x);
   if (auto* rec = detail::recording_state(tape_, {&x}, "contiguous")) {
     auto* node = rec->record<ContiguousNode>(*backend_);
@@ -143,8 +143,8 @@ Tensor Ops::contiguous(const Tensor& x) {
 
 Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
   constexpr const char* op = "linear";
-  detail::require_f32(x_in, op, "x");
-  detail::require_f32(weight, op, "weight");
+  detail::require_f32(*this, x_in, op, "x");
+  detail::require_f32(*this, weight, op, "weight");
   if (x_in.rank() < 1) op_error(op, "x must have at least one dimension");
   if (weight.rank() != 2 || !weight.is_row_strided())
     op_error(op, "weight must be a row-strided matrix, not " + weight.str());
@@ -154,17 +154,19 @@ Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   if (wk != k)
     op_error(op, "x has " + std::to_string(k) + " features but weight " + weight.shape().str() + " expects " +
                      std::to_string(wk) + (options.weight_in_out ? " ([in, out] layout)" : " ([out, in] layout)"));
-  detail::require_vector(bias, n, op, "bias");
+  detail::require_vector(*this, bias, n, op, "bias");
+  detail::require_op(*this, BackendOp::linear, DType::f32, op);
+  detail::require_op(*this, BackendOp::gemm, DType::f32, op);
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
   const detail::Matrix xm = detail::as_matrix(x);
   const detail::Matrix wm = detail::as_matrix(weight);
   const std::int64_t m = xm.rows;
 
-  Tensor pre = Tensor::empty(x.shape().with_back(n));
-  Tensor out = options.activation == Activation::none ? pre : Tensor::empty(pre.shape());
-  backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld,
-                           pre.data<float>(), detail::data_or_null(bias),
-                           options.activation == Activation::none ? nullptr : out.data<float>(), options.activation);
+  Tensor pre = detail::empty(*this, x.shape().with_back(n));
+  Tensor out = options.activation == Activation::none ? pre : detail::empty(*this, pre.shape());
+  backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld, ptr(pre),
+                           detail::data_or_null(bias), options.activation == Activation::none ? nullptr : ptr(out),
+                           options.activation);
 
   if (auto* rec = detail::recording_state(tape_, {&x, &weight, &bias}, op)) {
     auto* node = rec->record<LinearNode>(*backend_);
@@ -186,8 +188,9 @@ Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
 
 Tensor Ops::matmul(const Tensor& a_in, const Tensor& b_in, bool transpose_a, bool transpose_b) {
   constexpr const char* op = "matmul";
-  detail::require_f32(a_in, op, "a");
-  detail::require_f32(b_in, op, "b");
+  detail::require_f32(*this, a_in, op, "a");
+  detail::require_f32(*this, b_in, op, "b");
+  detail::require_op(*this, BackendOp::gemm, DType::f32, op);
   if (a_in.rank() < 2 || b_in.rank() < 2)
     op_error(op, "operands must have rank >= 2: " + a_in.str() + ", " + b_in.str());
   const bool shared_b = b_in.rank() == 2 && a_in.rank() > 2;
@@ -211,10 +214,9 @@ Tensor Ops::matmul(const Tensor& a_in, const Tensor& b_in, bool transpose_a, boo
   Shape out_shape = a.shape();
   out_shape[a.rank() - 2] = m;
   out_shape[a.rank() - 1] = n;
-  Tensor out = Tensor::empty(out_shape);
-  backend_->gemm_batched(tr(transpose_a), tr(transpose_b), m, n, k, 1.0f, a.data<float>(), transpose_a ? m : k, m * k,
-                         b.data<float>(), transpose_b ? k : n, shared_b ? 0 : k * n, 0.0f, out.data<float>(), n, m * n,
-                         batch);
+  Tensor out = detail::empty(*this, out_shape);
+  backend_->gemm_batched(tr(transpose_a), tr(transpose_b), m, n, k, 1.0f, ptr(a), transpose_a ? m : k, m * k, ptr(b),
+                         transpose_b ? k : n, shared_b ? 0 : k * n, 0.0f, ptr(out), n, m * n, batch);
   if (auto* rec = detail::recording_state(tape_, {&a, &b}, op)) {
     auto* node = rec->record<MatmulNode>(*backend_);
     node->da = rec->target(a);

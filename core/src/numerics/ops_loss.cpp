@@ -11,15 +11,17 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
 namespace {
 
 // Rows of logits per chunk when the backward pass must build the gradient in a scratch buffer.
 constexpr std::int64_t scratch_rows = 64;
 
-// Checks the targets and counts those not ignored.
+// Checks the targets and counts those not ignored (on the host, through a copy for a device).
 std::int64_t count_targets(const Tensor& targets, std::int64_t vocab, std::int32_t ignore, const char* op) {
-  const std::int32_t* t = targets.data<std::int32_t>();
+  const Tensor host_targets = detail::host_readable(targets);
+  const std::int32_t* t = host_targets.data<std::int32_t>();
   std::int64_t count = 0;
   for (std::int64_t i = 0; i < targets.numel(); ++i) {
     if (t[i] == ignore) continue;
@@ -36,9 +38,11 @@ float reduction_scale(Reduction r, std::int64_t count) {
   return r == Reduction::sum ? 1.0f : count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
-// Sum of per-row losses in row order, in double: deterministic and independent of the backend.
+// Sum of per-row losses in row order, in double, on the host: deterministic and independent of
+// the backend.
 float reduce(const Tensor& losses, float scale) {
-  const float* l = losses.data<float>();
+  const Tensor host_losses = detail::host_readable(losses);
+  const float* l = host_losses.data<float>();
   double s = 0.0;
   for (std::int64_t i = 0; i < losses.numel(); ++i) s += l[i];
   return static_cast<float>(s * scale);
@@ -56,10 +60,10 @@ struct CrossEntropyNode final : Node {
     Backend& be = pass.backend();
     const float g = pass.output_grad(*this, 0).item() * scale;
     const detail::Matrix l = detail::as_matrix(logits);
-    const std::int32_t* t = targets.data<std::int32_t>();
+    const std::int32_t* t = detail::ids_ptr(targets);
     if (logits.storage_use_count() == 1) {
       // Nobody else can see the logits: they become their own gradient.
-      be.cross_entropy_backward(l.data, l.ld, t, lse.data<float>(), g, l.rows, l.cols, ignore);
+      be.cross_entropy_backward(l.data, l.ld, t, ptr(lse), g, l.rows, l.cols, ignore);
       if (l.ld == l.cols)
         pass.give(dlogits, std::move(logits));
       else
@@ -70,13 +74,20 @@ struct CrossEntropyNode final : Node {
     auto b = pass.grad(dlogits);
     const detail::Matrix d = detail::as_matrix(b.tensor);
     const std::int64_t chunk = std::min(scratch_rows, l.rows);
-    Tensor scratch = Tensor::empty(Shape{chunk, l.cols});
-    float* s = scratch.data<float>();
+    Tensor scratch = pass.empty(Shape{chunk, l.cols});
+    float* s = ptr(scratch);
     for (std::int64_t r0 = 0; r0 < l.rows; r0 += chunk) {
       const std::int64_t n = std::min(chunk, l.rows - r0);
-      for (std::int64_t r = 0; r < n; ++r)
-        std::memcpy(s + r * l.cols, l.data + (r0 + r) * l.ld, static_cast<std::size_t>(l.cols) * sizeof(float));
-      be.cross_entropy_backward(s, l.cols, t + r0, lse.data<float>() + r0, g, n, l.cols, ignore);
+      if (logits.is_host_visible()) {
+        for (std::int64_t r = 0; r < n; ++r)
+          std::memcpy(s + r * l.cols, l.data + (r0 + r) * l.ld, static_cast<std::size_t>(l.cols) * sizeof(float));
+      } else {
+        // Rows r0 .. r0 + n of the logits (row stride ld) into the scratch, on the device.
+        const Tensor rows =
+            detail::TensorAccess::view_of(logits, logits.offset() + r0 * l.ld, Shape{n, l.cols}, Strides{l.ld, 1});
+        scratch.slice(0, 0, n).copy_from(rows);
+      }
+      be.cross_entropy_backward(s, l.cols, t + r0, ptr(lse) + r0, g, n, l.cols, ignore);
       for (std::int64_t r = 0; r < n; ++r)
         be.scale(s + r * l.cols, 1.0f, d.data + (r0 + r) * d.ld, l.cols, b.accumulate);
     }
@@ -105,9 +116,10 @@ struct LinearCrossEntropyNode final : Node {
 
 Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const CrossEntropyOptions& options) {
   constexpr const char* op = "cross_entropy";
-  detail::require_f32(logits_in, op, "logits");
-  detail::require_i32(targets, op, "targets");
+  detail::require_f32(*this, logits_in, op, "logits");
+  detail::require_i32(*this, targets, op, "targets");
   if (logits_in.rank() < 1 || logits_in.shape().back() == 0) op_error(op, "logits need a vocabulary dimension");
+  detail::require_op(*this, BackendOp::cross_entropy, DType::f32, op);
   const std::int64_t vocab = logits_in.shape().back();
   if (targets.numel() != logits_in.shape().rows())
     op_error(op, "targets " + targets.shape().str() + " do not match logits " + logits_in.shape().str());
@@ -116,11 +128,11 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
   const std::int64_t count = count_targets(targets, vocab, options.ignore_index, op);
   const float scale = reduction_scale(options.reduction, count);
 
-  Tensor losses = Tensor::empty(Shape{l.rows});
-  Tensor lse = Tensor::empty(Shape{l.rows});
-  backend_->cross_entropy_forward(l.data, l.ld, targets.data<std::int32_t>(), losses.data<float>(), lse.data<float>(),
-                                  l.rows, vocab, options.ignore_index);
-  Tensor loss = Tensor::scalar(reduce(losses, scale));
+  Tensor losses = detail::empty(*this, Shape{l.rows});
+  Tensor lse = detail::empty(*this, Shape{l.rows});
+  backend_->cross_entropy_forward(l.data, l.ld, detail::ids_ptr(targets), ptr(losses), ptr(lse), l.rows, vocab,
+                                  options.ignore_index);
+  Tensor loss = detail::scalar(*buffers_, reduce(losses, scale));
   if (auto* rec = detail::recording_state(tape_, {&logits}, op)) {
     auto* node = rec->record<CrossEntropyNode>(*backend_);
     node->logits = logits.detach();
@@ -137,11 +149,13 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
 Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const Tensor& targets,
                                  const CrossEntropyOptions& options) {
   constexpr const char* op = "linear_cross_entropy";
-  detail::require_f32(x_in, op, "x");
-  detail::require_f32(weight, op, "weight");
-  detail::require_i32(targets, op, "targets");
+  detail::require_f32(*this, x_in, op, "x");
+  detail::require_f32(*this, weight, op, "weight");
+  detail::require_i32(*this, targets, op, "targets");
   if (weight.rank() != 2 || !weight.is_row_strided())
     op_error(op, "weight must be a row-strided [vocab, dim], not " + weight.str());
+  detail::require_op(*this, BackendOp::gemm, DType::f32, op);
+  detail::require_op(*this, BackendOp::cross_entropy, DType::f32, op);
   if (x_in.rank() < 1 || x_in.shape().back() != weight.size(1))
     op_error(op, "x " + x_in.shape().str() + " does not match weight " + weight.shape().str());
   if (targets.numel() != x_in.shape().rows())
@@ -164,31 +178,30 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   if (chunk == 0) chunk = std::max<std::int64_t>(16, (std::int64_t{256} << 20) / (vocab * 4) / 16 * 16);
   chunk = std::max<std::int64_t>(1, std::min(chunk, rows));
 
-  Tensor losses = Tensor::empty(Shape{rows});
-  Tensor lse = Tensor::empty(Shape{rows});
-  Tensor logits = Tensor::empty(Shape{chunk, vocab});
-  Tensor dx = tx.active() ? Tensor::empty(x.shape()) : Tensor();
-  Tensor dweight = tw.active() ? Tensor::empty(weight.shape()) : Tensor();
-  const std::int32_t* t = targets.data<std::int32_t>();
-  float* l = logits.data<float>();
+  Tensor losses = detail::empty(*this, Shape{rows});
+  Tensor lse = detail::empty(*this, Shape{rows});
+  Tensor logits = detail::empty(*this, Shape{chunk, vocab});
+  Tensor dx = tx.active() ? detail::empty(*this, x.shape()) : Tensor();
+  Tensor dweight = tw.active() ? detail::empty(*this, weight.shape()) : Tensor();
+  const std::int32_t* t = detail::ids_ptr(targets);
+  float* l = ptr(logits);
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const std::int64_t n = std::min(chunk, rows - r0);
     const float* xr = xm.data + r0 * xm.ld;
     backend_->gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xr, xm.ld, wm.data, wm.ld, 0.0f, l, vocab);
-    backend_->cross_entropy_forward(l, vocab, t + r0, losses.data<float>() + r0, lse.data<float>() + r0, n, vocab,
-                                    options.ignore_index);
+    backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab, options.ignore_index);
     if (!rec) continue;
-    backend_->cross_entropy_backward(l, vocab, t + r0, lse.data<float>() + r0, scale, n, vocab, options.ignore_index);
+    backend_->cross_entropy_backward(l, vocab, t + r0, ptr(lse) + r0, scale, n, vocab, options.ignore_index);
     if (dx.defined())  // dx[n, dim] = dlogits[n, vocab] * W[vocab, dim]
       backend_->gemm(Transpose::no, Transpose::no, n, dim, vocab, 1.0f, l, vocab, wm.data, wm.ld, 0.0f,
-                     dx.data<float>() + r0 * dim, dim);
+                     ptr(dx) + r0 * dim, dim);
     if (dweight.defined())  // dW[vocab, dim] += dlogits^T[vocab, n] * x[n, dim]
       backend_->gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
-                     dweight.data<float>(), dim);
+                     ptr(dweight), dim);
   }
   logits.reset();
-  if (rows == 0 && dweight.defined()) backend_->fill(dweight.data<float>(), 0.0f, dweight.numel());
-  Tensor loss = Tensor::scalar(reduce(losses, scale));
+  if (rows == 0 && dweight.defined()) backend_->fill(ptr(dweight), 0.0f, dweight.numel());
+  Tensor loss = detail::scalar(*buffers_, reduce(losses, scale));
   if (rec) {
     auto* node = rec->record<LinearCrossEntropyNode>(*backend_);
     node->tx = tx;

@@ -7,6 +7,7 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
 namespace {
 
@@ -39,20 +40,19 @@ struct NormNode final : Node {
       BackwardPass::Buffer bx;
       if (fused) {
         acc_input = dsum.defined();
-        if (!acc_input) dsum = Tensor::empty(x.shape());
-        dinput = dsum.data<float>();
+        if (!acc_input) dsum = pass.empty(x.shape());
+        dinput = ptr(dsum);
       } else if (dx.active()) {
         bx = pass.grad(dx);
-        dinput = bx.tensor.data<float>();
+        dinput = ptr(bx.tensor);
         acc_input = bx.accumulate;
       }
       if (rms)
-        be.rms_norm_backward(x.data<float>(), detail::data_or_null(weight), rstd.data<float>(), gy.data<float>(),
-                             dinput, acc_input, detail::grad_data(bw), bw.accumulate, rows, cols);
+        be.rms_norm_backward(ptr(x), detail::data_or_null(weight), ptr(rstd), ptr(gy), dinput, acc_input,
+                             detail::grad_data(bw), bw.accumulate, rows, cols);
       else
-        be.layer_norm_backward(x.data<float>(), detail::data_or_null(weight), mean.data<float>(), rstd.data<float>(),
-                               gy.data<float>(), dinput, acc_input, detail::grad_data(bw), bw.accumulate,
-                               detail::grad_data(bb), bb.accumulate, rows, cols);
+        be.layer_norm_backward(ptr(x), detail::data_or_null(weight), ptr(mean), ptr(rstd), ptr(gy), dinput, acc_input,
+                               detail::grad_data(bw), bw.accumulate, detail::grad_data(bb), bb.accumulate, rows, cols);
     }
     if (fused && dsum.defined()) {
       if (dresidual.active()) {
@@ -73,38 +73,37 @@ struct NormArgs {
 
 std::pair<Tensor, Tensor> norm(Ops& ops, Tape* tape, const NormArgs& a, const Tensor& residual_in, const Tensor& x_in,
                                const Tensor& weight, const Tensor& bias, float eps) {
-  detail::require_f32(x_in, a.op, "x");
+  detail::require_f32(ops, x_in, a.op, "x");
   if (x_in.rank() < 1 || x_in.shape().back() == 0)
     op_error(a.op, "x must have a non-empty last dimension: " + x_in.str());
   if (a.fused) {
-    detail::require_f32(residual_in, a.op, "residual");
+    detail::require_f32(ops, residual_in, a.op, "residual");
     detail::require_same_shape(residual_in, x_in, a.op, "residual", "x");
   }
   const std::int64_t cols = x_in.shape().back();
-  detail::require_vector(weight, cols, a.op, "weight");
-  detail::require_vector(bias, cols, a.op, "bias");
+  detail::require_vector(ops, weight, cols, a.op, "weight");
+  detail::require_vector(ops, bias, cols, a.op, "bias");
   if (!(eps >= 0.0f)) op_error(a.op, "eps must be >= 0");
+  detail::require_op(ops, a.rms ? BackendOp::rms_norm : BackendOp::layer_norm, DType::f32, a.op);
   const Tensor x = ops.contiguous(x_in);
   const Tensor residual = a.fused ? ops.contiguous(residual_in) : Tensor();
   const std::int64_t rows = x.shape().rows();
   Backend& be = ops.backend();
 
-  Tensor sum = a.fused ? Tensor::empty(x.shape()) : Tensor();
-  Tensor y = Tensor::empty(x.shape());
-  Tensor mean = a.rms ? Tensor() : Tensor::empty(Shape{rows});
-  Tensor rstd = Tensor::empty(Shape{rows});
+  Tensor sum = a.fused ? detail::empty(ops, x.shape()) : Tensor();
+  Tensor y = detail::empty(ops, x.shape());
+  Tensor mean = a.rms ? Tensor() : detail::empty(ops, Shape{rows});
+  Tensor rstd = detail::empty(ops, Shape{rows});
   const float* w = detail::data_or_null(weight);
   if (a.rms && a.fused)
-    be.add_rms_norm_forward(residual.data<float>(), x.data<float>(), sum.data<float>(), w, y.data<float>(),
-                            rstd.data<float>(), rows, cols, eps);
+    be.add_rms_norm_forward(ptr(residual), ptr(x), ptr(sum), w, ptr(y), ptr(rstd), rows, cols, eps);
   else if (a.rms)
-    be.rms_norm_forward(x.data<float>(), w, y.data<float>(), rstd.data<float>(), rows, cols, eps);
+    be.rms_norm_forward(ptr(x), w, ptr(y), ptr(rstd), rows, cols, eps);
   else if (a.fused)
-    be.add_layer_norm_forward(residual.data<float>(), x.data<float>(), sum.data<float>(), w, detail::data_or_null(bias),
-                              y.data<float>(), mean.data<float>(), rstd.data<float>(), rows, cols, eps);
+    be.add_layer_norm_forward(ptr(residual), ptr(x), ptr(sum), w, detail::data_or_null(bias), ptr(y), ptr(mean),
+                              ptr(rstd), rows, cols, eps);
   else
-    be.layer_norm_forward(x.data<float>(), w, detail::data_or_null(bias), y.data<float>(), mean.data<float>(),
-                          rstd.data<float>(), rows, cols, eps);
+    be.layer_norm_forward(ptr(x), w, detail::data_or_null(bias), ptr(y), ptr(mean), ptr(rstd), rows, cols, eps);
 
   if (auto* rec = detail::recording_state(tape, {&residual, &x, &weight, &bias}, a.op)) {
     auto* node = rec->record<NormNode>(be);

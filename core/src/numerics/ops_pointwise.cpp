@@ -8,6 +8,7 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
 namespace {
 
@@ -19,8 +20,8 @@ struct ActivationNode final : Node {
   GradTarget dx;
   void backward(BackwardPass& pass) override {
     auto b = pass.grad(dx);
-    pass.backend().activation_backward(act, x.data<float>(), pass.output_grad(*this, 0).data<float>(),
-                                       b.tensor.data<float>(), x.numel(), b.accumulate);
+    pass.backend().activation_backward(act, ptr(x), ptr(pass.output_grad(*this, 0)), ptr(b.tensor), x.numel(),
+                                       b.accumulate);
   }
 };
 
@@ -34,9 +35,8 @@ struct SwigluNode final : Node {
     const bool shared = dgate.same_base(dup);
     if (dgate.active()) bg = pass.grad(dgate, shared);
     if (dup.active()) bu = pass.grad(dup, shared);
-    pass.backend().swiglu_backward(gate.data<float>(), up.data<float>(), pass.output_grad(*this, 0).data<float>(),
-                                   detail::grad_data(bg), bg.accumulate, detail::grad_data(bu), bu.accumulate,
-                                   gate.numel());
+    pass.backend().swiglu_backward(ptr(gate), ptr(up), ptr(pass.output_grad(*this, 0)), detail::grad_data(bg),
+                                   bg.accumulate, detail::grad_data(bu), bu.accumulate, gate.numel());
   }
 };
 
@@ -61,7 +61,7 @@ struct ScaleNode final : Node {
     Tensor g = pass.take_output_grad(*this, 0);
     if (dx.covers_base && g.storage_use_count() == 1) {
       // Scale in place and hand the buffer on.
-      pass.backend().scale(g.data<float>(), alpha, g.data<float>(), g.numel(), false);
+      pass.backend().scale(ptr(g), alpha, ptr(g), g.numel(), false);
       pass.give(dx, std::move(g));
     } else {
       pass.accumulate(dx, g, alpha);
@@ -78,15 +78,16 @@ struct DropoutNode final : Node {
   GradTarget dx;
   void backward(BackwardPass& pass) override {
     auto b = pass.grad(dx);
-    pass.backend().dropout(pass.output_grad(*this, 0).data<float>(), b.tensor.data<float>(), n, p, key, b.accumulate);
+    pass.backend().dropout(ptr(pass.output_grad(*this, 0)), ptr(b.tensor), n, p, key, b.accumulate);
   }
 };
 
 Tensor activation(Ops& ops, Tape* tape, Activation act, const char* op, const Tensor& x_in) {
-  detail::require_f32(x_in, op, "x");
+  detail::require_f32(ops, x_in, op, "x");
+  detail::require_op(ops, BackendOp::activation, DType::f32, op);
   const Tensor x = ops.contiguous(x_in);
-  Tensor y = Tensor::empty(x.shape());
-  ops.backend().activation_forward(act, x.data<float>(), y.data<float>(), x.numel());
+  Tensor y = detail::empty(ops, x.shape());
+  ops.backend().activation_forward(act, ptr(x), ptr(y), x.numel());
   if (auto* rec = detail::recording_state(tape, {&x}, op)) {
     auto* node = rec->record<ActivationNode>(ops.backend());
     node->act = act;
@@ -108,12 +109,13 @@ Tensor Ops::silu(const Tensor& x) {
 
 Tensor Ops::swiglu(const Tensor& gate_in, const Tensor& up_in) {
   constexpr const char* op = "swiglu";
-  detail::require_f32(gate_in, op, "gate");
-  detail::require_f32(up_in, op, "up");
+  detail::require_f32(*this, gate_in, op, "gate");
+  detail::require_f32(*this, up_in, op, "up");
   detail::require_same_shape(gate_in, up_in, op, "gate", "up");
+  detail::require_op(*this, BackendOp::swiglu, DType::f32, op);
   const Tensor gate = contiguous(gate_in), up = contiguous(up_in);
-  Tensor y = Tensor::empty(gate.shape());
-  backend_->swiglu_forward(gate.data<float>(), up.data<float>(), y.data<float>(), gate.numel());
+  Tensor y = detail::empty(*this, gate.shape());
+  backend_->swiglu_forward(ptr(gate), ptr(up), ptr(y), gate.numel());
   if (auto* rec = detail::recording_state(tape_, {&gate, &up}, op)) {
     auto* node = rec->record<SwigluNode>(*backend_);
     node->gate = gate;
@@ -127,12 +129,13 @@ Tensor Ops::swiglu(const Tensor& gate_in, const Tensor& up_in) {
 
 Tensor Ops::add(const Tensor& a_in, const Tensor& b_in) {
   constexpr const char* op = "add";
-  detail::require_f32(a_in, op, "a");
-  detail::require_f32(b_in, op, "b");
+  detail::require_f32(*this, a_in, op, "a");
+  detail::require_f32(*this, b_in, op, "b");
   detail::require_same_shape(a_in, b_in, op, "a", "b");
+  detail::require_op(*this, BackendOp::add, DType::f32, op);
   const Tensor a = contiguous(a_in), b = contiguous(b_in);
-  Tensor y = Tensor::empty(a.shape());
-  backend_->add(a.data<float>(), b.data<float>(), y.data<float>(), a.numel());
+  Tensor y = detail::empty(*this, a.shape());
+  backend_->add(ptr(a), ptr(b), ptr(y), a.numel());
   if (auto* rec = detail::recording_state(tape_, {&a, &b}, op)) {
     auto* node = rec->record<AddNode>(*backend_);
     node->da = rec->target(a);
@@ -144,10 +147,11 @@ Tensor Ops::add(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor Ops::scale(const Tensor& x_in, float alpha) {
   constexpr const char* op = "scale";
-  detail::require_f32(x_in, op, "x");
+  detail::require_f32(*this, x_in, op, "x");
+  detail::require_op(*this, BackendOp::scale, DType::f32, op);
   const Tensor x = contiguous(x_in);
-  Tensor y = Tensor::empty(x.shape());
-  backend_->scale(x.data<float>(), alpha, y.data<float>(), x.numel(), false);
+  Tensor y = detail::empty(*this, x.shape());
+  backend_->scale(ptr(x), alpha, ptr(y), x.numel(), false);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<ScaleNode>(*backend_);
     node->alpha = alpha;
@@ -165,14 +169,15 @@ void Ops::set_dropout_seed(std::uint64_t seed, std::uint64_t step) {
 
 Tensor Ops::dropout(const Tensor& x_in, float p) {
   constexpr const char* op = "dropout";
-  detail::require_f32(x_in, op, "x");
+  detail::require_f32(*this, x_in, op, "x");
   if (!(p >= 0.0f && p <= 1.0f)) op_error(op, "p must be in [0, 1], not " + std::to_string(p));
   if (!training_ || p == 0.0f) return x_in;
+  detail::require_op(*this, BackendOp::dropout, DType::f32, op);
   if (x_in.numel() > 0xffffffffll) op_error(op, "more than 2^32 elements");
   const Tensor x = contiguous(x_in);
   const std::uint64_t key = hash_u64(stream_key(dropout_seed_, 3, dropout_step_) + dropout_calls_++);
-  Tensor y = Tensor::empty(x.shape());
-  backend_->dropout(x.data<float>(), y.data<float>(), x.numel(), p, key, false);
+  Tensor y = detail::empty(*this, x.shape());
+  backend_->dropout(ptr(x), ptr(y), x.numel(), p, key, false);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<DropoutNode>(*backend_);
     node->p = p;

@@ -25,14 +25,31 @@ std::uint32_t next_epoch() {
 
 constexpr std::uint64_t index_mask = 0xffffffffull;
 
-// dst (+)= alpha * src for two tensors of one shape, any strides.
+// A new tensor of `shape` filled with `value`, in `type`'s memory.
+Tensor filled(BufferType& type, const Shape& shape, float value) {
+  if (&type == &host_buffer_type()) return Tensor::full(shape, value);
+  Tensor t = Tensor::empty(shape, DType::f32, type);
+  t.copy_from(Tensor::full(shape, value));
+  return t;
+}
+
+// dst (+)= alpha * src for two tensors of one shape, any strides, in `backend`'s memory.
 void add_strided(Backend& backend, const Tensor& src, const Tensor& dst, float alpha, bool accumulate) {
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
   if (src.is_contiguous() && dst.is_contiguous()) {
-    backend.scale(s, alpha, d, src.numel(), accumulate);
+    backend.scale(src.device_data<float>(), alpha, dst.device_data<float>(), src.numel(), accumulate);
     return;
   }
+  if (!dst.is_host_visible() || !src.is_host_visible()) {
+    // Device memory: the host cannot walk the strides, so the sum is made contiguous on the
+    // device and copied into place (the copies stage strided ranges, see Tensor::copy_from).
+    const Tensor s = src.clone();
+    const Tensor d = accumulate ? dst.clone() : Tensor::empty(dst.shape(), DType::f32, dst.buffer_type());
+    backend.scale(s.device_data<float>(), alpha, d.device_data<float>(), s.numel(), accumulate);
+    dst.copy_from(d);
+    return;
+  }
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
   const std::int64_t ss = src.rank() ? src.stride(-1) : 1;
   const std::int64_t ds = dst.rank() ? dst.stride(-1) : 1;
   for_each_row_pair(src.shape(), src.strides(), dst.strides(),
@@ -125,6 +142,8 @@ void TapeState::add_output(Node& node, Tensor& out) {
   Variable& v = vars_.emplace_back();
   v.shape = out.shape();
   v.base_offset = out.offset();
+  v.type = &out.buffer_type();
+  v.backend = node.backend;
   TensorAccess::set_param(out, nullptr);
   TensorAccess::set_var(out, (std::uint64_t{epoch_} << 32) | index);
   ++node.num_outputs;
@@ -149,20 +168,27 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
         throw InternalError("backward: root " + root.str() + " is not a scalar; pass a seed gradient");
       const GradTarget rt = target(root);
       Variable& rv = vars_[rt.var];
+      if (seed && &seed->buffer_type() != rv.type)
+        throw InternalError("backward: seed " + seed->str() + " is on " + seed->device().str() + " but root " +
+                            root.str() + " is on " + root.device().str());
       if (!rv.grad.defined() && rt.covers_base) {
         // The first seed of a whole variable becomes its gradient: adopted when the caller gave
         // it up, else copied (the backward pass writes into gradient buffers).
         if (!seed)
-          rv.grad = Tensor::full(rv.shape, scalar_seed);
+          rv.grad = filled(*rv.type, rv.shape, scalar_seed);
         else if (adopt_seeds && seed->is_contiguous() && seed->storage_use_count() == 1)
           rv.grad = std::exchange(*seed, Tensor()).detach().view(rv.shape);
         else
           rv.grad = seed->clone().view(rv.shape);
         continue;
       }
-      const Tensor g = seed ? *seed : Tensor::full(root.shape(), scalar_seed);
-      if (!rv.grad.defined()) rv.grad = Tensor::zeros(rv.shape);
+      const Tensor g = seed ? *seed : filled(*rv.type, root.shape(), scalar_seed);
+      if (!rv.grad.defined()) rv.grad = filled(*rv.type, rv.shape, 0.0f);
       const Tensor view = TensorAccess::view_of(rv.grad, rv.grad.offset() + rt.offset, rt.shape, rt.strides);
+      if (!view.is_host_visible()) {
+        add_strided(*rv.backend, g, view, 1.0f, true);
+        continue;
+      }
       float* dst = view.data<float>();
       const std::int64_t ds = rt.shape.rank() ? rt.strides[static_cast<std::size_t>(rt.shape.rank() - 1)] : 1;
       const std::int64_t ss = g.rank() ? g.stride(-1) : 1;
@@ -231,18 +257,19 @@ BackwardPass::Buffer BackwardPass::grad(const GradTarget& t, bool shared) {
   if (t.param) {
     Tensor& g = TensorAccess::param_grad(*t.param);
     bool& has = TensorAccess::param_has_grad(*t.param);
-    if (!g.defined()) g = Tensor::empty(t.param->shape());
+    if (!g.defined())
+      g = Tensor::empty(t.param->shape(), DType::f32, TensorAccess::param_value(*t.param).buffer_type());
     fresh = !has;
     has = true;
     base = &g;
   } else {
     Variable& v = state_.variables()[t.var];
     fresh = !v.grad.defined();
-    if (fresh) v.grad = Tensor::empty(v.shape);
+    if (fresh) v.grad = Tensor::empty(v.shape, DType::f32, *v.type);
     base = &v.grad;
   }
   if (fresh && (!t.covers_base || shared)) {
-    backend_.fill(base->data<float>(), 0.0f, base->numel());
+    backend_.fill(base->device_data<float>(), 0.0f, base->numel());
     fresh = false;
   }
   return {TensorAccess::view_of(*base, base->offset() + t.offset, t.shape, t.strides), !fresh};

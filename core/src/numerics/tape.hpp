@@ -29,7 +29,7 @@ struct TensorAccess {
   static void set_var(Tensor& t, std::uint64_t v) { t.var_ = v; }
   static Parameter* param(const Tensor& t) { return t.param_; }
   static void set_param(Tensor& t, Parameter* p) { t.param_ = p; }
-  static StorageHeader* storage(const Tensor& t) { return t.storage_; }
+  static Storage* storage(const Tensor& t) { return t.storage_; }
   // A tensor over `like`'s storage with the given geometry and no autograd identity.
   static Tensor view_of(const Tensor& like, std::int64_t offset, const Shape& shape, const Strides& strides);
   static Tensor& param_grad(Parameter& p) { return p.grad_; }
@@ -87,6 +87,8 @@ struct Variable {
   Tensor grad;  // contiguous, `shape`; undefined until a gradient arrives
   Shape shape;
   std::int64_t base_offset = 0;
+  BufferType* type = nullptr;  // the output's memory, where its gradient goes too
+  Backend* backend = nullptr;  // the backend of the node that made it
 };
 
 class TapeState {
@@ -159,6 +161,8 @@ class BackwardPass {
   void give(const GradTarget& target, Tensor&& g);
 
   Backend& backend() { return backend_; }
+  // A new contiguous f32 tensor in the backend's memory, for scratch and gradients a node builds.
+  Tensor empty(const Shape& shape) { return Tensor::empty(shape, DType::f32, backend_.buffer_type()); }
 
  private:
   TapeState& state_;

@@ -26,6 +26,22 @@ int normalise_dim(int dim, int rank, const char* what) {
 
 }  // namespace
 
+// ---- Device
+
+Device::Device(std::string_view type, int index) : index_(index) {
+  if (type.empty() || type.size() >= name_.size())
+    fail("a device type name has 1 to " + std::to_string(name_.size() - 1) + " characters, not '" + std::string(type) +
+         "'");
+  if (index < 0) fail("device " + std::string(type) + ": negative index " + std::to_string(index));
+  std::copy(type.begin(), type.end(), name_.begin());
+  length_ = static_cast<std::uint8_t>(type.size());
+}
+
+std::string Device::str() const {
+  if (is_host() && index_ == 0) return "host";
+  return std::string(type()) + ":" + std::to_string(index_);
+}
+
 // ---- Shape
 
 Shape::Shape(std::initializer_list<std::int64_t> dims)
@@ -66,9 +82,17 @@ Strides contiguous_strides(const Shape& shape) {
 
 // ---- Tensor
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+namespace {
+
+void check_resolved(const Shape& shape) {
   for (int i = 0; i < shape.rank(); ++i)
     if (shape[i] < 0) fail("Tensor::empty: shape " + shape.str() + " has an unresolved extent");
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  check_resolved(shape);
   Tensor t;
   t.storage_ = detail::allocate_storage(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
   t.shape_ = shape;
@@ -77,10 +101,34 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   return t;
 }
 
+Tensor Tensor::empty(const Shape& shape, DType dtype, BufferType& type) {
+  check_resolved(shape);
+  Tensor t;
+  t.storage_ = type.allocate(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
+  return device.is_host() && device.index() == 0 ? empty(shape, dtype) : empty(shape, dtype, buffer_type_of(device));
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   std::memset(t.raw_data(), 0, static_cast<std::size_t>(t.numel()) * dtype_size(dtype));
   return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, const Device& device) {
+  Tensor t = empty(shape, dtype, device);
+  t.storage_->type->fill_zero(*t.storage_, 0, static_cast<std::size_t>(t.numel()) * dtype_size(dtype));
+  return t;
+}
+
+Device Tensor::device() const {
+  return storage_ ? storage_->type->device() : Device::host();
 }
 
 Tensor Tensor::full(const Shape& shape, float value) {
@@ -141,10 +189,13 @@ bool Tensor::is_row_strided(std::int64_t* ld) const {
   return true;
 }
 
-void Tensor::throw_dtype_mismatch(DType requested) const {
-  if (!defined()) fail("data<" + std::string(dtype_name(requested)) + ">() of an undefined tensor");
-  fail("data<" + std::string(dtype_name(requested)) + ">() of a " + std::string(dtype_name(dtype_)) + " tensor " +
-       shape_.str());
+void Tensor::throw_bad_access(DType requested) const {
+  const std::string what = "data<" + std::string(dtype_name(requested)) + ">()";
+  if (!defined()) fail(what + " of an undefined tensor");
+  if (requested != dtype_) fail(what + " of a " + std::string(dtype_name(dtype_)) + " tensor " + shape_.str());
+  fail(what + " of " + str() + ": its memory is on " + device().str() +
+       ", which host code cannot read or write; copy it with to(Device::host()), or hand device_data() to the "
+       "backend that owns it");
 }
 
 Tensor Tensor::view(const Shape& shape) const {
@@ -208,7 +259,16 @@ Tensor Tensor::select(int dim, std::int64_t index) const {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
-  Tensor t = empty(shape_, dtype_);
+  Tensor t = storage_->host_visible && storage_->type == &host_buffer_type() ? empty(shape_, dtype_)
+                                                                             : empty(shape_, dtype_, *storage_->type);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(const Device& device) const {
+  if (!defined()) return {};
+  if (this->device() == device) return *this;
+  Tensor t = empty(shape_, dtype_, device);
   t.copy_from(*this);
   return t;
 }
@@ -220,9 +280,69 @@ Tensor Tensor::detach() const {
   return t;
 }
 
+namespace {
+
+// Elements [first, last] of storage that a tensor's elements lie in (strides are never
+// negative), as a byte range.
+struct Span {
+  std::size_t offset, bytes;
+};
+Span span_of(const Tensor& t) {
+  std::int64_t last = t.offset();
+  for (int d = 0; d < t.rank(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const std::size_t es = dtype_size(t.dtype());
+  return {static_cast<std::size_t>(t.offset()) * es, static_cast<std::size_t>(last - t.offset() + 1) * es};
+}
+
+// A host-visible tensor with `t`'s geometry over a host copy of t's span (read from its device
+// when `read`, else left undefined), and the span.
+std::pair<Tensor, Span> host_stage(const Tensor& t, bool read) {
+  const Span span = span_of(t);
+  const std::size_t es = dtype_size(t.dtype());
+  Tensor staged = Tensor::empty(Shape{static_cast<std::int64_t>(span.bytes / es)}, t.dtype());
+  if (read) t.buffer_type().copy_to_host(staged.raw_data(), *detail::TensorAccess::storage(t), span.offset, span.bytes);
+  Tensor view = detail::TensorAccess::view_of(staged, 0, t.shape(), t.strides());
+  return {view, span};
+}
+
+}  // namespace
+
 void Tensor::copy_from(const Tensor& src) const {
   if (!defined() || !src.defined()) fail("copy_from with an undefined tensor");
   if (!(src.shape_ == shape_) || src.dtype_ != dtype_) fail("copy_from: " + src.str() + " into " + str());
+  if (!storage_->host_visible || !src.storage_->host_visible) {
+    // At least one side is device memory: whole contiguous ranges go through the buffer types'
+    // copy functions in one call; anything strided is staged through host memory (one read of
+    // the source's span, and one read and one write of the destination's).
+    if (numel() == 0) return;
+    const std::size_t es = dtype_size(dtype_);
+    const std::size_t bytes = static_cast<std::size_t>(numel()) * es;
+    const std::size_t dst_offset = static_cast<std::size_t>(offset_) * es;
+    const std::size_t src_offset = static_cast<std::size_t>(src.offset_) * es;
+    if (is_contiguous() && src.is_contiguous()) {
+      if (storage_->host_visible) {
+        src.storage_->type->copy_to_host(address(), *src.storage_, src_offset, bytes);
+        return;
+      }
+      if (src.storage_->host_visible) {
+        storage_->type->copy_from_host(*storage_, dst_offset, src.address(), bytes);
+        return;
+      }
+      if (storage_->type == src.storage_->type) {
+        storage_->type->copy(*storage_, dst_offset, *src.storage_, src_offset, bytes);
+        return;
+      }
+    }
+    const Tensor host_src = src.storage_->host_visible ? src : host_stage(src, true).first;
+    if (storage_->host_visible) {
+      copy_from(host_src);
+      return;
+    }
+    auto [host_dst, span] = host_stage(*this, !is_contiguous());
+    host_dst.copy_from(host_src);
+    storage_->type->copy_from_host(*storage_, span.offset, host_dst.raw_data(), span.bytes);
+    return;
+  }
   const std::size_t es = dtype_size(dtype_);
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), static_cast<std::size_t>(numel()) * es);
@@ -245,7 +365,7 @@ void Tensor::copy_from(const Tensor& src) const {
 
 std::vector<float> Tensor::to_vector() const {
   if (!defined()) return {};
-  Tensor c = is_contiguous() ? *this : clone();
+  const Tensor c = !is_host_visible() ? to(Device::host()) : is_contiguous() ? *this : clone();
   std::vector<float> out(static_cast<std::size_t>(numel()));
   if (dtype_ == DType::f32) {
     std::memcpy(out.data(), c.raw_data(), out.size() * sizeof(float));
@@ -262,7 +382,7 @@ std::vector<float> Tensor::to_vector() const {
 std::vector<std::int32_t> Tensor::to_int_vector() const {
   if (!defined()) return {};
   if (dtype_ != DType::i32) fail("to_int_vector of a " + std::string(dtype_name(dtype_)) + " tensor");
-  Tensor c = is_contiguous() ? *this : clone();
+  const Tensor c = !is_host_visible() ? to(Device::host()) : is_contiguous() ? *this : clone();
   std::vector<std::int32_t> out(static_cast<std::size_t>(numel()));
   if (!out.empty()) std::memcpy(out.data(), c.raw_data(), out.size() * sizeof(std::int32_t));
   return out;
@@ -270,6 +390,7 @@ std::vector<std::int32_t> Tensor::to_int_vector() const {
 
 float Tensor::item() const {
   if (numel() != 1) fail("item() of " + str() + ": not a single element");
+  if (!is_host_visible()) return to(Device::host()).item();
   switch (dtype_) {
     case DType::f32:
       return *static_cast<const float*>(raw_data());
@@ -283,7 +404,8 @@ float Tensor::item() const {
 
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
-  return "Tensor(" + std::string(dtype_name(dtype_)) + ", " + shape_.str() + ")";
+  const Device d = device();
+  return "Tensor(" + std::string(dtype_name(dtype_)) + ", " + shape_.str() + (d.is_host() ? "" : ", " + d.str()) + ")";
 }
 
 // ---- Parameter
@@ -300,7 +422,7 @@ Parameter::~Parameter() = default;
 
 void Parameter::set_grad_buffer(Tensor buffer) {
   if (!buffer.defined() || buffer.dtype() != DType::f32 || !buffer.is_contiguous() ||
-      !(buffer.shape() == value_.shape()))
+      !(buffer.shape() == value_.shape()) || !(buffer.device() == value_.device()))
     fail("parameter '" + name_ + "': gradient buffer " + buffer.str() + " does not match " + value_.str());
   Tensor old = grad();
   grad_ = buffer.detach();

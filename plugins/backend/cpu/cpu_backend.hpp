@@ -30,6 +30,8 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(ExecutionContext& execution, const CpuOptions& options) : ex_(execution), options_(options) {}
 
+  std::string_view name() const override { return "cpu"; }
+
   void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
   void gemm_batched(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -50,6 +50,8 @@ void store(float* y, int64_t i, double v, bool accumulate) {
 
 class ReferenceBackend final : public loom::Backend {
  public:
+  std::string_view name() const override { return "reference"; }
+
   void gemm(loom::Transpose trans_a, loom::Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     const bool ta = trans_a == loom::Transpose::yes, tb = trans_b == loom::Transpose::yes;

@@ -27,6 +27,7 @@ namespace loom::optimizer_test {
 // Optimizer tests need no other kernel, so every other one reports that it was not expected.
 class GradientBackend final : public Backend {
  public:
+  std::string_view name() const override { return "gradient"; }
   void scale(const float* x, float alpha, float* y, std::int64_t n, bool accumulate) override {
     for (std::int64_t i = 0; i < n; ++i) y[i] = accumulate ? y[i] + alpha * x[i] : alpha * x[i];
   }

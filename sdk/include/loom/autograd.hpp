@@ -22,6 +22,14 @@
 // later ones, and a gradient that passes through unchanged (a residual add) is handed on without
 // a copy.
 //
+// Devices. An Ops computes on one backend, in that backend's memory (Backend::buffer_type(): the
+// host for cpu and reference). Every tensor an operation takes must be there, parameters
+// included, and its outputs and gradients are allocated there; a tensor from another device is
+// refused (InternalError naming the operation and both devices): move data with Tensor::to.
+// Ids, targets and positions are checked on the host, through a copy when they are on a device.
+// An operation whose kernels the backend does not support for the data's dtype
+// (Backend::supports_op) is refused with a UserError naming the operation, backend and dtype.
+//
 // Threads: a Tape and an Ops belong to one thread (the one running the step).
 #pragma once
 
@@ -41,7 +49,8 @@ namespace loom {
 // so keep parameters in stable storage (members, std::deque, unique_ptr).
 class Parameter {
  public:
-  // `value` must be a defined, contiguous f32 tensor; it may be a view into a larger buffer.
+  // `value` must be a defined, contiguous f32 tensor; it may be a view into a larger buffer. The
+  // gradient is allocated on the value's device.
   Parameter(std::string name, Tensor value);
   Parameter(const Parameter&) = delete;
   Parameter& operator=(const Parameter&) = delete;
@@ -60,8 +69,8 @@ class Parameter {
   bool has_grad() const { return has_grad_; }
   // Forgets the gradient without touching memory: the next backward writes it afresh.
   void zero_grad() { has_grad_ = false; }
-  // Uses `buffer` (same shape, contiguous f32; may be a view into a flat buffer that an
-  // optimizer updates in one pass) as the gradient's storage from now on.
+  // Uses `buffer` (same shape and device, contiguous f32; may be a view into a flat buffer that
+  // an optimizer updates in one pass) as the gradient's storage from now on.
   void set_grad_buffer(Tensor buffer);
 
   // Parameters with requires_grad false are constants to the tape (frozen weights).
@@ -159,8 +168,11 @@ class RopeTable {
   const RopeConfig& config() const { return config_; }
   std::int64_t head_dim() const { return head_dim_; }
   std::int64_t max_positions() const { return max_positions_; }
-  const Tensor& cos() const { return cos_; }  // [max_positions, head_dim / 2]
+  const Tensor& cos() const { return cos_; }  // [max_positions, head_dim / 2], on the host
   const Tensor& sin() const { return sin_; }
+  // {cos, sin} in `type`'s memory: the host tables themselves for the host; for a device, a copy
+  // made on first use and kept (for the last device asked). Used by one thread, like Ops.
+  std::pair<Tensor, Tensor> tables_on(BufferType& type) const;
   // The (possibly rescaled) inverse frequencies theta_i, head_dim / 2 of them.
   const std::vector<double>& inverse_frequencies() const { return inv_freq_; }
 
@@ -169,6 +181,7 @@ class RopeTable {
   std::int64_t head_dim_, max_positions_;
   std::vector<double> inv_freq_;
   Tensor cos_, sin_;
+  mutable Tensor device_cos_, device_sin_;
 };
 
 enum class Reduction : std::uint8_t { mean, sum };
@@ -183,12 +196,15 @@ struct CrossEntropyOptions {
 
 // The operations. Each validates its inputs (an InternalError names the operation and the
 // mismatch), computes with the backend, and records a node when the tape is recording and an
-// input requires a gradient. Outputs are new contiguous tensors.
+// input requires a gradient. Outputs are new contiguous tensors in the backend's memory.
 class Ops {
  public:
   explicit Ops(Backend& backend, Tape* tape = nullptr);
 
   Backend& backend() const { return *backend_; }
+  // Where the operations' inputs must be and their outputs are: the backend's buffer type.
+  BufferType& buffer_type() const { return *buffers_; }
+  Device device() const { return buffers_->device(); }
   Tape* tape() const { return tape_; }
   bool recording() const;
 
@@ -251,7 +267,7 @@ class Ops {
   // ---- Attention, delegated to an attention kernel (kinds/attention.hpp)
   // q [batch, q_len, q_heads, head_dim], k and v [batch, kv_len, kv_heads, head_dim] (token-
   // strided views allowed), segment ids i32 [batch, len] or undefined -> [batch, q_len, q_heads,
-  // head_dim].
+  // head_dim]. The kernel's device() must be the backend's.
   Tensor attention(AttentionKernel& kernel, const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionParams& params = {}, const Tensor& q_segments = {}, const Tensor& kv_segments = {});
 
@@ -261,6 +277,7 @@ class Ops {
 
  private:
   Backend* backend_;
+  BufferType* buffers_;
   Tape* tape_;
   bool training_ = true;
   std::uint64_t dropout_seed_ = 0;

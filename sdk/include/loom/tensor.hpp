@@ -1,14 +1,17 @@
-// loom::Tensor: a dense, row-major, strided view of memory from the core's allocator.
+// loom::Tensor: a dense, row-major, strided view of memory on one device.
 //
 // A Tensor is a small value type (no heap allocation of its own): a counted reference to a
 // storage block, an element offset into it, a shape, strides in elements, a dtype, and the
 // autograd identity that lets the tape route gradients (see autograd.hpp). Copying a Tensor
 // copies the reference, never the data; views (view, slice, select) share the storage too.
 //
-// Memory comes from the core's caching allocator (allocator.hpp): a buffer released by the last
-// Tensor referring to it goes back to a size-class cache, and the next request of that class is
-// served from the cache. A training step that repeats the shapes of the previous one allocates
-// nothing from the system.
+// Memory comes from a buffer type (device.hpp). By default that is the host: the core's caching
+// allocator (allocator.hpp), where a buffer released by the last Tensor referring to it goes
+// back to a size-class cache and the next request of that class is served from the cache, so a
+// training step that repeats the shapes of the previous one allocates nothing from the system.
+// A tensor on another device (Tensor::empty(shape, dtype, device), Tensor::to) lives in that
+// device's memory: host code cannot read it through data<T>() (which throws) and moves it only
+// through explicit copies (to, copy_from, to_vector, item).
 //
 // Constness is shallow, like std::span: a const Tensor& still gives a mutable data pointer;
 // const means "this handle is not re-pointed". Tensors may be passed between threads; writing
@@ -29,6 +32,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "loom/device.hpp"
 
 namespace loom {
 
@@ -127,14 +132,10 @@ class Tensor;
 
 namespace detail {
 
-// The first bytes of every storage block the allocator hands out. Tensors count references to
-// it; the last one to let go returns the block to the allocator.
-struct StorageHeader {
-  std::atomic<std::int64_t> refs{0};
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;
-};
-void release_storage(StorageHeader* storage) noexcept;
+// Returns a block whose last reference was dropped to its buffer type.
+inline void release_storage(Storage* storage) noexcept {
+  storage->type->release(storage);
+}
 
 // Core-internal access to a tensor's autograd identity (defined in the core; not for plugins).
 struct TensorAccess;
@@ -151,9 +152,13 @@ class Tensor {
   Tensor& operator=(Tensor&& other) noexcept;
   ~Tensor() { reset(); }
 
-  // New contiguous tensors. `empty` leaves the contents undefined.
+  // New contiguous tensors, on the host unless a device (or its buffer type) is given. `empty`
+  // leaves the contents undefined.
   static Tensor empty(const Shape& shape, DType dtype = DType::f32);
+  static Tensor empty(const Shape& shape, DType dtype, BufferType& type);
+  static Tensor empty(const Shape& shape, DType dtype, const Device& device);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  static Tensor zeros(const Shape& shape, DType dtype, const Device& device);
   static Tensor full(const Shape& shape, float value);
   static Tensor scalar(float value) { return full(Shape{}, value); }
   // A contiguous copy of `values` (values.size() must equal shape.numel()).
@@ -179,14 +184,33 @@ class Tensor {
   // receives that stride. Contiguous tensors are row-strided with ld == back().
   bool is_row_strided(std::int64_t* ld = nullptr) const;
 
-  // The data at element [0, ...]. Throws InternalError when T does not match the dtype.
+  // ---- Device.
+  // Where the memory is (the host for an undefined tensor).
+  Device device() const;
+  // The buffer type that allocated the storage (the host's for an undefined tensor).
+  BufferType& buffer_type() const { return storage_ ? *storage_->type : host_buffer_type(); }
+  // Whether host code may read and write the elements through data<T>().
+  bool is_host_visible() const { return !storage_ || storage_->host_visible; }
+
+  // The data at element [0, ...], for host code. Throws InternalError when T does not match the
+  // dtype, or when the memory is not host-visible (copy it with to(Device::host()) first).
   template <class T>
   T* data() const {
-    if (dtype_of<T>() != dtype_) throw_dtype_mismatch(dtype_of<T>());
-    return reinterpret_cast<T*>(raw_data());
+    if (dtype_of<T>() != dtype_ || !is_host_visible()) throw_bad_access(dtype_of<T>());
+    return reinterpret_cast<T*>(address());
   }
   void* raw_data() const {
-    return storage_ ? storage_->data + static_cast<std::size_t>(offset_) * dtype_size(dtype_) : nullptr;
+    if (!is_host_visible()) throw_bad_access(dtype_);
+    return address();
+  }
+  // The address of element [0, ...] in the tensor's own memory, unchecked: a host pointer for
+  // host-visible memory, otherwise a device address to hand to the backend that owns the
+  // buffer type, never to dereference on the host. Throws InternalError when T does not match
+  // the dtype.
+  template <class T>
+  T* device_data() const {
+    if (dtype_of<T>() != dtype_) throw_bad_access(dtype_of<T>());
+    return reinterpret_cast<T*>(address());
   }
 
   // ---- Views: share the storage and keep the autograd identity.
@@ -198,17 +222,23 @@ class Tensor {
   // Index `index` of dimension `dim`; the dimension is removed.
   Tensor select(int dim, std::int64_t index) const;
 
-  // ---- Copies and conversions.
-  // A contiguous copy of the data, with no autograd identity.
+  // ---- Copies and conversions. Copies between devices go through the buffer types' copy
+  // functions; none of them is recorded on a tape.
+  // A contiguous copy of the data on the same device, with no autograd identity.
   Tensor clone() const;
+  // This tensor when it is on `device` already; else a contiguous copy there, with no autograd
+  // identity. The device's buffer type must be registered (device.hpp).
+  Tensor to(const Device& device) const;
   // The same storage and geometry, with no autograd identity (gradients stop here).
   Tensor detach() const;
-  // Copies `src`'s elements (same shape and dtype, any strides) into this tensor's elements.
+  // Copies `src`'s elements (same shape and dtype, any strides, any device) into this tensor's
+  // elements.
   void copy_from(const Tensor& src) const;
-  // The elements in row-major order (f32 and bf16 read as float, i32 as int32).
+  // The elements in row-major order (f32 and bf16 read as float, i32 as int32), copied to the
+  // host from any device.
   std::vector<float> to_vector() const;
   std::vector<std::int32_t> to_int_vector() const;
-  // The value of a one-element tensor.
+  // The value of a one-element tensor, copied to the host from any device.
   float item() const;
 
   // ---- Autograd identity.
@@ -228,9 +258,12 @@ class Tensor {
  private:
   friend struct detail::TensorAccess;
   friend class Parameter;
-  [[noreturn]] void throw_dtype_mismatch(DType requested) const;
+  [[noreturn]] void throw_bad_access(DType requested) const;
+  void* address() const {
+    return storage_ ? storage_->data + static_cast<std::size_t>(offset_) * dtype_size(dtype_) : nullptr;
+  }
 
-  detail::StorageHeader* storage_ = nullptr;
+  Storage* storage_ = nullptr;
   std::int64_t offset_ = 0;
   Shape shape_;
   Strides strides_{};

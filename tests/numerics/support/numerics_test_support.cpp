@@ -15,7 +15,9 @@ Registry& plugin_registry() {
   static Registry* registry = [] {
     auto* r = new Registry;
     PluginHost host;
-    host.load(PluginHost::default_search_path({{LOOM_TEST_PLUGIN_DIR, "tests"}}, {}), *r);
+    host.load(PluginHost::default_search_path(
+                  {{LOOM_TEST_PLUGIN_DIR, "tests"}, {LOOM_TEST_DEVICE_PLUGIN_DIR, "tests (test devices)"}}, {}),
+              *r);
     return r;
   }();
   return *registry;
@@ -36,6 +38,28 @@ Handle<Backend> make_backend(const std::string& name, ExecutionContext* executio
   Handle<Backend> b = r.create<Backend>(ComponentRef{"backend", name, node, "backend"});
   r.set_execution_context(nullptr);
   return b;
+}
+
+Handle<AttentionKernel> make_attention(const std::string& name, const Value& options) {
+  Value node = options;
+  node.set("type", name);
+  return plugin_registry().create<AttentionKernel>(ComponentRef{"attention", name, node, "attention"});
+}
+
+Handle<AttentionKernel> attention_for(const Backend& backend) {
+  const Device device = backend.device();
+  if (device.is_host()) return std::make_shared<NaiveAttention>();
+  for (const std::string& name : registered("attention")) {
+    Handle<AttentionKernel> kernel = make_attention(name);
+    if (kernel->device() == device) return kernel;
+  }
+  return nullptr;
+}
+
+Tensor on_backend(const Tensor& t, const Backend& backend) {
+  Tensor copy = Tensor::empty(t.shape(), t.dtype(), backend.buffer_type());
+  copy.copy_from(t);
+  return copy;
 }
 
 Tensor random_tensor(const Shape& shape, std::uint64_t key, float scale) {

@@ -1,5 +1,10 @@
 // Helpers shared by the numerics tests and the conformance suite: the plugins of this build,
 // deterministic random tensors, tolerant comparison, and a naive attention kernel.
+//
+// The registry holds the build's plugins and the test device `guarded`
+// (tests/fixtures/plugins/guarded_backend.cpp): a backend whose memory the host cannot touch.
+// Code that runs over every registered backend creates its tensors on the backend's device
+// (Backend::device()) and reads results back with to_vector().
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,6 +28,13 @@ std::vector<std::string> registered(std::string_view kind);
 // options; defaults for the rest).
 Handle<Backend> make_backend(const std::string& name, ExecutionContext* execution = nullptr,
                              const Value& options = Value::map());
+// Creates attention kernel `name` with `options`.
+Handle<AttentionKernel> make_attention(const std::string& name, const Value& options = Value::map());
+// An attention kernel that computes where `backend` does: a NaiveAttention for the host, else
+// the first registered attention kernel whose device() is the backend's (nullptr when none).
+Handle<AttentionKernel> attention_for(const Backend& backend);
+// A copy of `t` in `backend`'s memory (a fresh buffer even on the host).
+Tensor on_backend(const Tensor& t, const Backend& backend);
 
 // Normal(0, scale) values, a pure function of `key`.
 Tensor random_tensor(const Shape& shape, std::uint64_t key, float scale = 1.0f);

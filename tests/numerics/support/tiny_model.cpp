@@ -7,16 +7,12 @@
 
 namespace loom::test {
 
-namespace {
-Tensor ones(std::int64_t n) {
-  return Tensor::full(Shape{n}, 1.0f);
-}
-}  // namespace
-
-TinyModel::TinyModel(const TinyModelConfig& c, std::uint64_t seed)
+TinyModel::TinyModel(const TinyModelConfig& c, std::uint64_t seed, const Device& device)
     : config_(c),
+      device_(device),
       rope_(RopeConfig{.base = 10000.0, .llama3_scaling = true, .original_max_positions = 16.0}, c.dim / c.heads,
             c.seq) {
+  const auto ones = [&](std::int64_t n) { return Tensor::full(Shape{n}, 1.0f).to(device_); };
   const float s = 0.3f / std::sqrt(static_cast<float>(c.dim));
   std::uint64_t k = stream_key(seed, 1, 0);
   add("wte", {c.vocab, c.dim}, 0.5f, ++k);
@@ -45,11 +41,11 @@ TinyModel::TinyModel(const TinyModelConfig& c, std::uint64_t seed)
   add("lnf.b", {c.dim}, 0.02f, ++k);
   std::vector<std::int32_t> pos(static_cast<std::size_t>(c.batch * c.seq));
   for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(c.seq));
-  positions_ = Tensor::from(std::span<const std::int32_t>(pos), Shape{c.batch, c.seq});
+  positions_ = Tensor::from(std::span<const std::int32_t>(pos), Shape{c.batch, c.seq}).to(device_);
 }
 
 Parameter& TinyModel::add(const std::string& name, const Shape& shape, float scale, std::uint64_t key) {
-  return params_.emplace_back(name, random_tensor(shape, key, scale));
+  return params_.emplace_back(name, random_tensor(shape, key, scale).to(device_));
 }
 
 std::pair<Tensor, Tensor> TinyModel::batch(std::uint64_t step) const {
@@ -57,7 +53,7 @@ std::pair<Tensor, Tensor> TinyModel::batch(std::uint64_t step) const {
   Tensor tokens = random_ids({c.batch, c.seq}, static_cast<std::int32_t>(c.vocab), stream_key(7, 2, step));
   Tensor targets = random_ids({c.batch, c.seq}, static_cast<std::int32_t>(c.vocab), stream_key(7, 2, step + 1000));
   targets.data<std::int32_t>()[3] = -100;
-  return {tokens, targets};
+  return {tokens.to(device_), targets.to(device_)};
 }
 
 Tensor TinyModel::loss(Ops& ops, AttentionKernel& attention, const Tensor& tokens, const Tensor& targets) {

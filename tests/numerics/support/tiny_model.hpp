@@ -17,7 +17,8 @@ struct TinyModelConfig {
 
 class TinyModel {
  public:
-  explicit TinyModel(const TinyModelConfig& config, std::uint64_t seed = 1);
+  // Parameters, positions and batches on `device` (the backend's that will run it).
+  explicit TinyModel(const TinyModelConfig& config, std::uint64_t seed = 1, const Device& device = Device::host());
 
   // The loss of one batch (recorded when ops has a recording tape).
   Tensor loss(Ops& ops, AttentionKernel& attention, const Tensor& tokens, const Tensor& targets);
@@ -30,6 +31,7 @@ class TinyModel {
  private:
   Parameter& add(const std::string& name, const Shape& shape, float scale, std::uint64_t key);
   TinyModelConfig config_;
+  Device device_;
   std::deque<Parameter> params_;
   RopeTable rope_;
   Tensor positions_;

@@ -25,6 +25,7 @@ Handle<T> create(const Registry& registry, const Value& config, const char* sect
 RunComponents create_components(const Registry& registry, const Value& config) {
   RunComponents c;
   c.backend = create<Backend>(registry, config, "backend");
+  require_host_memory(*c.backend, "loom train");
   c.tokenizer = create<Tokenizer>(registry, config, "tokenizer");
   c.dataset = create<Dataset>(registry, config, "data");
   c.model = create<Model>(registry, config, "model");

@@ -22,6 +22,10 @@
 //   lse[b,h,i]     = log(sum over visible j of exp(s)): natural log, after soft-capping
 // A row with no visible key gets out = 0 and lse = -infinity, and contributes no gradient.
 //
+// Memory: every pointer in the arguments is an address in the memory of the kernel's device()
+// (the host unless the kernel says otherwise); Ops::attention refuses operands on any other
+// device, so a kernel for a device comes with that device's backend.
+//
 // Threads: calls come from the thread running the step; a kernel parallelises through the
 // ExecutionContext it was created with and uses BLAS single-threaded only. Scratch memory comes
 // from Tensor::empty (the core's caching allocator). Deterministic for a given thread count.
@@ -31,6 +35,7 @@
 #include <string_view>
 
 #include "loom/component.hpp"
+#include "loom/device.hpp"
 
 namespace loom {
 
@@ -77,6 +82,9 @@ class AttentionKernel : public Component {
  public:
   static constexpr std::string_view kind = "attention";
   ~AttentionKernel() override;
+
+  // The device whose memory the kernel reads and writes.
+  virtual Device device() const { return Device::host(); }
 
   // Writes out and lse as described above.
   virtual void forward(const AttentionForwardArgs& args) = 0;

@@ -6,6 +6,13 @@
 // (OpenBLAS GEMMs, vectorised and parallel elementwise kernels). docs/writing-a-backend.md
 // explains how to add one; tests/conformance runs every registered backend against `reference`.
 //
+// Memory. A backend allocates from its buffer type (device.hpp, buffer_type() below): the host's
+// caching allocator for backends that compute on the CPU (the default), its own device memory
+// otherwise. The operations allocate every tensor they hand a backend from that buffer type and
+// refuse tensors from any other device, so every pointer a kernel receives is an address in its
+// own buffer type's memory (for a host backend, a plain host pointer; for a device backend, a
+// device address the host never dereferences).
+//
 // Contract for every kernel:
 //  * Data are float32 (token ids int32), dense and row-major unless a leading dimension (`ld*`)
 //    is given. Sizes are element counts. The core has validated the arguments (shapes, id
@@ -32,8 +39,31 @@
 #include <string_view>
 
 #include "loom/component.hpp"
+#include "loom/device.hpp"
+#include "loom/tensor.hpp"
 
 namespace loom {
+
+// The kernel groups of this header, as the operations use them and Backend::supports_op asks
+// about them. Each group is its forward and backward kernels.
+enum class BackendOp : std::uint8_t {
+  gemm,           // gemm, gemm_batched: matmul, and the backward of linear and of the fused loss
+  linear,         // linear_forward, bias_activation_forward, bias_activation_backward
+  activation,     // activation_forward, activation_backward: gelu, silu
+  swiglu,         // swiglu_forward, swiglu_backward
+  add,            // add: the residual add
+  scale,          // scale: Ops::scale, and how the tape sums every gradient (required)
+  fill,           // fill: how the tape zero-fills a gradient (required)
+  dropout,        // dropout
+  layer_norm,     // layer_norm_forward, layer_norm_backward, add_layer_norm_forward
+  rms_norm,       // rms_norm_forward, rms_norm_backward, add_rms_norm_forward
+  embedding,      // embedding_forward, embedding_backward
+  rope,           // rope
+  cross_entropy,  // cross_entropy_forward, cross_entropy_backward
+};
+inline constexpr int backend_op_count = 13;
+// "gemm", "layer_norm", ...
+std::string_view backend_op_name(BackendOp op);
 
 enum class Transpose : std::uint8_t { no, yes };
 
@@ -48,6 +78,27 @@ class Backend : public Component {
  public:
   static constexpr std::string_view kind = "backend";
   ~Backend() override;
+
+  // ---------------------------------------------------------------------------------------------
+  // Identity, memory and capabilities.
+
+  // The name the backend is registered under ("cpu"), for messages.
+  virtual std::string_view name() const = 0;
+  // The memory every kernel argument points into. Host backends keep this default (the core's
+  // caching allocator, so tensors are plain host memory and nothing in the data path changes);
+  // a device backend returns its own buffer type, registered with register_buffer_type.
+  virtual BufferType& buffer_type() const { return host_buffer_type(); }
+  Device device() const { return buffer_type().device(); }
+  // Whether the kernels of group `op` compute on `dtype` data (the element type of the
+  // operation's floating-point tensors; index tensors are always i32). The operations ask
+  // before computing and refuse what a backend does not support with a UserError naming the
+  // operation, the backend and the dtype. Every kernel is mandatory for f32, so the default
+  // says f32 for all; a backend may decline a group it cannot run (its kernels are then never
+  // called), and will list the dtypes it adds (bf16).
+  virtual bool supports_op(BackendOp op, DType dtype) const {
+    (void)op;
+    return dtype == DType::f32;
+  }
 
   // ---------------------------------------------------------------------------------------------
   // Matrix products (row-major, BLAS semantics).
@@ -194,5 +245,10 @@ class Backend : public Component {
                                       float grad_scale, std::int64_t rows, std::int64_t vocab,
                                       std::int32_t ignore_index) = 0;
 };
+
+// Throws UserError when `backend` computes in memory the host cannot touch: for components that
+// read or write tensors on the host themselves (the trainer, whose optimizers update parameters
+// and whose models initialise them in host memory). `user` names the component: "loom train".
+void require_host_memory(const Backend& backend, std::string_view user);
 
 }  // namespace loom
