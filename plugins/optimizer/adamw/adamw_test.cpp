@@ -1,5 +1,5 @@
 // The adamw optimizer on its own: its defaults, its option ranges, and the update worked out by
-// hand. The PyTorch comparison and the state round trip are in ../conformance.
+// hand. The PyTorch comparison and the state round trip are in tests/conformance/optimizer.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // The lion optimizer on its own: defaults, option ranges, and the update worked out by hand.
-// The PyTorch comparison and the state round trip are in ../conformance.
+// The PyTorch comparison and the state round trip are in tests/conformance/optimizer.
 #include <gtest/gtest.h>
 
 #include <string>

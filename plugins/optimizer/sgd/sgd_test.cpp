@@ -1,5 +1,5 @@
 // The sgd optimizer on its own: defaults, option checks, and updates worked out by hand. The
-// PyTorch comparison and the state round trip are in ../conformance.
+// PyTorch comparison and the state round trip are in tests/conformance/optimizer.
 #include <gtest/gtest.h>
 
 #include <string>
