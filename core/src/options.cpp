@@ -177,6 +177,28 @@ OptionSpec& OptionSchema::component(std::string name, std::string kind, std::str
   if (spec.default_value().is_null()) spec.required_ = true;
   return spec;
 }
+OptionSpec& OptionSchema::boolean(std::string name, std::nullopt_t, std::string doc) {
+  return add(OptionSpec(std::move(name), OptionType::boolean, Value(), std::move(doc))).nullable();
+}
+OptionSpec& OptionSchema::integer(std::string name, std::nullopt_t, std::string doc) {
+  return add(OptionSpec(std::move(name), OptionType::integer, Value(), std::move(doc))).nullable();
+}
+OptionSpec& OptionSchema::number(std::string name, std::nullopt_t, std::string doc) {
+  return add(OptionSpec(std::move(name), OptionType::number, Value(), std::move(doc))).nullable();
+}
+OptionSpec& OptionSchema::string(std::string name, std::nullopt_t, std::string doc) {
+  return add(OptionSpec(std::move(name), OptionType::string, Value(), std::move(doc))).nullable();
+}
+OptionSpec& OptionSchema::list(std::string name, OptionType element, std::nullopt_t, std::string doc) {
+  OptionSpec& spec = list(std::move(name), element, Value::List{}, std::move(doc));
+  spec.default_ = Value();
+  return spec.nullable();
+}
+OptionSpec& OptionSchema::component(std::string name, std::string kind, std::nullopt_t, std::string doc) {
+  OptionSpec& spec = component(std::move(name), std::move(kind), std::string(), std::move(doc));
+  spec.required_ = false;
+  return spec.nullable();
+}
 OptionSpec& OptionSchema::any(std::string name, Value default_value, std::string doc) {
   return add(OptionSpec(std::move(name), OptionType::any, std::move(default_value), std::move(doc)));
 }

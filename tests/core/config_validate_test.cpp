@@ -47,14 +47,14 @@ class ValidateTest : public ::testing::Test {
     entries.push_back(
         {nullptr,
          "lr_schedule",
-         {"flat", "flat schedule", "1", schedule_options()},
+         {.name = "flat", .description = "flat schedule", .version = "1", .options = schedule_options()},
          [](const Options& o, const CreateContext&) -> std::unique_ptr<Component> { return std::make_unique<Flat>(o); },
          "<test>"});
     OptionSchema none;
     entries.push_back(
         {nullptr,
          "tokenizer",
-         {"chars", "chars", "1", none},
+         {.name = "chars", .description = "chars", .version = "1", .options = none},
          [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return std::make_unique<Chars>(); },
          "<test>"});
     registry.add(std::move(entries));
@@ -199,6 +199,53 @@ TEST_F(ValidateTest, RequiredOptionsMustBeGiven) {
   }
 }
 
+TEST_F(ValidateTest, NullDefaultOptionsAreNullUnlessGiven) {
+  OptionSchema s;
+  s.boolean("flag", std::nullopt, "A switch.");
+  s.integer("head_dim", std::nullopt, "Width of one head; null: derived.").min(2);
+  s.number("theta", std::nullopt, "Base.").min(0.0, false);
+  s.string("path", std::nullopt, "A file.");
+  s.list("sizes", OptionType::integer, std::nullopt, "Sizes.").min(1);
+  s.component("tokenizer", "tokenizer", std::nullopt, "A tokenizer.");
+  for (const OptionSpec& spec : s.options()) {
+    SCOPED_TRACE(spec.name());
+    EXPECT_TRUE(spec.is_nullable());
+    EXPECT_FALSE(spec.is_required());
+    EXPECT_TRUE(spec.default_value().is_null());
+    EXPECT_EQ(spec.expectation().substr(spec.expectation().size() - 9), ", or null");
+  }
+
+  // Absent: present in the validated map, as null.
+  const Options absent(config::validate(s, config::load_string("{}\n", "n.yaml"), "model", registry), "model");
+  for (const char* name : {"flag", "head_dim", "theta", "path", "sizes", "tokenizer"}) {
+    ASSERT_NE(absent.values().find(name), nullptr) << name;
+    EXPECT_TRUE(absent.is_null(name)) << name;
+  }
+  EXPECT_EQ(absent.get_optional<std::int64_t>("head_dim"), std::nullopt);
+
+  // Given: validated like any option of its type (bounds included); null may be written out.
+  const Options given(
+      config::validate(s,
+                       config::load_string("{flag: true, head_dim: 8, theta: null, path: a.txt, sizes: [2, 3], "
+                                           "tokenizer: chars}\n",
+                                           "n.yaml"),
+                       "model", registry),
+      "model");
+  EXPECT_EQ(given.get_optional<bool>("flag"), true);
+  EXPECT_EQ(given.get_optional<std::int64_t>("head_dim"), 8);
+  EXPECT_TRUE(given.is_null("theta"));
+  EXPECT_EQ(given.get<std::string>("path"), "a.txt");
+  EXPECT_EQ(given.get<std::vector<std::int64_t>>("sizes"), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(given.component("tokenizer").name, "chars");
+  try {
+    config::validate(s, config::load_string("{head_dim: 1}\n", "n.yaml"), "model", registry);
+    FAIL() << "head_dim 1 accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "n.yaml:1:12: model.head_dim: expected an integer >= 2, or null, got 1 (out of range)");
+  }
+}
+
 TEST_F(ValidateTest, CreateGivesTheComponentItsOptions) {
   const Value root = config::load_string("lr_schedule:\n  type: flat\n  scale: 0.25\n", "c.yaml");
   auto schedule =
@@ -206,26 +253,52 @@ TEST_F(ValidateTest, CreateGivesTheComponentItsOptions) {
   EXPECT_DOUBLE_EQ(schedule->learning_rate(0, 10, 2.0), 0.5);
 }
 
+// A component's declaration is written with designated fields; the positional form, where two
+// adjacent strings could trade places, does not compile.
+template <class Decl>
+concept PositionalDecl = requires {
+  Decl{std::string(), std::string(), std::string(), OptionSchema()};
+};
+template <class Decl>
+concept PositionalDeclAfterTag = requires {
+  Decl{{}, std::string(), std::string(), std::string(), OptionSchema()};
+};
+template <class Decl>
+concept DesignatedDecl = requires {
+  Decl{.name = std::string(), .description = std::string(), .version = std::string()};
+};
+static_assert(!PositionalDecl<ComponentDecl>);
+static_assert(!PositionalDeclAfterTag<ComponentDecl>);
+static_assert(DesignatedDecl<ComponentDecl>);
+
+TEST(ComponentDecl, DesignatedFieldsLandWhereTheySay) {
+  const ComponentDecl decl{.name = "x", .description = "an x", .version = "1.2.3"};
+  EXPECT_EQ(decl.name, "x");
+  EXPECT_EQ(decl.description, "an x");
+  EXPECT_EQ(decl.version, "1.2.3");
+  EXPECT_TRUE(decl.options.empty());
+}
+
 TEST(RegistryAdd, UnknownKindAndBadNamesAreRejected) {
   Registry r;
   auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
   try {
-    r.add({{nullptr, "optimiser", {"x", "", "", {}}, factory, "a.so"}});
+    r.add({{nullptr, "optimiser", {.name = "x"}, factory, "a.so"}});
     FAIL();
   } catch (const UserError& e) {
     EXPECT_EQ(std::string(e.what()), "component 'x' has unknown kind 'optimiser'; did you mean 'optimizer'?");
   }
-  EXPECT_THROW(r.add({{nullptr, "optimizer", {"Bad Name", "", "", {}}, factory, "a.so"}}), UserError);
+  EXPECT_THROW(r.add({{nullptr, "optimizer", {.name = "Bad Name"}, factory, "a.so"}}), UserError);
   EXPECT_TRUE(r.list("optimizer").empty());
 }
 
 TEST(RegistryAdd, AFailedBatchAddsNothing) {
   Registry r;
   auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
-  r.add({{nullptr, "optimizer", {"taken", "", "", {}}, factory, "first.so"}});
+  r.add({{nullptr, "optimizer", {.name = "taken"}, factory, "first.so"}});
   try {
-    r.add({{nullptr, "optimizer", {"fresh", "", "", {}}, factory, "second.so"},
-           {nullptr, "optimizer", {"taken", "", "", {}}, factory, "second.so"}});
+    r.add({{nullptr, "optimizer", {.name = "fresh"}, factory, "second.so"},
+           {nullptr, "optimizer", {.name = "taken"}, factory, "second.so"}});
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer/taken is already provided by first.so; second.so claims it too"),

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <loom/attention_mask.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/plugin.hpp>
 #include <loom/tensor.hpp>
@@ -53,83 +54,6 @@ constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
 blasint to_blas(int64_t n) {
   return static_cast<blasint>(n);
 }
-
-// How much of a tile of scores the mask leaves visible.
-enum class Cover { none, partial, full };
-
-// The mask of one call: which keys each query row sees (the contract's "visible" rule), by
-// whole tiles and by row.
-class Mask {
- public:
-  explicit Mask(const loom::AttentionForwardArgs& a)
-      : offset_(a.kv_len - a.q_len),
-        window_(a.params.window),
-        causal_(a.params.causal),
-        q_len_(a.q_len),
-        kv_len_(a.kv_len),
-        q_segments_(a.q_segments),
-        kv_segments_(a.kv_segments) {}
-
-  // Rows [i0, i1) against keys [j0, j1) of batch b.
-  Cover cover(int64_t b, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
-    const int64_t first = offset_ + i0, last = offset_ + i1 - 1;  // positions of the rows
-    bool full = true;
-    if (causal_) {
-      if (j0 > last) return Cover::none;
-      if (j1 - 1 > first) full = false;
-    }
-    if (window_ > 0) {
-      if (j1 - 1 <= first - window_) return Cover::none;  // every key too old for every row
-      if (j0 <= last - window_) full = false;
-      if (!causal_) {
-        if (j0 >= last + window_) return Cover::none;
-        if (j1 - 1 >= first + window_) full = false;
-      }
-    }
-    if (q_segments_ != nullptr) {
-      // Ids only ever match inside the intersection of the two ranges of ids.
-      const auto [q_lo, q_hi] = std::minmax_element(q_segments_ + b * q_len_ + i0, q_segments_ + b * q_len_ + i1);
-      const auto [k_lo, k_hi] = std::minmax_element(kv_segments_ + b * kv_len_ + j0, kv_segments_ + b * kv_len_ + j1);
-      if (*q_hi < *k_lo || *k_hi < *q_lo) return Cover::none;
-      if (!(*q_lo == *q_hi && *k_lo == *k_hi && *q_lo == *k_lo)) full = false;
-    }
-    return full ? Cover::full : Cover::partial;
-  }
-
-  // The columns [lo, hi) of keys j0 + [0, cols) that row i may see by position (segments aside).
-  void range(int64_t i, int64_t j0, int64_t cols, int64_t& lo, int64_t& hi) const {
-    const int64_t position = offset_ + i;
-    lo = 0;
-    hi = cols;
-    if (causal_) hi = std::min(hi, position - j0 + 1);
-    if (window_ > 0) {
-      lo = std::max(lo, position - window_ + 1 - j0);
-      if (!causal_) hi = std::min(hi, position + window_ - j0);
-    }
-    lo = std::clamp<int64_t>(lo, 0, cols);
-    hi = std::clamp<int64_t>(hi, lo, cols);
-  }
-
-  // Sets the entries of row i that it may not see to `hidden`.
-  void apply(int64_t b, int64_t i, int64_t j0, int64_t cols, float* row, float hidden) const {
-    int64_t lo, hi;
-    range(i, j0, cols, lo, hi);
-    std::fill(row, row + lo, hidden);
-    std::fill(row + hi, row + cols, hidden);
-    if (q_segments_ != nullptr) {
-      const std::int32_t id = q_segments_[b * q_len_ + i];
-      const std::int32_t* keys = kv_segments_ + b * kv_len_ + j0;
-      for (int64_t c = lo; c < hi; ++c) row[c] = keys[c] == id ? row[c] : hidden;
-    }
-  }
-
- private:
-  int64_t offset_, window_;
-  bool causal_;
-  int64_t q_len_, kv_len_;
-  const std::int32_t* q_segments_;
-  const std::int32_t* kv_segments_;
-};
 
 // Zeroes `count` rows of `width` floats, `ld` apart.
 void zero_rows(float* data, int64_t count, int64_t width, int64_t ld) {
@@ -254,7 +178,7 @@ class FlashAttention final : public loom::AttentionKernel {
 
   void forward_tile(const loom::AttentionForwardArgs& a, int64_t b, int64_t h, int64_t qt, float* scores, float* keys_t,
                     float* max, float* sum) const {
-    const Mask mask(a);
+    const loom::AttentionMask mask(a);
     const int64_t d = a.head_dim, g = h / (a.q_heads / a.kv_heads);
     const int64_t i0 = qt * block_q_, count = std::min(block_q_, a.q_len - i0);
     const float* q = a.q.data + b * a.q.batch_stride + i0 * a.q.token_stride + h * d;
@@ -268,8 +192,8 @@ class FlashAttention final : public loom::AttentionKernel {
     const int64_t kv_tiles = (a.kv_len + block_kv_ - 1) / block_kv_;
     for (int64_t kt = 0; kt < kv_tiles; ++kt) {
       const int64_t j0 = kt * block_kv_, cols = std::min(block_kv_, a.kv_len - j0);
-      const Cover cover = mask.cover(b, i0, i0 + count, j0, j0 + cols);
-      if (cover == Cover::none) continue;
+      const loom::MaskCover cover = mask.cover(b, i0, i0 + count, j0, j0 + cols);
+      if (cover == loom::MaskCover::none) continue;
       const float* k = a.k.data + b * a.k.batch_stride + j0 * a.k.token_stride + g * d;
       const float* v = a.v.data + b * a.v.batch_stride + j0 * a.v.token_stride + g * d;
       // S = scale Q K^T, as Q times an explicit K^T (see the comment at the top).
@@ -279,7 +203,7 @@ class FlashAttention final : public loom::AttentionKernel {
       for (int64_t r = 0; r < count; ++r) {
         float* row = scores + r * block_kv_;
         if (a.params.softcap > 0.0f) rows::softcap_row(row, cols, a.params.softcap);
-        if (cover == Cover::partial) mask.apply(b, i0 + r, j0, cols, row, negative_infinity);
+        if (cover == loom::MaskCover::partial) mask.apply(b, i0 + r, j0, cols, row, negative_infinity);
         const float new_max = std::max(max[r], rows::row_max(row, cols));
         if (new_max == negative_infinity) {  // nothing visible yet: P = 0
           std::fill(row, row + cols, 0.0f);
@@ -308,7 +232,7 @@ class FlashAttention final : public loom::AttentionKernel {
   void backward_key_tile(const loom::AttentionBackwardArgs& args, int64_t b, int64_t g, int64_t kt, int64_t q_tiles,
                          const float* delta, const DqTarget& dq, const BackwardTiles& tiles) const {
     const loom::AttentionForwardArgs& a = *args.forward;
-    const Mask mask(a);
+    const loom::AttentionMask mask(a);
     const int64_t d = a.head_dim, group = a.q_heads / a.kv_heads, out_ld = a.q_heads * d;
     const int64_t j0 = kt * block_kv_, cols = std::min(block_kv_, a.kv_len - j0);
     const float cap = a.params.softcap;
@@ -327,8 +251,8 @@ class FlashAttention final : public loom::AttentionKernel {
       const float* row_delta = delta + (b * a.q_heads + h) * a.q_len;
       for (int64_t qt = 0; qt < q_tiles; ++qt) {
         const int64_t i0 = qt * block_q_, count = std::min(block_q_, a.q_len - i0);
-        const Cover cover = mask.cover(b, i0, i0 + count, j0, j0 + cols);
-        if (cover == Cover::none) continue;
+        const loom::MaskCover cover = mask.cover(b, i0, i0 + count, j0, j0 + cols);
+        if (cover == loom::MaskCover::none) continue;
         const float* q = a.q.data + b * a.q.batch_stride + i0 * a.q.token_stride + h * d;
         const float* dout = args.dout + (b * a.q_len + i0) * out_ld + h * d;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d),
@@ -342,7 +266,7 @@ class FlashAttention final : public loom::AttentionKernel {
             continue;
           }
           rows::exp_shift(capped, p, cols, lse[i0 + r]);
-          if (cover == Cover::partial) mask.apply(b, i0 + r, j0, cols, p, 0.0f);
+          if (cover == loom::MaskCover::partial) mask.apply(b, i0 + r, j0, cols, p, 0.0f);
         }
         if (dv)  // dV += P^T dO
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(cols), to_blas(d), to_blas(count), 1.0f,
@@ -381,8 +305,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::AttentionKernel>(
-      {"flash", "tiled attention with an online softmax and a recomputing backward (FlashAttention-2)", "1.0.0",
-       options()},
+      {.name = "flash",
+       .description = "tiled attention with an online softmax and a recomputing backward (FlashAttention-2)",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext& context) {
         return std::make_unique<FlashAttention>(context.execution(), o.get<std::int64_t>("block_q"),
                                                 o.get<std::int64_t>("block_kv"));

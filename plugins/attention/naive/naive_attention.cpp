@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <loom/attention_mask.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/plugin.hpp>
 #include <loom/tensor.hpp>
@@ -24,18 +25,6 @@ namespace {
 using std::int64_t;
 
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
-
-// Whether query row i may see key row j (the "visible" rule of the contract).
-bool visible(const loom::AttentionForwardArgs& a, int64_t b, int64_t i, int64_t j) {
-  const int64_t position = a.kv_len - a.q_len + i;
-  if (a.params.causal && j > position) return false;
-  if (a.params.window > 0) {
-    if (position - j >= a.params.window) return false;
-    if (!a.params.causal && j - position >= a.params.window) return false;
-  }
-  if (a.q_segments != nullptr && a.q_segments[b * a.q_len + i] != a.kv_segments[b * a.kv_len + j]) return false;
-  return true;
-}
 
 // Pointers to the rows of one head: row t of the head starts at `data + t * ld`.
 struct HeadView {
@@ -68,6 +57,7 @@ class NaiveAttention final : public loom::AttentionKernel {
   void forward(const loom::AttentionForwardArgs& a) override {
     if (a.q_len == 0) return;  // nothing to write
     const int64_t out_ld = a.q_heads * a.head_dim;
+    const loom::AttentionMask mask(a);
     execution_.parallel_for(a.batch * a.q_heads, 1, [&](int64_t begin, int64_t end) {
       // The score matrix of one (batch, head), reused by every pair of this chunk.
       loom::Tensor scratch = loom::Tensor::empty(loom::Shape{a.q_len, a.kv_len});
@@ -80,7 +70,7 @@ class NaiveAttention final : public loom::AttentionKernel {
           float* row = p + i * a.kv_len;
           float max = negative_infinity;
           for (int64_t j = 0; j < a.kv_len; ++j) {
-            if (!visible(a, b, i, j)) row[j] = negative_infinity;
+            if (!mask.visible(b, i, j)) row[j] = negative_infinity;
             max = std::max(max, row[j]);
           }
           if (max == negative_infinity) {  // no visible key: out 0, lse -inf
@@ -111,6 +101,7 @@ class NaiveAttention final : public loom::AttentionKernel {
     const int64_t group = a.q_heads / a.kv_heads;
     const int64_t out_ld = a.q_heads * a.head_dim;
     const blasint m = to_blas(a.q_len), n = to_blas(a.kv_len), d = to_blas(a.head_dim);
+    const loom::AttentionMask mask(a);
     if (a.q_len == 0) {  // no query: dk and dv are sums of nothing
       for (const loom::AttentionGradient* grad : {&args.dk, &args.dv}) {
         if (grad->data == nullptr || grad->accumulate) continue;
@@ -150,7 +141,7 @@ class NaiveAttention final : public loom::AttentionKernel {
             for (int64_t j = 0; j < a.kv_len; ++j) {
               const int64_t e = i * a.kv_len + j;
               const float logit = p[e];
-              const float prob = lse[i] != negative_infinity && visible(a, b, i, j) ? std::exp(logit - lse[i]) : 0.0f;
+              const float prob = lse[i] != negative_infinity && mask.visible(b, i, j) ? std::exp(logit - lse[i]) : 0.0f;
               float grad = prob * (ds[e] - delta[i]);
               if (cap > 0.0f) {  // d/ds cap * tanh(s / cap) = 1 - tanh^2
                 const float t = logit / cap;
@@ -188,7 +179,9 @@ class NaiveAttention final : public loom::AttentionKernel {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::AttentionKernel>(
-      {"naive", "materialises each head's score matrix; the readable reference kernel", "1.0.0", {}},
+      {.name = "naive",
+       .description = "materialises each head's score matrix; the readable reference kernel",
+       .version = "1.0.0"},
       [](const loom::Options&, const loom::CreateContext& context) {
         return std::make_unique<NaiveAttention>(context.execution());
       });

@@ -19,8 +19,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Backend>(
-      {"cpu", "OpenBLAS GEMMs and vectorised, fused, TBB-parallel kernels on the core's thread pool", "1.0.0",
-       options()},
+      {.name = "cpu",
+       .description = "OpenBLAS GEMMs and vectorised, fused, TBB-parallel kernels on the core's thread pool",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext& ctx) {
         loom::cpu::CpuOptions opts;
         opts.gemm_parallel_min_work = o.get<std::int64_t>("gemm_parallel_min_work");

@@ -332,8 +332,9 @@ class ReferenceBackend final : public loom::Backend {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Backend>(
-      {"reference", "plain loops with float64 accumulation: the oracle every backend is tested against", "1.0.0",
-       loom::OptionSchema{}},
+      {.name = "reference",
+       .description = "plain loops with float64 accumulation: the oracle every backend is tested against",
+       .version = "1.0.0"},
       [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<ReferenceBackend>(); });
 }
 

@@ -81,7 +81,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Dataset>(
-      {"jsonl", "one document per JSON line (its text_field), packed with end-of-text separators", "1.0.0", options()},
+      {.name = "jsonl",
+       .description = "one document per JSON line (its text_field), packed with end-of-text separators",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext& c) {
         return std::make_unique<JsonlDataset>(o, c.execution());
       });

@@ -93,8 +93,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Dataset>(
-      {"synthetic", "sentences from a seeded grammar: agreement, counting, sums, recall; no download", "1.0.0",
-       options()},
+      {.name = "synthetic",
+       .description = "sentences from a seeded grammar: agreement, counting, sums, recall; no download",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext& c) {
         return std::make_unique<SyntheticDataset>(o, c.execution());
       });

@@ -69,11 +69,13 @@ loom::OptionSchema options() {
 }
 
 void register_components(loom::Registrar& registrar) {
-  registrar.add<loom::Dataset>(
-      {"text", "plain-text files, tokenized and packed into seq_len + 1 windows", "1.0.0", options()},
-      [](const loom::Options& o, const loom::CreateContext& c) {
-        return std::make_unique<TextDataset>(o, c.execution());
-      });
+  registrar.add<loom::Dataset>({.name = "text",
+                                .description = "plain-text files, tokenized and packed into seq_len + 1 windows",
+                                .version = "1.0.0",
+                                .options = options()},
+                               [](const loom::Options& o, const loom::CreateContext& c) {
+                                 return std::make_unique<TextDataset>(o, c.execution());
+                               });
 }
 
 }  // namespace

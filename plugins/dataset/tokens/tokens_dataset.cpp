@@ -228,7 +228,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Dataset>(
-      {"tokens", "pre-tokenized shards from `loom tokenize`, memory-mapped", "1.0.0", options()},
+      {.name = "tokens",
+       .description = "pre-tokenized shards from `loom tokenize`, memory-mapped",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<TokensDataset>(o); });
 }
 

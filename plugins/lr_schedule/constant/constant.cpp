@@ -21,7 +21,10 @@ void register_components(loom::Registrar& registrar) {
   loom::OptionSchema options;
   loom::CycledLrSchedule::declare_options(options, {});
   registrar.add<loom::LrSchedule>(
-      {"constant", "the peak rate after a linear warmup", "1.0.0", std::move(options)},
+      {.name = "constant",
+       .description = "the peak rate after a linear warmup",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<Constant>(o); });
 }
 

@@ -30,7 +30,10 @@ void register_components(loom::Registrar& registrar) {
   loom::OptionSchema options;
   loom::CycledLrSchedule::declare_options(options, {});
   registrar.add<loom::LrSchedule>(
-      {"cosine", "linear warmup, then cosine decay to min_lr_ratio * peak", "1.0.0", std::move(options)},
+      {.name = "cosine",
+       .description = "linear warmup, then cosine decay to min_lr_ratio * peak",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<Cosine>(o); });
 }
 

@@ -34,8 +34,10 @@ void register_components(loom::Registrar& registrar) {
   options.number("timescale", 10000.0, "Steps (counting the warmup) after which the rate falls as 1 / sqrt(step).")
       .min(0.0, /*inclusive=*/false);
   registrar.add<loom::LrSchedule>(
-      {"inv_sqrt", "linear warmup, then inverse square-root decay (floored at min_lr_ratio * peak)", "1.0.0",
-       std::move(options)},
+      {.name = "inv_sqrt",
+       .description = "linear warmup, then inverse square-root decay (floored at min_lr_ratio * peak)",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<InvSqrt>(o); });
 }
 

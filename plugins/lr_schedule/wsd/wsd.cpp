@@ -56,8 +56,10 @@ void register_components(loom::Registrar& registrar) {
   options.string("decay_shape", "linear", "Form of the decay: linear, 1-sqrt (1 - sqrt(t)) or cosine.")
       .one_of({"linear", "1-sqrt", "cosine"});
   registrar.add<loom::LrSchedule>(
-      {"wsd", "warmup-stable-decay: linear warmup, the peak held, a short decay at the end", "1.0.0",
-       std::move(options)},
+      {.name = "wsd",
+       .description = "warmup-stable-decay: linear warmup, the peak held, a short decay at the end",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<Wsd>(o); });
 }
 

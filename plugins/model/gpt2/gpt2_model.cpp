@@ -301,15 +301,17 @@ loom::OptionSchema gpt2_schema() {
             "Divide attention scores of layer i (from 0) by i + 1 as well as by sqrt(head_dim) (Mistral's tweak).");
   s.boolean("use_bias", true, "Biases in every linear layer and LayerNorm.");
   s.boolean("tie_word_embeddings", true, "Use the token embedding (wte) as the output projection.");
-  // required() then nullable(): no default value, so null (take the tokenizer's) unless given.
-  s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
 }
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Model>(
-      {"gpt2", "GPT-2: learned positions, pre-LayerNorm, GELU MLP, tied embeddings", "1.0.0", gpt2_schema()},
+      {.name = "gpt2",
+       .description = "GPT-2: learned positions, pre-LayerNorm, GELU MLP, tied embeddings",
+       .version = "1.0.0",
+       .options = gpt2_schema()},
       [](const loom::Options& options, const loom::CreateContext& ctx) {
         Gpt2Options o;
         o.seq_len = options.get<std::int64_t>("seq_len");

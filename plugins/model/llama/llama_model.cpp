@@ -432,16 +432,11 @@ loom::OptionSchema rope_schema() {
   loom::OptionSchema s;
   s.string("type", "default", "default: plain RoPE; llama3: Llama 3.1's rescaled frequencies.")
       .one_of({"default", "llama3"});
-  // required() then nullable(): no default value, so null unless given; the type decides.
-  s.number("theta", 0.0, "Base of the frequencies; null: 10000 (default) or 500000 (llama3).")
-      .required()
-      .nullable()
-      .min(0.0, false);
-  s.number("factor", 0.0,
+  // Null unless given: the type decides.
+  s.number("theta", std::nullopt, "Base of the frequencies; null: 10000 (default) or 500000 (llama3).").min(0.0, false);
+  s.number("factor", std::nullopt,
            "Scaling factor; null: 1 (default) or 8 (llama3). For default, every frequency is divided by it "
            "(linear position interpolation).")
-      .required()
-      .nullable()
       .min(0.0, false);
   s.number("low_freq_factor", 1.0, "llama3: wavelengths above original_max_position_embeddings / this are scaled.")
       .min(0.0, false);
@@ -460,19 +455,16 @@ loom::OptionSchema llama_schema() {
   s.integer("num_heads", 32, "Query heads.").min(1);
   s.integer("num_kv_heads", 32, "Key/value heads (grouped-query attention; 1 is multi-query); divides num_heads.")
       .min(1);
-  s.integer("head_dim", 0, "Width of one head (even); null: hidden_dim / num_heads.").required().nullable().min(2);
+  s.integer("head_dim", std::nullopt, "Width of one head (even); null: hidden_dim / num_heads.").min(2);
   s.object("rope", rope_schema(), "Rotary position embedding.");
   s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
   s.number("layer_norm_epsilon", 1e-5, "RMSNorm epsilon.").min(0.0);
   s.boolean("tie_word_embeddings", false, "Use the token embedding as the output projection.");
   s.boolean("use_bias", false, "Biases in every linear projection (q, k, v, o and the MLP).");
   s.boolean("qkv_bias", false, "Biases in the q, k and v projections only (Qwen2); use_bias includes them.");
-  s.integer("sliding_window", 0, "Attend to the last this many positions only (Mistral); null: all.")
-      .required()
-      .nullable()
-      .min(1);
+  s.integer("sliding_window", std::nullopt, "Attend to the last this many positions only (Mistral); null: all.").min(1);
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
-  s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
 }
@@ -544,8 +536,10 @@ LlamaOptions read_options(const loom::Options& options) {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Model>(
-      {"llama", "Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention; sliding window and qk-norm variants", "1.0.0",
-       llama_schema()},
+      {.name = "llama",
+       .description = "Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention; sliding window and qk-norm variants",
+       .version = "1.0.0",
+       .options = llama_schema()},
       [](const loom::Options& options, const loom::CreateContext& ctx) {
         const LlamaOptions o = read_options(options);
         auto kernel = ctx.create<loom::AttentionKernel>(options.component("attention"));

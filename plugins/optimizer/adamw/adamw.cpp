@@ -160,8 +160,10 @@ loom::OptionSchema adamw_options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Optimizer>(
-      {"adamw", "Adam with decoupled weight decay (torch.optim.AdamW; Levanter AdamConfig defaults)", "1.0.0",
-       adamw_options()},
+      {.name = "adamw",
+       .description = "Adam with decoupled weight decay (torch.optim.AdamW; Levanter AdamConfig defaults)",
+       .version = "1.0.0",
+       .options = adamw_options()},
       [](const loom::Options& options, const loom::CreateContext& context) {
         return std::make_unique<AdamW>(options, context.execution());
       });

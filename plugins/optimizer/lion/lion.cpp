@@ -130,11 +130,13 @@ loom::OptionSchema lion_options() {
 }
 
 void register_components(loom::Registrar& registrar) {
-  registrar.add<loom::Optimizer>(
-      {"lion", "Lion, the sign-momentum optimizer of Chen et al. (2023)", "1.0.0", lion_options()},
-      [](const loom::Options& options, const loom::CreateContext& context) {
-        return std::make_unique<Lion>(options, context.execution());
-      });
+  registrar.add<loom::Optimizer>({.name = "lion",
+                                  .description = "Lion, the sign-momentum optimizer of Chen et al. (2023)",
+                                  .version = "1.0.0",
+                                  .options = lion_options()},
+                                 [](const loom::Options& options, const loom::CreateContext& context) {
+                                   return std::make_unique<Lion>(options, context.execution());
+                                 });
 }
 
 }  // namespace

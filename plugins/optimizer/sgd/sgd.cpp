@@ -184,7 +184,10 @@ loom::OptionSchema sgd_options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Optimizer>(
-      {"sgd", "SGD with momentum, Nesterov, dampening and L2 weight decay (torch.optim.SGD)", "1.0.0", sgd_options()},
+      {.name = "sgd",
+       .description = "SGD with momentum, Nesterov, dampening and L2 weight decay (torch.optim.SGD)",
+       .version = "1.0.0",
+       .options = sgd_options()},
       [](const loom::Options& options, const loom::CreateContext& context) {
         return std::make_unique<Sgd>(options, context.execution());
       });

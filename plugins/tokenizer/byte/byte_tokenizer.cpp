@@ -31,7 +31,7 @@ class ByteTokenizer final : public loom::Tokenizer {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Tokenizer>(
-      {"byte", "one token per byte (256 symbols); round-trips any bytes", "1.0.0", loom::OptionSchema()},
+      {.name = "byte", .description = "one token per byte (256 symbols); round-trips any bytes", .version = "1.0.0"},
       [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<ByteTokenizer>(); });
 }
 

@@ -220,7 +220,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Tokenizer>(
-      {"char", "one token per Unicode character of the training text (nanoGPT's shakespeare_char)", "1.0.0", options()},
+      {.name = "char",
+       .description = "one token per Unicode character of the training text (nanoGPT's shakespeare_char)",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<CharTokenizer>(o); });
 }
 

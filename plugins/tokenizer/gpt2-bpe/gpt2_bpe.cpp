@@ -257,7 +257,10 @@ std::unique_ptr<Tokenizer> create(const Options& o) {
 
 void register_components(Registrar& registrar) {
   registrar.add<Tokenizer>(
-      {"gpt2-bpe", "GPT-2 byte-level BPE (OpenAI encoder.json + vocab.bpe, or a tokenizer.json)", "1.0.0", options()},
+      {.name = "gpt2-bpe",
+       .description = "GPT-2 byte-level BPE (OpenAI encoder.json + vocab.bpe, or a tokenizer.json)",
+       .version = "1.0.0",
+       .options = options()},
       [](const Options& o, const CreateContext&) { return create(o); });
 }
 

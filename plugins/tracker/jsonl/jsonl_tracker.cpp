@@ -140,8 +140,10 @@ void register_components(loom::Registrar& registrar) {
   loom::OptionSchema options;
   options.string("file", "metrics.jsonl", "File in the run directory that receives one JSON object per logged step.");
   registrar.add<loom::Tracker>(
-      {"jsonl", "metrics as JSON lines in the run directory (metrics.jsonl), one object per step", "1.0.0",
-       std::move(options)},
+      {.name = "jsonl",
+       .description = "metrics as JSON lines in the run directory (metrics.jsonl), one object per step",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<JsonlTracker>(o); });
 }
 

@@ -123,8 +123,10 @@ void register_components(loom::Registrar& registrar) {
   loom::OptionSchema options;
   options.string("dir", "tensorboard", "Directory in the run directory that receives the event files.");
   registrar.add<loom::Tracker>(
-      {"tensorboard", "TensorBoard event files (scalars, text samples) in <run_dir>/tensorboard", "1.0.0",
-       std::move(options)},
+      {.name = "tensorboard",
+       .description = "TensorBoard event files (scalars, text samples) in <run_dir>/tensorboard",
+       .version = "1.0.0",
+       .options = std::move(options)},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<TensorBoardTracker>(o); });
 }
 

@@ -39,7 +39,10 @@ loom::OptionSchema options() {
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::LrSchedule>(
-      {"exponential", "exponential decay: peak * decay_rate^(step / decay_steps)", "1.0.0", options()},
+      {.name = "exponential",
+       .description = "exponential decay: peak * decay_rate^(step / decay_steps)",
+       .version = "1.0.0",
+       .options = options()},
       [](const loom::Options& o, const loom::CreateContext&) { return std::make_unique<ExponentialDecay>(o); });
 }
 

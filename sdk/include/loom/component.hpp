@@ -34,12 +34,27 @@ class Component {
 template <class T>
 using Handle = std::shared_ptr<T>;
 
-// What a plugin says about one component it provides.
+// What a plugin says about one component it provides, written with designated initializers so
+// that no two of its strings can trade places unnoticed:
+//
+//   registrar.add<loom::LrSchedule>({.name = "exponential",
+//                                    .description = "exponential decay: peak * decay_rate^(step / decay_steps)",
+//                                    .version = "1.0.0",
+//                                    .options = options()},
+//                                   factory);
+//
+// A positional initializer ({"exponential", "...", "1.0.0", options()}) does not compile: the
+// first member accepts nothing but its own default. `options` may be left out (no options).
 struct ComponentDecl {
-  std::string name;         // unique within its kind: "adamw", "flash", "gpt2"
-  std::string description;  // one line, shown by `loom plugins`
-  std::string version;      // the component's version, shown by `loom plugins`
-  OptionSchema options;     // everything its config node may contain besides `type`
+  struct DesignatedOnly {
+    explicit DesignatedOnly() = default;
+  };
+  [[no_unique_address]] DesignatedOnly designated_only{};  // never written: see above
+
+  std::string name{};         // unique within its kind: "adamw", "flash", "gpt2"
+  std::string description{};  // one line, shown by `loom plugins`
+  std::string version{};      // the component's version, shown by `loom plugins`
+  OptionSchema options{};     // everything its config node may contain besides `type`
 };
 
 // Handed to factories. Lets a component create the components it is configured with (a model

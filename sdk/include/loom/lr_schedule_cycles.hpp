@@ -79,10 +79,7 @@ class CycledLrSchedule : public LrSchedule {
     const std::string decay_doc =
         "Decay phase of each cycle: a fraction (<= 1) of the cycle, or whole steps (> 1); null: the rest of the "
         "cycle after warmup. Steps left between warmup and decay hold the peak.";
-    // The typed setters take no null default, so the declared spec is replaced by one that may have it.
-    OptionSpec& decay = s.number("decay", 0.0, decay_doc);
-    decay = OptionSpec("decay", OptionType::number, d.decay ? Value(*d.decay) : Value(), decay_doc);
-    decay.min(0.0).nullable();
+    (d.decay ? s.number("decay", *d.decay, decay_doc).nullable() : s.number("decay", std::nullopt, decay_doc)).min(0.0);
     s.number("min_lr_ratio", d.min_lr_ratio, "The rate a decay ends at, as a fraction of the peak.").range(0.0, 1.0);
     s.number("rewarmup", 0.0,
              "Warmup of every cycle after the first, from the rate the previous cycle ended at back to the peak: a "

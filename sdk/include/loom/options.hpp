@@ -55,7 +55,8 @@ class OptionSpec {
   OptionSpec& range(double lo, double hi, bool inclusive = true) { return min(lo, inclusive).max(hi, inclusive); }
   // Allowed values of a string option (or of a list of strings).
   OptionSpec& one_of(std::vector<std::string> choices);
-  // The option may be null ("unset"); its default is then usually null too.
+  // The option may also be given as null ("unset"), besides its default. For an option that is
+  // null unless given, declare it with std::nullopt as its default (OptionSchema).
   OptionSpec& nullable(bool v = true);
   // The option has no default and must be given.
   OptionSpec& required();
@@ -101,19 +102,35 @@ class OptionSpec {
 };
 
 // The ordered set of options a component (or a core section such as `trainer`) accepts.
+//
+// Each typed declaration also comes with `std::nullopt` in place of the default: an option that
+// may be null and is null unless given, for a value the component derives when it is absent
+// (a head width from the model width, a decay phase from the cycle):
+//
+//   s.integer("head_dim", std::nullopt, "Width of one head; null: hidden_dim / num_heads.").min(2);
+//   ...
+//   const std::int64_t head_dim = o.get_optional<std::int64_t>("head_dim").value_or(hidden / heads);
+//
+// Its bounds and choices apply to the values given; `loom config schema` shows the default as null.
 class OptionSchema {
  public:
   OptionSpec& boolean(std::string name, bool default_value, std::string doc);
+  OptionSpec& boolean(std::string name, std::nullopt_t, std::string doc);
   OptionSpec& integer(std::string name, std::int64_t default_value, std::string doc);
+  OptionSpec& integer(std::string name, std::nullopt_t, std::string doc);
   OptionSpec& number(std::string name, double default_value, std::string doc);
+  OptionSpec& number(std::string name, std::nullopt_t, std::string doc);
   OptionSpec& string(std::string name, std::string default_value, std::string doc);
+  OptionSpec& string(std::string name, std::nullopt_t, std::string doc);
   // A list whose elements are of type `element` (boolean, integer, number or string).
   OptionSpec& list(std::string name, OptionType element, Value::List default_value, std::string doc);
+  OptionSpec& list(std::string name, OptionType element, std::nullopt_t, std::string doc);
   // A nested map with its own schema; its defaults are filled in like the parent's.
   OptionSpec& object(std::string name, OptionSchema schema, std::string doc);
   // Another component of `kind`; `default_name` may be "" (then the option is required unless
-  // made nullable).
+  // made nullable). With std::nullopt: none unless given.
   OptionSpec& component(std::string name, std::string kind, std::string default_name, std::string doc);
+  OptionSpec& component(std::string name, std::string kind, std::nullopt_t, std::string doc);
   // Any value, unvalidated.
   OptionSpec& any(std::string name, Value default_value, std::string doc);
 
