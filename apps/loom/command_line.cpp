@@ -15,6 +15,7 @@ const std::vector<Command>& commands() {
       {"config", "show a resolved config, or the options every component declares", run_config},
       {"bench", "measure components: `loom bench attention` times attention kernels", run_bench},
       {"tokenize", "turn text or JSON-lines files into token shards for the tokens dataset", run_tokenize},
+      {"conformance", "run loom's conformance suites on a plugin: `loom conformance PLUGIN.so`", run_conformance},
   };
   return table;
 }

@@ -7,16 +7,28 @@
 #include <loom/core/plugin_host.hpp>
 #include <loom/random.hpp>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 namespace loom::test {
+
+namespace {
+std::optional<std::vector<PluginSearchPath>>& plugin_search_override() {
+  static std::optional<std::vector<PluginSearchPath>> search;
+  return search;
+}
+}  // namespace
+
+void use_plugins(std::vector<PluginSearchPath> search) {
+  plugin_search_override() = std::move(search);
+}
 
 Registry& plugin_registry() {
   static Registry* registry = [] {
     auto* r = new Registry;
     PluginHost host;
-    host.load(PluginHost::default_search_path(
-                  {{LOOM_TEST_PLUGIN_DIR, "tests"}, {LOOM_TEST_DEVICE_PLUGIN_DIR, "tests (test devices)"}}, {}),
+    host.load(plugin_search_override().value_or(PluginHost::default_search_path(
+                  {{LOOM_TEST_PLUGIN_DIR, "tests"}, {LOOM_TEST_DEVICE_PLUGIN_DIR, "tests (test devices)"}}, {})),
               *r);
     return r;
   }();

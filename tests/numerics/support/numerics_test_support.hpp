@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <loom/autograd.hpp>
+#include <loom/core/plugin_host.hpp>
 #include <loom/core/registry.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/backend.hpp>
@@ -22,6 +23,9 @@ namespace loom::test {
 // The registry with every plugin of this build's plugin directory and of LOOM_PLUGIN_PATH,
 // loaded on first use.
 Registry& plugin_registry();
+// Makes plugin_registry() load `search` instead (the conformance runner: the installed oracles
+// and the plugin under test). Call before its first use.
+void use_plugins(std::vector<PluginSearchPath> search);
 // Names of the registered components of `kind`, sorted.
 std::vector<std::string> registered(std::string_view kind);
 // Creates backend `name` on `execution` (default: the process's), with `options` (a map of its

@@ -1,0 +1,75 @@
+// `loom conformance PLUGIN.so` as a plugin author runs it, on plugins of this build: the suites of
+// the plugin's kinds only, against the oracles, with GoogleTest's report and exit status; and the
+// plugins it cannot check (exit status 2, saying why).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "../core/test_support.hpp"
+
+namespace {
+
+using loom::test::run_command;
+
+loom::test::CommandResult loom_conformance(std::vector<std::string> args) {
+  args.insert(args.begin(), {LOOM_BINARY, "conformance"});
+  return run_command(args, {"LOOM_PLUGIN_PATH="});
+}
+
+std::string plugin(const std::string& kind_and_name) {
+  return std::string(LOOM_PLUGIN_DIR) + "/libloom-" + kind_and_name + ".so";
+}
+
+TEST(ConformanceCommand, RunsTheAttentionSuiteOnAnAttentionPlugin) {
+  const auto r = loom_conformance({plugin("attention-flash")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(attention/flash)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("libloom-attention-naive.so"), std::string::npos) << "the oracle is named\n" << r.out;
+  EXPECT_NE(r.out.find("AttentionConformance.EveryKernelMatchesNaive"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[ kernel   ] flash block_q=4 block_kv=4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[  PASSED  ]"), std::string::npos) << r.out;
+  // Only the suite of its kind, and not the checks of loom's own build.
+  EXPECT_EQ(r.out.find("[ RUN      ] Registered/BackendConformance"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[ RUN      ] EveryOptimizer"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[ RUN      ] AttentionConformance.BuildRegistersTheShippedKernels"), std::string::npos)
+      << r.out;
+}
+
+TEST(ConformanceCommand, ReplaysPyTorchForAnOptimizerItRecorded) {
+  const auto r = loom_conformance({plugin("optimizer-sgd"), "--gtest_filter=*AgreesWithPyTorch*:*ZeroLearning*"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Registered/AgreesWithPyTorch.StepByStep/sgd"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("EveryOptimizer.ZeroLearningRateLeavesParametersUnchanged"), std::string::npos) << r.out;
+}
+
+TEST(ConformanceCommand, FailsAKernelThatBreaksTheContract) {
+  // test_unmasked ignores the causal mask, windows and segment ids.
+  const auto r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/conformance/libloom-test-unmasked.so",
+                                   "--gtest_filter=AttentionConformance.EveryKernelMatchesNaive"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("[  FAILED  ] AttentionConformance.EveryKernelMatchesNaive"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("causal"), std::string::npos) << "the failing case is described\n" << r.out;
+}
+
+TEST(ConformanceCommand, RefusesWhatItCannotCheck) {
+  auto r = loom_conformance({"/no/such/libloom-x.so"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("/no/such/libloom-x.so: no such plugin file"), std::string::npos) << r.err;
+
+  r = loom_conformance({plugin("tokenizer-byte")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("provides tokenizer/byte; conformance suites exist for backends, attention kernels and "
+                       "optimizers"),
+            std::string::npos)
+      << r.err;
+
+  r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/broken/libloom-test-text.so"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("failed to load"), std::string::npos) << r.err;
+
+  r = loom_conformance({});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("usage: loom conformance PLUGIN.so"), std::string::npos) << r.out;
+}
+
+}  // namespace
