@@ -43,3 +43,30 @@ function(loom_add_plugin name)
   endif()
   install(TARGETS ${name} LIBRARY DESTINATION ${ARG_INSTALL_DIR})
 endfunction()
+
+# loom_add_conformance_test(TARGET [NAME test] [ARGS arg...])
+#
+# Registers a CTest test (default name <TARGET>-conformance, label `conformance`) that runs
+# `loom conformance $<TARGET_FILE:TARGET>`: loom's conformance suites for every backend,
+# attention kernel and optimizer the plugin registers, against the oracles installed with loom
+# (the `reference` backend, the `naive` attention kernel, PyTorch's recorded optimizer
+# trajectories). ARGS go to the command (GoogleTest options such as --gtest_filter=...). The
+# project calls enable_testing() (or include(CTest)) first.
+function(loom_add_conformance_test target)
+  cmake_parse_arguments(ARG "" "NAME" "ARGS" ${ARGN})
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "loom_add_conformance_test(${target}): no such target (call loom_add_plugin first)")
+  endif()
+  if(NOT ARG_NAME)
+    set(ARG_NAME ${target}-conformance)
+  endif()
+  if(TARGET loom)
+    set(loom_command $<TARGET_FILE:loom>)
+  elseif(DEFINED Loom_EXECUTABLE)
+    set(loom_command ${Loom_EXECUTABLE})
+  else()
+    message(FATAL_ERROR "loom_add_conformance_test(${target}): the `loom` command is unknown (find_package(Loom) sets Loom_EXECUTABLE)")
+  endif()
+  add_test(NAME ${ARG_NAME} COMMAND ${loom_command} conformance $<TARGET_FILE:${target}> ${ARG_ARGS})
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS conformance)
+endfunction()

@@ -1,6 +1,9 @@
 # Installs loom from the build tree into a fresh prefix, builds sdk/examples/exponential-decay
 # against that installed tree (find_package(Loom), never the build tree), and checks that the
-# installed `loom` lists the plugin and validates a config that selects it.
+# installed `loom` lists the plugin and validates a config that selects it. Then builds the
+# out-of-tree attention kernel and optimizer of sdk/examples the same way and runs their
+# conformance tests (loom_add_conformance_test: the installed `loom conformance` against the
+# installed oracles).
 #
 #   cmake -DLOOM_BUILD_DIR=... -DLOOM_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -P out_of_tree_plugin.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -34,7 +37,10 @@ set(example_build ${WORK_DIR}/example-build)
 # 1. Install.
 run(COMMAND ${CMAKE_COMMAND} --install ${LOOM_BUILD_DIR} --prefix ${prefix})
 foreach(f bin/loom lib/libloom_core.so lib/libloom_run.so include/loom/plugin.hpp include/loom/version.hpp
-          lib/cmake/Loom/LoomConfig.cmake lib/cmake/Loom/LoomTargets.cmake lib/cmake/Loom/LoomPlugin.cmake)
+          include/loom/attention_mask.hpp
+          lib/cmake/Loom/LoomConfig.cmake lib/cmake/Loom/LoomTargets.cmake lib/cmake/Loom/LoomPlugin.cmake
+          lib/loom/loom-conformance lib/loom/plugins/libloom-backend-reference.so
+          lib/loom/plugins/libloom-attention-naive.so share/loom/conformance/optimizer/index.json)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install is missing ${f}")
   endif()
@@ -92,4 +98,27 @@ run(COMMAND ${prefix}/bin/loom config show ${LOOM_SOURCE_DIR}/sdk/examples/expon
     lr_schedule.decay_step=3 ENV ${env} EXPECT 2 OUTPUT_VARIABLE refused)
 expect_contains("${refused}" "did you mean 'decay_steps'?" "unknown option")
 
-message(STATUS "out-of-tree plugin built against ${prefix} and loaded by the installed loom")
+# 6. The out-of-tree attention kernel: built against the install, its conformance test (every
+# case of the attention suite against the installed `naive`) passes under ctest.
+function(build_and_check_conformance example plugin_file)
+  set(build ${WORK_DIR}/${example}-build)
+  run(COMMAND ${CMAKE_COMMAND} -S ${LOOM_SOURCE_DIR}/sdk/examples/${example} -B ${build}
+      -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON)
+  file(READ ${build}/CMakeCache.txt cache)
+  expect_contains("${cache}" "Loom_DIR:PATH=${prefix}/lib/cmake/Loom" "${example} must find the installed Loom")
+  run(COMMAND ${CMAKE_COMMAND} --build ${build})
+  if(NOT EXISTS ${build}/${plugin_file})
+    message(FATAL_ERROR "${example} did not produce ${plugin_file}")
+  endif()
+  run(COMMAND ${CMAKE_CTEST_COMMAND} --test-dir ${build} --output-on-failure -V OUTPUT_VARIABLE log)
+  expect_contains("${log}" "Test command: ${prefix}/bin/loom \"conformance\" \"${build}/${plugin_file}\""
+                  "${example}'s test runs the installed loom on its plugin")
+  expect_contains("${log}" "100% tests passed" "${example}'s conformance test")
+  set(conformance_log "${log}" PARENT_SCOPE)
+endfunction()
+
+build_and_check_conformance(streaming-attention libloom-attention-streaming.so)
+expect_contains("${conformance_log}" "oracles: ${prefix}/lib/loom/plugins/libloom-backend-reference.so, ${prefix}/lib/loom/plugins/libloom-attention-naive.so" "installed oracles")
+expect_contains("${conformance_log}" "[       OK ] AttentionConformance.EveryKernelMatchesNaive" "the attention suite")
+
+message(STATUS "out-of-tree plugins built against ${prefix}, loaded and checked by the installed loom")
