@@ -4,9 +4,10 @@
 Writes OUT_DIR/index.json and OUT_DIR/data.bin (little-endian float32). For each case: random
 parameters, a sequence of gradients (some parameters without a gradient at some steps, some
 without weight decay), a learning rate per step, the parameters PyTorch holds after every step
-and its optimizer state after the last one. AdamW and SGD are torch.optim.AdamW and
-torch.optim.SGD; Lion is the update rule of Chen et al. (2023), Algorithm 2, written below with
-torch operations. Nothing here runs loom.
+and its optimizer state after the last one. AdamW, SGD and RMSprop are torch.optim.AdamW,
+torch.optim.SGD and torch.optim.RMSprop (RMSprop is not one of loom's optimizers: its cases are
+what the out-of-tree example sdk/examples/rmsprop is checked against); Lion is the update rule
+of Chen et al. (2023), Algorithm 2, written below with torch operations. Nothing here runs loom.
 
 When torch cannot be imported, index.json says why ({"skipped": "..."}) and the script still
 exits 0, so that the build goes on and the test reports the skip.
@@ -90,6 +91,12 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
             [{"params": decayed, "weight_decay": wd}, {"params": undecayed, "weight_decay": 0.0}],
             lr=lr0, momentum=options["momentum"], dampening=options["dampening"],
             nesterov=options["nesterov"])
+    elif optimizer == "rmsprop":
+        # Not one of loom's optimizers: the trajectory an out-of-tree RMSprop is checked against
+        # (sdk/examples/rmsprop, through `loom conformance`).
+        opt = torch.optim.RMSprop(
+            [{"params": decayed, "weight_decay": wd}, {"params": undecayed, "weight_decay": 0.0}],
+            lr=lr0, alpha=options["alpha"], eps=options["epsilon"])
     elif optimizer == "lion":
         moments = [torch.zeros_like(p) for p in params]
         lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in PARAMETERS]
@@ -136,7 +143,7 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
             state["exp_avg/" + pname] = writer.add(moments[i])
             continue
         s = opt.state.get(params[i], {})
-        for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+        for key in ("exp_avg", "exp_avg_sq", "momentum_buffer", "square_avg"):
             if s.get(key) is not None:
                 state[key + "/" + pname] = writer.add(s[key])
     case["expected_state"] = state
@@ -179,6 +186,10 @@ def main():
                  {"beta1": 0.9, "beta2": 0.99, "weight_decay": 1.0}, 1e-3, 7, {(2, 3)}),
         run_case(torch, writer, "lion_other_betas", "lion",
                  {"beta1": 0.95, "beta2": 0.98, "weight_decay": 0.1}, 3e-3, 8, {(0, 1), (6, 4)}),
+        run_case(torch, writer, "rmsprop_torch_defaults", "rmsprop",
+                 {"alpha": 0.99, "epsilon": 1e-8, "weight_decay": 0.0}, 1e-2, 9, {(1, 2), (4, 0)}),
+        run_case(torch, writer, "rmsprop_l2", "rmsprop",
+                 {"alpha": 0.9, "epsilon": 1e-6, "weight_decay": 1e-2}, 3e-3, 10, {(0, 3)}),
     ]
     with open(os.path.join(out_dir, "data.bin"), "wb") as f:
         for chunk in writer.chunks:
