@@ -57,7 +57,8 @@ loom::Handle<AttentionKernel> make_kernel(const std::string& name, loom::Value n
 }
 
 // The kernels under test: every registered one with its defaults, and with every integer option
-// at its declared minimum.
+// at its declared minimum. A kernel of another device than the host is tested with its backend
+// (the backend suite runs attention through Ops::attention on the backend's device).
 struct KernelVariant {
   std::string label;
   std::string name;
@@ -66,6 +67,7 @@ struct KernelVariant {
 std::vector<KernelVariant> kernel_variants() {
   std::vector<KernelVariant> variants;
   for (const loom::ComponentEntry* entry : registry().list("attention")) {
+    if (!make_kernel(entry->decl.name)->device().is_host()) continue;
     variants.push_back({entry->decl.name, entry->decl.name, loom::Value()});
     loom::Value node = loom::Value::map();
     node.set("type", loom::Value(entry->decl.name));

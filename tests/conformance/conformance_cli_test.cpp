@@ -35,6 +35,19 @@ TEST(ConformanceCommand, RunsTheAttentionSuiteOnAnAttentionPlugin) {
       << r.out;
 }
 
+TEST(ConformanceCommand, RunsTheBackendSuitesOnADeviceBackend) {
+  // The test device `guarded` (a backend and its attention kernel, memory the host cannot touch).
+  const auto r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/devices/libloom-test-guarded.so"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(backend/guarded, attention/guarded)"), std::string::npos) << r.out;
+  for (const char* test : {"[       OK ] Registered/BackendConformance.MatchesReference/guarded_attention_causal_gqa",
+                           "[       OK ] Registered/KernelContract.OverwrittenOutputsAreNeverRead/guarded",
+                           "[       OK ] Operations/Determinism.RepeatedRunsAreBitIdentical/linear"})
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing from\n" << r.out;
+  // Only the plugin's backend is under test, against the oracle.
+  EXPECT_EQ(r.out.find("MatchesReference/cpu_"), std::string::npos) << r.out;
+}
+
 TEST(ConformanceCommand, ReplaysPyTorchForAnOptimizerItRecorded) {
   const auto r = loom_conformance({plugin("optimizer-sgd"), "--gtest_filter=*AgreesWithPyTorch*:*ZeroLearning*"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -4,13 +4,13 @@
 //   loom-conformance PLUGIN.so [GoogleTest options]
 //
 // Loads the installed oracles (libloom-backend-reference.so and libloom-attention-naive.so from
-// ../lib/loom/plugins next to this program... that is, <this directory>/plugins) and PLUGIN.so,
-// and runs the suites of the kinds PLUGIN.so provides: backend (every operation against
-// `reference`, values and gradients, the kernel contract, determinism), attention (against
-// `naive`, with every integer option at its minimum too) and optimizer (the contract, and
-// PyTorch's recorded trajectories from <prefix>/share/loom/conformance/optimizer for the
-// algorithms they cover). Exit status: 0 when every test passes, 1 when one fails, 2 when the
-// plugin cannot be checked (missing, fails to load, provides no kind with a suite).
+// the plugin directory beside this program, <prefix>/lib/loom/plugins) and PLUGIN.so, and runs
+// the suites of the kinds PLUGIN.so provides: backend (every operation against `reference`,
+// values and gradients, the kernel contract, determinism), attention (against `naive`, with every
+// integer option at its minimum too) and optimizer (the contract, and PyTorch's recorded
+// trajectories from <prefix>/share/loom/conformance/optimizer for the algorithms they cover).
+// Exit status: 0 when every test passes, 1 when one fails, 2 when the plugin cannot be checked
+// (missing, fails to load, provides no kind with a suite).
 #include <gtest/gtest.h>
 
 #include <boost/dll/runtime_symbol_info.hpp>
