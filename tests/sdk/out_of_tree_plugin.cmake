@@ -121,4 +121,16 @@ build_and_check_conformance(streaming-attention libloom-attention-streaming.so)
 expect_contains("${conformance_log}" "oracles: ${prefix}/lib/loom/plugins/libloom-backend-reference.so, ${prefix}/lib/loom/plugins/libloom-attention-naive.so" "installed oracles")
 expect_contains("${conformance_log}" "[       OK ] AttentionConformance.EveryKernelMatchesNaive" "the attention suite")
 
+# 7. The out-of-tree optimizer: the optimizer contract, and ten steps of torch.optim.RMSprop
+# recorded at loom's build time (skipped, saying why, where PyTorch was not installed).
+build_and_check_conformance(rmsprop libloom-optimizer-rmsprop.so)
+expect_contains("${conformance_log}" "[       OK ] EveryOptimizer.RestoringSavedStateContinuesBitForBit" "the optimizer suite")
+file(READ ${prefix}/share/loom/conformance/optimizer/index.json torch_index)
+if(torch_index MATCHES "\"skipped\"")
+  expect_contains("${conformance_log}" "[  SKIPPED ] Registered/AgreesWithPyTorch.StepByStep/rmsprop" "no PyTorch")
+else()
+  expect_contains("${conformance_log}" "[ torch    ] rmsprop_l2" "the PyTorch replay")
+  expect_contains("${conformance_log}" "[       OK ] Registered/AgreesWithPyTorch.StepByStep/rmsprop" "the PyTorch replay")
+endif()
+
 message(STATUS "out-of-tree plugins built against ${prefix}, loaded and checked by the installed loom")
