@@ -203,18 +203,15 @@ class Gpt2Bpe final : public Tokenizer, public HfTokenizer {
 
 OptionSchema options() {
   OptionSchema s;
-  s.string("encoder_json", "",
+  s.string("encoder_json", std::nullopt,
            "OpenAI's encoder.json (token -> id), given with `vocab_bpe`; or give `tokenizer_json` instead. A path "
-           "relative to the current directory; \"\" or null: not given.")
-      .nullable();
-  s.string("vocab_bpe", "",
+           "relative to the current directory; null (or \"\"): not given.");
+  s.string("vocab_bpe", std::nullopt,
            "OpenAI's vocab.bpe (the merges, in rank order), given with `encoder_json`. A path relative to the current "
-           "directory.")
-      .nullable();
-  s.string("tokenizer_json", "",
+           "directory.");
+  s.string("tokenizer_json", std::nullopt,
            "A Hugging Face tokenizer.json with a byte-level BPE model, instead of `encoder_json` + `vocab_bpe`. A "
-           "path relative to the current directory.")
-      .nullable();
+           "path relative to the current directory.");
   s.string("end_of_text", "<|endoftext|>",
            "The token that separates documents (end_of_text()); \"\" or null when the vocabulary has none.")
       .nullable();
