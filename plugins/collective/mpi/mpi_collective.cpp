@@ -5,9 +5,12 @@
 // start_all_reduce(), goes on computing while the thread communicates: that is how gradient
 // buckets overlap with the backward pass.
 //
-// Every all-reduce is a reduce-scatter followed by an all-gather: each element is reduced once,
-// by the rank that owns its chunk, and then copied to every rank, so all ranks hold the same bits
-// whatever algorithm OpenMPI picks (a plain MPI_Allreduce does not promise that for floats).
+// Every reduction is deterministic and in rank order: an all-to-all hands the owner of each chunk
+// every rank's copy of it, the owner sums them as ((r0 + r1) + r2) + ..., and an all-gather copies
+// the result to every rank. So all ranks hold the same bits, the same inputs give the same result
+// on every run, and N ranks of one micro-batch each sum their gradients exactly as one process
+// sums N micro-batches (a plain MPI_Allreduce promises none of this for floats). It moves as
+// many bytes as a ring all-reduce.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -165,18 +168,6 @@ std::shared_ptr<MpiProcess> mpi_process() {
   return p;
 }
 
-MPI_Op mpi_op(loom::ReduceOp op) {
-  switch (op) {
-    case loom::ReduceOp::sum:
-      return MPI_SUM;
-    case loom::ReduceOp::max:
-      return MPI_MAX;
-    case loom::ReduceOp::min:
-      return MPI_MIN;
-  }
-  return MPI_SUM;
-}
-
 template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::is_same_v<T, float>)
@@ -194,21 +185,17 @@ class MpiCollective final : public loom::Collective {
   std::string describe() const override { return process_->describe(); }
 
   void all_reduce(std::span<float> data, loom::ReduceOp op) override {
-    process_->call([&] { reduce(data, op, float_scratch_); });
+    process_->call([&] { reduce(data, op); });
   }
   void all_reduce(std::span<double> data, loom::ReduceOp op) override {
-    process_->call([&] { reduce(data, op, double_scratch_); });
+    process_->call([&] { reduce(data, op); });
   }
 
   void reduce_scatter(std::span<const float> in, std::span<float> out) override {
     if (in.size() != out.size() * static_cast<std::size_t>(size()))
       throw loom::InternalError("mpi: reduce_scatter of " + std::to_string(in.size()) + " floats into " +
                                 std::to_string(out.size()) + " per rank on " + std::to_string(size()) + " ranks");
-    process_->call([&] {
-      check(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM,
-                                     MPI_COMM_WORLD),
-            "MPI_Reduce_scatter_block");
-    });
+    process_->call([&] { scatter_reduce(in.data(), out.data(), out.size(), loom::ReduceOp::sum); });
   }
 
   void all_gather(std::span<const float> in, std::span<float> out) override {
@@ -233,10 +220,8 @@ class MpiCollective final : public loom::Collective {
   }
 
   std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
-    // A scratch buffer of its own: several may be under way at once.
-    auto scratch = std::make_shared<std::vector<float>>();
-    return std::make_unique<PendingReduce>(
-        process_->post([this, data, scratch] { reduce(data, loom::ReduceOp::sum, *scratch); }));
+    // Operations run one after the other on the communication thread, so they share its buffers.
+    return std::make_unique<PendingReduce>(process_->post([this, data] { reduce(data, loom::ReduceOp::sum); }));
   }
 
  private:
@@ -262,28 +247,70 @@ class MpiCollective final : public loom::Collective {
                                                      std::to_string(rank) + ": " + mpi_error_text(rc));
   }
 
-  // On the communication thread: reduce-scatter of `data` padded to a multiple of size(), then
-  // all-gather of the reduced chunks.
+  // On the communication thread: `in` holds size() chunks of `chunk` elements; `out` receives the
+  // reduction over the ranks of chunk rank(), in rank order. `scratch` is resized as needed.
   template <class T>
-  void reduce(std::span<T> data, loom::ReduceOp op, std::vector<T>& scratch) {
+  void scatter_reduce(const T* in, T* out, std::size_t chunk, loom::ReduceOp op) {
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    std::vector<T>& scratch = buffers<T>().received;
+    scratch.resize(chunk * ranks);
+    check(MPI_Alltoall(in, static_cast<int>(chunk), mpi_type<T>(), scratch.data(), static_cast<int>(chunk),
+                       mpi_type<T>(), MPI_COMM_WORLD),
+          "MPI_Alltoall");
+    std::copy(scratch.data(), scratch.data() + chunk, out);
+    for (std::size_t r = 1; r < ranks; ++r) {
+      const T* from = scratch.data() + r * chunk;
+      for (std::size_t i = 0; i < chunk; ++i) {
+        switch (op) {
+          case loom::ReduceOp::sum:
+            out[i] += from[i];
+            break;
+          case loom::ReduceOp::max:
+            out[i] = std::max(out[i], from[i]);
+            break;
+          case loom::ReduceOp::min:
+            out[i] = std::min(out[i], from[i]);
+            break;
+        }
+      }
+    }
+  }
+
+  // On the communication thread: the scattered reduction of `data` padded to a multiple of
+  // size(), then an all-gather of the reduced chunks.
+  template <class T>
+  void reduce(std::span<T> data, loom::ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(size());
     if (ranks == 1 || data.empty()) return;
     const std::size_t chunk = (data.size() + ranks - 1) / ranks;
-    scratch.assign(chunk * ranks + chunk, T{});
-    T* padded = scratch.data();
-    T* mine = scratch.data() + chunk * ranks;
-    std::copy(data.begin(), data.end(), padded);
-    check(MPI_Reduce_scatter_block(padded, mine, static_cast<int>(chunk), mpi_type<T>(), mpi_op(op), MPI_COMM_WORLD),
-          "MPI_Reduce_scatter_block");
-    check(MPI_Allgather(mine, static_cast<int>(chunk), mpi_type<T>(), padded, static_cast<int>(chunk), mpi_type<T>(),
-                        MPI_COMM_WORLD),
+    std::vector<T>& padded = buffers<T>().padded;
+    padded.resize(chunk * ranks + chunk);
+    std::fill(padded.begin() + static_cast<std::ptrdiff_t>(data.size()), padded.end(), T{});
+    T* mine = padded.data() + chunk * ranks;
+    std::copy(data.begin(), data.end(), padded.begin());
+    scatter_reduce(padded.data(), mine, chunk, op);
+    check(MPI_Allgather(mine, static_cast<int>(chunk), mpi_type<T>(), padded.data(), static_cast<int>(chunk),
+                        mpi_type<T>(), MPI_COMM_WORLD),
           "MPI_Allgather");
-    std::copy(padded, padded + data.size(), data.begin());
+    std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(data.size()), data.begin());
+  }
+
+  // Kept between operations (a step reduces the same sizes every time): no allocation per step.
+  template <class T>
+  struct Buffers {
+    std::vector<T> padded, received;
+  };
+  template <class T>
+  Buffers<T>& buffers() {
+    if constexpr (std::is_same_v<T, float>)
+      return float_buffers_;
+    else
+      return double_buffers_;
   }
 
   std::shared_ptr<MpiProcess> process_;
-  std::vector<float> float_scratch_;
-  std::vector<double> double_scratch_;
+  Buffers<float> float_buffers_;
+  Buffers<double> double_buffers_;
 };
 
 void register_components(loom::Registrar& registrar) {

@@ -72,6 +72,9 @@ class Parameter {
   // Uses `buffer` (same shape and device, contiguous f32; may be a view into a flat buffer that
   // an optimizer updates in one pass) as the gradient's storage from now on.
   void set_grad_buffer(Tensor buffer);
+  // Declares that the gradient buffer holds a gradient written outside the tape: a data-parallel
+  // reduction gives a parameter that no micro-batch of this process reached its peers' sum.
+  void mark_grad_written() { has_grad_ = grad_.defined(); }
 
   // Parameters with requires_grad false are constants to the tape (frozen weights).
   bool requires_grad() const { return requires_grad_; }

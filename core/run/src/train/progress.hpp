@@ -23,6 +23,8 @@ struct RunHeader {
   std::int64_t batch_size = 0, micro_size = 0, num_steps = 0;
   double peak_flops = 0;
   bool peak_flops_probed = false;  // measured by the sgemm probe, not trainer.peak_flops
+  int ranks = 1;                   // of a data-parallel run
+  std::string collective;          // what connects them
 };
 
 // What the line of a log interval says.
@@ -33,6 +35,7 @@ struct StepReport {
   double tokens_per_second = 0, mfu = 0;  // over the interval
   double eta_seconds = 0;
   std::int64_t skipped_steps = 0;  // in the whole run
+  int ranks = 1;                   // processes the step ran on (shown when more than one)
 };
 
 class ProgressPrinter {
@@ -52,11 +55,14 @@ class ProgressPrinter {
 
   // One line (or several), after clearing the live step line.
   void say(const std::string& line);
+  // Prints nothing from now on: the ranks of a data-parallel run other than 0.
+  void silence() { silent_ = true; }
 
  private:
   std::ostream& out_;
   bool interactive_ = false;
   bool line_open_ = false;
+  bool silent_ = false;
 };
 
 }  // namespace loom::training

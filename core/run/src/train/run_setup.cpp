@@ -38,25 +38,41 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
   run.micro_size = micro_batch_size(trainer, run.batch_size);
 
+  // The ranks first: only rank 0 prints and writes files, and all must agree on the config.
+  run.parallel =
+      std::make_unique<DataParallel>(create_collective(runtime.registry(), run.config),
+                                     static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+  DataParallel& parallel = *run.parallel;
+  if (!parallel.is_primary()) progress.silence();
+  parallel.check_same_config(run.config);
+  parallel.check_batch(run.batch_size, run.micro_size);
+
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
-  run.directory = RunDirectory::create(trainer, run.config);
+  if (parallel.is_primary()) run.directory = RunDirectory::create(trainer, run.config);
   run.seq_len = c.model->max_seq_len();
   build_model_and_data(c, run.batch_size, run.seed);
-  run.directory.write_tokenizer_state(c.tokenizer->state());
-  write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
+  if (parallel.is_primary()) {
+    run.directory.write_tokenizer_state(c.tokenizer->state());
+    write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
+  }
   // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
   for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
-  start_trackers(c, runtime.registry(), trainer,
-                 RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
+  parallel.check_same_parameters(c.parameters);
+  parallel.attach(c.parameters);
+  if (parallel.is_primary())
+    start_trackers(c, runtime.registry(), trainer,
+                   RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
 
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = trainer.get<double>("peak_flops");
   const bool probed = run.peak_flops <= 0;
   if (probed) run.peak_flops = probe_peak_flops(*c.backend);
+  // MFU of a data-parallel run is against every rank's roof together.
+  run.peak_flops = parallel.sum(run.peak_flops);
   if (trainer.get<bool>("skip_bad_steps"))
     run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
 
@@ -75,6 +91,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.num_steps = run.num_steps;
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
+  header.ranks = parallel.size();
+  header.collective = parallel.collective().describe();
   progress.header(header);
   return run;
 }

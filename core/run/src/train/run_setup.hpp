@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "loom/core/runtime.hpp"
 #include "loom/options.hpp"
 #include "loom/value.hpp"
 #include "train/components.hpp"
+#include "train/data_parallel.hpp"
 #include "train/progress.hpp"
 #include "train/run_directory.hpp"
 #include "train/train_state.hpp"
@@ -19,10 +21,11 @@ struct Run {
   Options trainer;  // its `trainer` section
   std::uint64_t seed = 0;
   std::int64_t num_steps = 0;
-  std::int64_t batch_size = 0;  // sequences per step
-  std::int64_t micro_size = 0;  // sequences per forward/backward pass; divides batch_size
-  std::int64_t seq_len = 0;     // the model's context
-  RunDirectory directory;
+  std::int64_t batch_size = 0;             // sequences per step
+  std::int64_t micro_size = 0;             // sequences per forward/backward pass; divides batch_size
+  std::int64_t seq_len = 0;                // the model's context
+  std::unique_ptr<DataParallel> parallel;  // the ranks of the run (one without mpirun)
+  RunDirectory directory;                  // rank 0's; the other ranks write no files
   RunComponents components;
   TrainState state;
   double flops_per_token = 0;  // the model's, at seq_len

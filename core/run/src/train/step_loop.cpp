@@ -31,10 +31,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const std::int64_t max_eval_batches = trainer.get<std::int64_t>("max_eval_batches");
   const double tokens_per_step = static_cast<double>(run.batch_size * run.seq_len);
 
-  TrainStep train_step(c, StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("crash_on_nan"),
-                                       trainer.get<bool>("crash_on_inf")});
+  DataParallel& parallel = *run.parallel;
+  TrainStep train_step(c, parallel,
+                       StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("crash_on_nan"),
+                                    trainer.get<bool>("crash_on_inf")});
   Sampler sampler(c, trainer, run.seed);
-  auto evaluate_now = [&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); };
+  // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
+  auto evaluate_now = [&] {
+    return parallel.is_primary() ? evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size) : -1.0;
+  };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
   };
@@ -73,14 +78,22 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       report.mfu = run.flops_per_token * report.tokens_per_second / run.peak_flops;
       report.eta_seconds = train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
       report.skipped_steps = run.state.skipped_steps;
+      report.ranks = parallel.size();
       const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-      log(step + 1, {{"train/loss", report.mean_loss},
-                     {"train/lr", report.lr},
-                     {"train/grad_norm", report.grad_norm},
-                     {"throughput/tokens_per_second", report.tokens_per_second},
-                     {"throughput/mfu", report.mfu},
-                     {"throughput/elapsed_seconds", elapsed},
-                     {"train/skipped_steps", static_cast<double>(report.skipped_steps)}});
+      std::vector<std::pair<std::string, double>> scalars{
+          {"train/loss", report.mean_loss},
+          {"train/lr", report.lr},
+          {"train/grad_norm", report.grad_norm},
+          {"throughput/tokens_per_second", report.tokens_per_second},
+          {"throughput/mfu", report.mfu},
+          {"throughput/elapsed_seconds", elapsed},
+          {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
+      if (parallel.size() > 1) {
+        scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
+        scalars.emplace_back("throughput/communication_share",
+                             parallel.take_communication_seconds() / interval_seconds);
+      }
+      log(step + 1, scalars);
       progress.step(report);
       summary.final_train_loss = report.mean_loss;
       interval_seconds = 0;
@@ -94,7 +107,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         progress.eval(step + 1, eval_loss);
       }
     }
-    if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last) {
+    if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
       const std::string text = sampler.sample(sample_length);
       for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
       progress.sample(step + 1, text);
@@ -112,8 +125,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
   }
-  if (trainer.get<bool>("save_final")) run.directory.save_weights(c.parameters, num_steps);
-  if (sample_length > 0) {
+  if (trainer.get<bool>("save_final") && parallel.is_primary()) run.directory.save_weights(c.parameters, num_steps);
+  if (sample_length > 0 && parallel.is_primary()) {
     summary.final_sample = sampler.sample(sample_length);
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);

@@ -57,6 +57,10 @@ OptionSchema trainer_schema() {
            "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
            "to the current directory.");
   s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
+  s.number("grad_bucket_mb", 25.0,
+           "Data parallel: gradients are summed across ranks in buckets of about this many megabytes (PyTorch DDP's "
+           "bucket_cap_mb).")
+      .min(0.0, false);
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
 }

@@ -1,0 +1,156 @@
+#include "train/data_parallel.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/token_shard.hpp"
+
+namespace loom::training {
+
+namespace {
+
+// The ranks whose flag is set, as "1, 3".
+std::string flagged_ranks(const std::vector<double>& flags) {
+  std::string ranks;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return ranks;
+}
+
+// Every rank sets its own slot when `differs`; all learn which ranks did.
+std::vector<double> gather_flags(Collective& c, bool differs) {
+  std::vector<double> flags(static_cast<std::size_t>(c.size()), 0.0);
+  flags[static_cast<std::size_t>(c.rank())] = differs ? 1.0 : 0.0;
+  c.all_reduce(std::span<double>(flags));
+  return flags;
+}
+
+bool differs_from_rank0(Collective& c, std::uint32_t mine) {
+  std::uint32_t rank0 = mine;
+  c.broadcast(std::as_writable_bytes(std::span<std::uint32_t>(&rank0, 1)), 0);
+  return rank0 != mine;
+}
+
+}  // namespace
+
+Handle<Collective> create_collective(const Registry& registry, const Value& config) {
+  const Value* node = config.find("collective");
+  if (node && !node->is_null()) return registry.create<Collective>(ComponentRef{"collective", "", *node, "collective"});
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const std::string name = under_mpirun ? "mpi" : "single";
+  return with_context(under_mpirun ? "under mpirun (OMPI_COMM_WORLD_SIZE is set), loom uses collective `mpi`"
+                                   : "while creating the default collective",
+                      [&] {
+                        return registry.create<Collective>(ComponentRef{"collective", name, Value(name), "collective"});
+                      });
+}
+
+DataParallel::DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes)
+    : collective_(std::move(collective)),
+      rank_(collective_->rank()),
+      size_(collective_->size()),
+      bucket_bytes_(bucket_bytes) {}
+
+void DataParallel::check_batch(std::int64_t batch_size, std::int64_t micro_size) const {
+  if (batch_size % (static_cast<std::int64_t>(size_) * micro_size) != 0)
+    throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) + ") must be a multiple of " +
+                    std::to_string(size_) + " ranks x the micro-batch size (" + std::to_string(micro_size) +
+                    "): every rank takes an equal slice of each global batch, in whole micro-batches");
+}
+
+void DataParallel::check_same_config(const Value& config) {
+  if (size_ == 1) return;
+  const std::string yaml = config.to_yaml();
+  const auto flags =
+      gather_flags(*collective_, differs_from_rank0(*collective_, crc32(std::as_bytes(std::span(yaml)))));
+  if (const std::string ranks = flagged_ranks(flags); !ranks.empty())
+    throw UserError("the resolved config of rank " + ranks + " differs from rank 0's: every rank of `mpirun -np " +
+                    std::to_string(size_) +
+                    "` must be given the same config file and overrides (compare `loom config show` on each)");
+}
+
+void DataParallel::check_same_parameters(const std::vector<ModelParameter>& parameters) {
+  if (size_ == 1) return;
+  std::uint32_t crc = 0;
+  for (const auto& p : parameters) {
+    const Tensor t = p.parameter->data();  // contiguous, as every parameter
+    crc = crc32(std::as_bytes(std::span(t.data<float>(), static_cast<std::size_t>(t.numel()))), crc);
+  }
+  const auto flags = gather_flags(*collective_, differs_from_rank0(*collective_, crc));
+  if (const std::string ranks = flagged_ranks(flags); !ranks.empty())
+    throw UserError("the initial weights of rank " + ranks +
+                    " differ from rank 0's (checksum of every parameter): the ranks must initialise from the same "
+                    "trainer.seed and trainer.init_from; is the same loom and plugin build on every node?");
+}
+
+void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
+  if (size_ == 1) return;
+  // Backward produces the last layers' gradients first: buckets in reverse parameter order.
+  std::int64_t filled = 0;
+  std::vector<std::pair<Parameter*, std::int64_t>> pending;
+  auto close = [&] {
+    if (pending.empty()) return;
+    Bucket b;
+    b.storage = Tensor::zeros(Shape{filled}, DType::f32, pending.front().first->tensor().device());
+    for (auto& [p, offset] : pending) {
+      p->set_grad_buffer(b.storage.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
+      b.parameters.emplace_back(p, offset);
+    }
+    buckets_.push_back(std::move(b));
+    pending.clear();
+    filled = 0;
+  };
+  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
+    Parameter* p = it->parameter;
+    if (!p->requires_grad()) continue;
+    const std::int64_t n = p->tensor().numel();
+    if (filled > 0 && (filled + n) * 4 > bucket_bytes_) close();
+    pending.emplace_back(p, filled);
+    filled += n;
+    parameters_.push_back(p);
+  }
+  close();
+  has_grad_.assign(parameters_.size(), 0.0f);
+}
+
+void DataParallel::reduce_gradients() {
+  if (size_ == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  // Which parameters any rank's micro-batches reached: those get the sum (a rank that did not
+  // reach one contributes zeros); the others stay without a gradient, as on one process.
+  for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
+  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  std::vector<std::unique_ptr<Collective::Pending>> pending;
+  pending.reserve(buckets_.size());
+  for (auto& b : buckets_) {
+    for (auto& [p, offset] : b.parameters)
+      if (!p->has_grad()) {
+        float* d = b.storage.data<float>() + offset;
+        std::memset(d, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+      }
+    pending.push_back(collective_->start_all_reduce(
+        std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
+  }
+  for (auto& p : pending) p->wait();
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    if (has_grad_[i] != 0.0f) parameters_[i]->mark_grad_written();
+  communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double DataParallel::sum(double value) {
+  if (size_ == 1) return value;
+  collective_->all_reduce(std::span<double>(&value, 1));
+  return value;
+}
+
+double DataParallel::take_communication_seconds() {
+  const double s = communication_seconds_;
+  communication_seconds_ = 0;
+  return s;
+}
+
+}  // namespace loom::training

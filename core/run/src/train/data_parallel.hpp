@@ -1,0 +1,71 @@
+// Data parallelism: the ranks of a run each take a slice of every global batch, and their
+// gradients are summed in buckets so that every rank applies the same update. With one rank (the
+// `single` collective) every operation here is the identity and costs nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/core/registry.hpp"
+#include "loom/kinds/collective.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/tensor.hpp"
+#include "loom/value.hpp"
+
+namespace loom::training {
+
+// The collective the config's `collective` section names; when it names none, `mpi` under
+// mpirun (OMPI_COMM_WORLD_SIZE is set) and `single` otherwise.
+Handle<Collective> create_collective(const Registry& registry, const Value& config);
+
+class DataParallel {
+ public:
+  // `bucket_bytes`: gradients are reduced in buckets of about this size (trainer.grad_bucket_mb).
+  DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_primary() const { return rank_ == 0; }
+  Collective& collective() { return *collective_; }
+
+  // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
+  // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
+  void check_batch(std::int64_t batch_size, std::int64_t micro_size) const;
+  std::int64_t first_row(std::int64_t batch_size) const { return batch_size / size_ * rank_; }
+  std::int64_t row_count(std::int64_t batch_size) const { return batch_size / size_; }
+
+  // Every rank must run the same config: a UserError naming the ranks whose resolved config
+  // differs from rank 0's.
+  void check_same_config(const Value& config);
+  // And start from the same weights: a UserError naming the ranks whose parameters differ.
+  void check_same_parameters(const std::vector<ModelParameter>& parameters);
+
+  // Gives the parameters gradient storage in flat buckets (in the order backward produces them),
+  // so that reduce_gradients() reduces in place. Call once, before the first step.
+  void attach(const std::vector<ModelParameter>& parameters);
+  // Sums every gradient over the ranks (and marks those that only another rank's micro-batches
+  // reached), a bucket at a time, several buckets in flight.
+  void reduce_gradients();
+  // The sum over ranks.
+  double sum(double value);
+  // Seconds spent in reduce_gradients() since the last call (for the throughput metrics).
+  double take_communication_seconds();
+
+ private:
+  struct Bucket {
+    Tensor storage;                                               // flat f32 on the parameters' device
+    std::vector<std::pair<Parameter*, std::int64_t>> parameters;  // with their offsets
+  };
+
+  Handle<Collective> collective_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t bucket_bytes_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<Parameter*> parameters_;
+  std::vector<float> has_grad_;
+  double communication_seconds_ = 0;
+};
+
+}  // namespace loom::training
