@@ -99,6 +99,7 @@ void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
     for (auto& [p, offset] : pending) {
       p->set_grad_buffer(b.storage.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
       b.parameters.emplace_back(p, offset);
+      bucket_of_[p] = buckets_.size();
     }
     buckets_.push_back(std::move(b));
     pending.clear();
@@ -117,25 +118,41 @@ void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
   has_grad_.assign(parameters_.size(), 0.0f);
 }
 
+void DataParallel::gradient_ready(Parameter& p) {
+  if (size_ == 1) return;
+  const auto it = bucket_of_.find(&p);
+  if (it == bucket_of_.end()) return;
+  ++buckets_[it->second].ready;
+  start_ready_buckets();
+}
+
+void DataParallel::start_ready_buckets() {
+  while (started_ < buckets_.size() && buckets_[started_].ready >= buckets_[started_].parameters.size()) {
+    Bucket& b = buckets_[started_++];
+    // A parameter that no micro-batch of this rank reached contributes zeros.
+    for (auto& [p, offset] : b.parameters)
+      if (!p->has_grad())
+        std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+    pending_.push_back(collective_->start_all_reduce(
+        std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
+  }
+}
+
 void DataParallel::reduce_gradients() {
   if (size_ == 1) return;
   const auto start = std::chrono::steady_clock::now();
-  // Which parameters any rank's micro-batches reached: those get the sum (a rank that did not
-  // reach one contributes zeros); the others stay without a gradient, as on one process.
+  // Buckets not started during backward (a rank whose micro-batches had nothing to learn, or
+  // parameters the graph did not use) start now, in order.
+  for (auto& b : buckets_) b.ready = b.parameters.size();
+  start_ready_buckets();
+  // Which parameters any rank's micro-batches reached: those get the sum; the others stay
+  // without a gradient, as on one process.
   for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
   collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
-  std::vector<std::unique_ptr<Collective::Pending>> pending;
-  pending.reserve(buckets_.size());
-  for (auto& b : buckets_) {
-    for (auto& [p, offset] : b.parameters)
-      if (!p->has_grad()) {
-        float* d = b.storage.data<float>() + offset;
-        std::memset(d, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
-      }
-    pending.push_back(collective_->start_all_reduce(
-        std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
-  }
-  for (auto& p : pending) p->wait();
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+  for (auto& b : buckets_) b.ready = 0;
+  started_ = 0;
   for (std::size_t i = 0; i < parameters_.size(); ++i)
     if (has_grad_[i] != 0.0f) parameters_[i]->mark_grad_written();
   communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "loom/core/registry.hpp"
@@ -45,8 +46,12 @@ class DataParallel {
   // Gives the parameters gradient storage in flat buckets (in the order backward produces them),
   // so that reduce_gradients() reduces in place. Call once, before the first step.
   void attach(const std::vector<ModelParameter>& parameters);
+  // During the backward pass of this rank's last micro-batch: `p`'s gradient is final. A bucket
+  // whose parameters are all final starts reducing at once, while backward goes on (buckets
+  // start in their order, the same on every rank).
+  void gradient_ready(Parameter& p);
   // Sums every gradient over the ranks (and marks those that only another rank's micro-batches
-  // reached), a bucket at a time, several buckets in flight.
+  // reached): starts the buckets not started yet and waits for all of them.
   void reduce_gradients();
   // The sum over ranks.
   double sum(double value);
@@ -57,12 +62,17 @@ class DataParallel {
   struct Bucket {
     Tensor storage;                                               // flat f32 on the parameters' device
     std::vector<std::pair<Parameter*, std::int64_t>> parameters;  // with their offsets
+    std::size_t ready = 0;                                        // parameters whose gradient is final, this step
   };
+  void start_ready_buckets();
 
   Handle<Collective> collective_;
   int rank_ = 0, size_ = 1;
   std::int64_t bucket_bytes_ = 0;
   std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, std::size_t> bucket_of_;
+  std::size_t started_ = 0;  // buckets_[0..started_) are under way
+  std::vector<std::unique_ptr<Collective::Pending>> pending_;
   std::vector<Parameter*> parameters_;
   std::vector<float> has_grad_;
   double communication_seconds_ = 0;

@@ -53,11 +53,20 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
 
   double loss_sum = 0;
   bool first = true;
+  const std::int64_t first_row = parallel_.first_row(batch.batch_size), rows = parallel_.row_count(batch.batch_size);
+  const std::int64_t last_micro = (first_row + rows + settings_.micro_size - 1) / settings_.micro_size - 1;
   for_each_micro_batch(
       batch, settings_.micro_size,
       [&](const MicroBatch& micro) {
         if (!first) set_aside_gradients();
         Tape tape;
+        // The rank's last micro-batch: each gradient, once final (and added to the earlier
+        // micro-batches' sum), joins its bucket's reduction while backward goes on.
+        if (micro.index == last_micro && parallel_.size() > 1)
+          tape.on_gradient_ready([this, finish = !first](Parameter& p) {
+            if (finish) add_set_aside_gradient(p);
+            parallel_.gradient_ready(p);
+          });
         Ops ops(*components_.backend, &tape);
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
@@ -67,7 +76,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
         if (!first) add_set_aside_gradients();
         first = false;
       },
-      parallel_.first_row(batch.batch_size), parallel_.row_count(batch.batch_size));
+      first_row, rows);
   return loss_sum;
 }
 
@@ -90,20 +99,28 @@ void TrainStep::set_aside_gradients() {
 }
 
 void TrainStep::add_set_aside_gradients() {
-  auto& params = components_.parameters;
+  for (std::size_t i = 0; i < components_.parameters.size(); ++i) add_set_aside_gradient(i);
+}
+
+void TrainStep::add_set_aside_gradient(Parameter& p) {
+  if (index_.empty())
+    for (std::size_t i = 0; i < components_.parameters.size(); ++i) index_[components_.parameters[i].parameter] = i;
+  if (const auto it = index_.find(&p); it != index_.end()) add_set_aside_gradient(it->second);
+}
+
+void TrainStep::add_set_aside_gradient(std::size_t i) {
+  if (!has_set_aside_[i]) return;
+  has_set_aside_[i] = false;  // added once, during backward or after it
+  Parameter& p = *components_.parameters[i].parameter;
   Backend& backend = *components_.backend;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (!has_set_aside_[i]) continue;
-    Parameter& p = *params[i].parameter;
-    if (p.has_grad()) {
-      const Tensor g = p.grad();
-      backend.add(set_aside_[i].data<float>(), g.data<float>(), g.data<float>(), g.numel());
-    } else {
-      // Not reached by this micro-batch: the gradient is the earlier ones' sum, back in place.
-      p.mark_grad_written();
-      const Tensor g = p.grad();
-      backend.scale(set_aside_[i].data<float>(), 1.0f, g.data<float>(), g.numel(), false);
-    }
+  if (p.has_grad()) {
+    const Tensor g = p.grad();
+    backend.add(set_aside_[i].data<float>(), g.data<float>(), g.data<float>(), g.numel());
+  } else {
+    // Not reached by this micro-batch: the gradient is the earlier ones' sum, back in place.
+    p.mark_grad_written();
+    const Tensor g = p.grad();
+    backend.scale(set_aside_[i].data<float>(), 1.0f, g.data<float>(), g.numel(), false);
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "loom/kinds/dataset.hpp"
@@ -48,6 +49,8 @@ class TrainStep {
   // order, exactly what the data-parallel reduction does with one micro-batch per rank.
   void set_aside_gradients();
   void add_set_aside_gradients();
+  void add_set_aside_gradient(Parameter& p);
+  void add_set_aside_gradient(std::size_t index);
   double global_grad_norm() const;
   void check_finite(std::int64_t step, double loss, double grad_norm) const;
   void clip_gradients(double grad_norm, double max_norm);
@@ -57,6 +60,7 @@ class TrainStep {
   StepSettings settings_;
   std::vector<Tensor> set_aside_;  // per parameter: the sum of the earlier micro-batches' gradients
   std::vector<bool> has_set_aside_;
+  std::unordered_map<const Parameter*, std::size_t> index_;  // position in components_.parameters
 };
 
 }  // namespace loom::training
