@@ -136,6 +136,22 @@ TEST(DataParallel, FourRanksOfTwoMicroBatchesStayWithinRoundingOfOneProcess) {
   EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
 }
 
+TEST(DataParallel, ShardedOptimizerStateTrainsAsOneProcessDoes) {
+  const fs::path one = scratch("zero-one"), four = scratch("zero-four");
+  const auto single = run_command(train_args(one, 2), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  auto args = train_args(four, 2);
+  args.push_back("trainer.shard_optimizer_state=true");
+  const auto sharded = mpirun(4, args);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  EXPECT_NE(sharded.out.find("(sharded, ZeRO-1)"), std::string::npos) << sharded.out;
+  // The same updates: only the gradient norm's double sum is associated differently.
+  const auto l1 = losses(one), l4 = losses(four);
+  ASSERT_EQ(l1.size(), l4.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l4[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
+}
+
 TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRank) {
   const fs::path dir = scratch("mismatch");
   // The second app context of an MPMD launch gets one override more.

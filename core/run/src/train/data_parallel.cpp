@@ -1,5 +1,6 @@
 #include "train/data_parallel.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -118,8 +119,83 @@ void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
   has_grad_.assign(parameters_.size(), 0.0f);
 }
 
-void DataParallel::gradient_ready(Parameter& p) {
+void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
   if (size_ == 1) return;
+  sharded_ = true;
+  std::int64_t total = 0;
+  for (const auto& p : parameters)
+    if (p.parameter->requires_grad()) total += p.parameter->tensor().numel();
+  // Contiguous shards in parameter order: a parameter goes to the rank whose share of the total
+  // its first element falls in.
+  std::vector<std::int64_t> filled(static_cast<std::size_t>(size_), 0);
+  std::vector<std::pair<Parameter*, int>> assignment;
+  std::int64_t start = 0;
+  for (const auto& mp : parameters) {
+    Parameter* p = mp.parameter;
+    if (!p->requires_grad()) continue;
+    const int rank =
+        static_cast<int>(std::min<std::int64_t>(size_ - 1, start * size_ / std::max<std::int64_t>(1, total)));
+    assignment.emplace_back(p, rank);
+    filled[static_cast<std::size_t>(rank)] += p->tensor().numel();
+    start += p->tensor().numel();
+  }
+  segment_ = *std::max_element(filled.begin(), filled.end());
+  flat_grads_ = Tensor::zeros(Shape{segment_ * size_}, DType::f32, assignment.front().first->tensor().device());
+  std::fill(filled.begin(), filled.end(), 0);
+  for (auto& [p, rank] : assignment) {
+    const std::int64_t offset = segment_ * rank + filled[static_cast<std::size_t>(rank)];
+    filled[static_cast<std::size_t>(rank)] += p->tensor().numel();
+    p->set_grad_buffer(flat_grads_.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
+    layout_.emplace_back(p, offset, rank);
+    parameters_.push_back(p);
+    if (rank == rank_) owned_.insert(p);
+  }
+  has_grad_.assign(parameters_.size(), 0.0f);
+  send_.resize(static_cast<std::size_t>(segment_));
+  received_.resize(static_cast<std::size_t>(segment_ * size_));
+}
+
+void DataParallel::reduce_scatter_gradients() {
+  float* flat = flat_grads_.data<float>();
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    auto& [p, offset, rank] = layout_[i];
+    has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
+    if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+  }
+  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  const std::size_t segment = static_cast<std::size_t>(segment_);
+  collective_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
+                              std::span<float>(send_.data(), segment));
+  std::copy(send_.begin(), send_.end(), flat + segment * static_cast<std::size_t>(rank_));
+  // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    auto& [p, offset, rank] = layout_[i];
+    if (rank == rank_ && has_grad_[i] != 0.0f)
+      p->mark_grad_written();
+    else
+      p->zero_grad();
+  }
+}
+
+void DataParallel::gather_parameters() {
+  if (!sharded_) return;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& [p, offset, rank] : layout_) {
+    if (rank != rank_) continue;
+    const Tensor v = p->data();
+    std::copy(v.data<float>(), v.data<float>() + v.numel(), send_.begin() + (offset - segment_ * rank_));
+  }
+  collective_->all_gather(send_, received_);
+  for (auto& [p, offset, rank] : layout_) {
+    if (rank == rank_) continue;
+    const Tensor v = p->data();
+    std::copy(received_.begin() + offset, received_.begin() + offset + v.numel(), v.data<float>());
+  }
+  communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void DataParallel::gradient_ready(Parameter& p) {
+  if (size_ == 1 || sharded_) return;
   const auto it = bucket_of_.find(&p);
   if (it == bucket_of_.end()) return;
   ++buckets_[it->second].ready;
@@ -141,6 +217,11 @@ void DataParallel::start_ready_buckets() {
 void DataParallel::reduce_gradients() {
   if (size_ == 1) return;
   const auto start = std::chrono::steady_clock::now();
+  if (sharded_) {
+    reduce_scatter_gradients();
+    communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
   // Buckets not started during backward (a rank whose micro-batches had nothing to learn, or
   // parameters the graph did not use) start now, in order.
   for (auto& b : buckets_) b.ready = b.parameters.size();

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "loom/core/registry.hpp"
@@ -46,6 +48,16 @@ class DataParallel {
   // Gives the parameters gradient storage in flat buckets (in the order backward produces them),
   // so that reduce_gradients() reduces in place. Call once, before the first step.
   void attach(const std::vector<ModelParameter>& parameters);
+  // ZeRO-1 instead (trainer.shard_optimizer_state): the parameters are split into size()
+  // contiguous shards of about equal size; this rank's optimizer holds the state of its shard
+  // only. Gradients are reduce-scattered (each rank receives the sum of its shard), the rank
+  // updates its shard, and gather_parameters() hands every rank the updated weights.
+  void shard(const std::vector<ModelParameter>& parameters);
+  bool sharded() const { return sharded_; }
+  // Whether this rank's optimizer updates `p` (every parameter unless sharded).
+  bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
+  // After this rank's update of its shard: every rank's shard, to every rank.
+  void gather_parameters();
   // During the backward pass of this rank's last micro-batch: `p`'s gradient is final. A bucket
   // whose parameters are all final starts reducing at once, while backward goes on (buckets
   // start in their order, the same on every rank).
@@ -74,6 +86,15 @@ class DataParallel {
   std::size_t started_ = 0;  // buckets_[0..started_) are under way
   std::vector<std::unique_ptr<Collective::Pending>> pending_;
   std::vector<Parameter*> parameters_;
+  // ZeRO-1: one flat gradient buffer of size() segments of segment_ floats, rank r's parameters
+  // in segment r; (parameter, offset in the buffer, rank) for each.
+  bool sharded_ = false;
+  std::int64_t segment_ = 0;
+  Tensor flat_grads_;
+  std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
+  std::unordered_set<const Parameter*> owned_;
+  std::vector<float> send_, received_;
+  void reduce_scatter_gradients();
   std::vector<float> has_grad_;
   double communication_seconds_ = 0;
 };

@@ -56,7 +56,9 @@ void ProgressPrinter::header(const RunHeader& run) {
   if (run.ranks > 1) interactive_ = false;
   if (run.ranks > 1)
     os << "\ndata parallel: " << run.ranks << " ranks (" << run.collective << "), " << run.batch_size / run.ranks
-       << " sequences of each batch per rank";
+       << " sequences of each batch per rank; optimizer state " << std::setprecision(1)
+       << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
+       << (run.sharded ? " (sharded, ZeRO-1)" : "");
   say(os.str());
 }
 

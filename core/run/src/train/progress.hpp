@@ -22,9 +22,11 @@ struct RunHeader {
   std::int64_t train_tokens = 0, validation_tokens = 0;
   std::int64_t batch_size = 0, micro_size = 0, num_steps = 0;
   double peak_flops = 0;
-  bool peak_flops_probed = false;  // measured by the sgemm probe, not trainer.peak_flops
-  int ranks = 1;                   // of a data-parallel run
-  std::string collective;          // what connects them
+  bool peak_flops_probed = false;          // measured by the sgemm probe, not trainer.peak_flops
+  int ranks = 1;                           // of a data-parallel run
+  std::string collective;                  // what connects them
+  bool sharded = false;                    // trainer.shard_optimizer_state
+  std::int64_t optimizer_state_bytes = 0;  // on this rank
 };
 
 // What the line of a log interval says.

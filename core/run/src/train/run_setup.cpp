@@ -60,9 +60,15 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
-  for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
+  // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
+  if (trainer.get<bool>("shard_optimizer_state"))
+    parallel.shard(c.model->parameters());
+  else
+    parallel.attach(c.model->parameters());
+  for (const auto& note :
+       initialize_parameters(c, trainer, run.seed, [&](const Parameter* p) { return parallel.owns(p); }))
+    progress.say("init_from: " + note);
   parallel.check_same_parameters(c.parameters);
-  parallel.attach(c.parameters);
   if (parallel.is_primary())
     start_trackers(c, runtime.registry(), trainer,
                    RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
@@ -92,6 +98,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
   header.ranks = parallel.size();
+  header.sharded = parallel.sharded();
+  for (const auto& [name, tensor] : c.optimizer->state())
+    header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   header.collective = parallel.collective().describe();
   progress.header(header);
   return run;

@@ -33,8 +33,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
 
   DataParallel& parallel = *run.parallel;
   TrainStep train_step(c, parallel,
-                       StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("crash_on_nan"),
-                                    trainer.get<bool>("crash_on_inf")});
+                       StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("overlap_grad_reduce"),
+                                    trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf")});
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   auto evaluate_now = [&] {

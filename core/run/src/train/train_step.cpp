@@ -37,6 +37,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
 
   clip_gradients(result.grad_norm, components_.optimizer->max_grad_norm());
   components_.optimizer->step(result.lr, step - state.skipped_steps);
+  parallel_.gather_parameters();
   ++state.step;
   return result;
 }
@@ -62,7 +63,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
         Tape tape;
         // The rank's last micro-batch: each gradient, once final (and added to the earlier
         // micro-batches' sum), joins its bucket's reduction while backward goes on.
-        if (micro.index == last_micro && parallel_.size() > 1)
+        if (micro.index == last_micro && parallel_.size() > 1 && settings_.overlap_reduce)
           tape.on_gradient_ready([this, finish = !first](Parameter& p) {
             if (finish) add_set_aside_gradient(p);
             parallel_.gradient_ready(p);
@@ -125,7 +126,7 @@ void TrainStep::add_set_aside_gradient(std::size_t i) {
 }
 
 double TrainStep::global_grad_norm() const {
-  // In double, in parameter order.
+  // In double, in parameter order. A sharded run sums its shard's squares and then the ranks'.
   double sum_squares = 0;
   for (const auto& p : components_.parameters) {
     if (!p.parameter->has_grad()) continue;
@@ -136,6 +137,7 @@ double TrainStep::global_grad_norm() const {
     for (std::int64_t i = 0; i < n; ++i) local += static_cast<double>(d[i]) * d[i];
     sum_squares += local;
   }
+  if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
   return std::sqrt(sum_squares);
 }
 

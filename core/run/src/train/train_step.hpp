@@ -18,6 +18,7 @@ struct StepSettings {
   std::uint64_t seed = 0;       // of the dropout streams
   std::int64_t num_steps = 0;   // of the run, for the schedule
   std::int64_t micro_size = 0;  // rows per forward/backward pass; divides the batch
+  bool overlap_reduce = true;   // data parallel: reduce gradient buckets during backward
   bool crash_on_nan = true;     // a NaN loss or gradient norm is a UserError
   bool crash_on_inf = true;     // an infinite one too
 };

@@ -61,6 +61,12 @@ OptionSchema trainer_schema() {
            "Data parallel: gradients are summed across ranks in buckets of about this many megabytes (PyTorch DDP's "
            "bucket_cap_mb).")
       .min(0.0, false);
+  s.boolean("overlap_grad_reduce", true,
+            "Data parallel: start reducing a bucket of gradients as soon as the backward pass has finished it, "
+            "while it computes the rest; false: reduce after the backward pass (for measuring the overlap).");
+  s.boolean("shard_optimizer_state", false,
+            "Data parallel: each rank keeps the optimizer state of only its 1/N of the parameters (ZeRO stage 1); "
+            "gradients are reduce-scattered and the updated parameters all-gathered.");
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
 }
