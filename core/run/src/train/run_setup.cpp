@@ -1,5 +1,6 @@
 #include "train/run_setup.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "loom/error.hpp"
@@ -11,15 +12,16 @@ namespace loom::training {
 
 namespace {
 
-// trainer.microbatch_size, or Levanter's per_device_parallelism, or the whole batch.
-std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size) {
+// trainer.microbatch_size, or Levanter's per_device_parallelism, or the whole batch: a rank's
+// whole slice of it when `ranks` share each batch.
+std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size, int ranks) {
   std::int64_t micro_size = trainer.get<std::int64_t>("microbatch_size");
   const std::int64_t per_device = trainer.get<std::int64_t>("per_device_parallelism");
   if (per_device > 0 && micro_size > 0 && per_device != micro_size)
     throw UserError("trainer.microbatch_size (" + std::to_string(micro_size) +
                     ") and trainer.per_device_parallelism (" + std::to_string(per_device) +
                     ") disagree: set one of them");
-  if (micro_size == 0) micro_size = per_device > 0 ? per_device : batch_size;
+  if (micro_size == 0) micro_size = per_device > 0 ? per_device : std::max<std::int64_t>(1, batch_size / ranks);
   if (batch_size % micro_size != 0)
     throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) +
                     ") must be a multiple of the micro-batch size (" + std::to_string(micro_size) + ")");
@@ -36,7 +38,6 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
-  run.micro_size = micro_batch_size(trainer, run.batch_size);
 
   // The ranks first: only rank 0 prints and writes files, and all must agree on the config.
   run.parallel =
@@ -45,6 +46,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   DataParallel& parallel = *run.parallel;
   if (!parallel.is_primary()) progress.silence();
   parallel.check_same_config(run.config);
+  run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
   parallel.check_batch(run.batch_size, run.micro_size);
 
   RunComponents& c = run.components;
