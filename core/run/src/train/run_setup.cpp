@@ -6,6 +6,7 @@
 #include "loom/run/generate.hpp"
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
+#include "train/resume.hpp"
 
 namespace loom::training {
 
@@ -26,13 +27,25 @@ std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size) {
   return micro_size;
 }
 
+// The state.json part of a resume: the step, the skip rule's window, the log interval.
+void restore_state(Run& run, const checkpoint::TrainRecord& r) {
+  TrainState& s = run.state;
+  s.step = r.step;
+  s.skipped_steps = r.skipped_steps;
+  if (s.skip_rule && r.has_skip_window) s.skip_rule->restore(r.skip_losses, r.skip_grad_norms);
+  s.interval.steps = r.interval_steps;
+  s.interval.loss_sum = r.interval_loss;
+  s.interval.seconds = r.interval_seconds;
+  s.interval.train_seconds = r.train_seconds;
+  s.interval.elapsed_before = r.elapsed_seconds;
+}
+
 }  // namespace
 
 Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   Run run;
   run.config = resolved_run_config(runtime);
-  run.trainer = Options(*run.config.find("trainer"), "trainer");
-  const Options& trainer = run.trainer;
+  const Options trainer(*run.config.find("trainer"), "trainer");
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
@@ -40,7 +53,43 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
 
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
-  run.directory = RunDirectory::create(trainer, run.config);
+
+  // Where the run goes, and whether it continues one.
+  std::optional<ResumePoint> resume;
+  {
+    run.directory = RunDirectory::open(trainer, run.config);
+    run.checkpoint = checkpoint_settings(trainer, run.directory.path());
+    checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
+    store.remove_leftovers();
+    ResumeDecision decision = decide_resume(trainer, run.directory, store, run.num_steps);
+    for (const auto& w : decision.warnings) progress.say("warning: " + w);
+    resume = std::move(decision.point);
+    if (resume && trainer.get<std::string>("run_id").empty() && !resume->record.run_id.empty())
+      run.directory.adopt_run_id(resume->record.run_id);
+    if (decision.finished) {
+      run.trainer = trainer;
+      run.finished = true;
+      run.resumed_from = resume->record.step;
+      progress.say("run " + run.directory.run_id() + " in " + run.directory.path().string() + " finished at step " +
+                   std::to_string(resume->record.step) + " (checkpoint " + resume->dir.string() +
+                   "): nothing to train; raise trainer.num_train_steps to train it further");
+      return run;
+    }
+    if (resume)
+      for (const auto& w :
+           check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps))
+        progress.say("warning: " + w);
+    const std::int64_t from = resume ? resume->record.step : 0;
+    if (const auto removed = store.discard_after(from); !removed.empty()) {
+      std::string steps;
+      for (auto s : removed) steps += " step-" + std::to_string(s);
+      progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " + store.dir().string() +
+                   ", which this run replaces:" + steps);
+    }
+    run.checkpoints = std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async);
+  }
+  run.trainer = trainer;
+  run.directory.write_config(run.config);
   run.seq_len = c.model->max_seq_len();
   build_model_and_data(c, run.batch_size, run.seed);
   run.directory.write_tokenizer_state(c.tokenizer->state());
@@ -49,16 +98,27 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
-  for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
-  start_trackers(c, runtime.registry(), trainer,
-                 RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
+  if (resume && !trainer.get<std::string>("init_from").empty())
+    progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
+  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/!resume))
+    progress.say("init_from: " + note);
+  if (trainer.get<bool>("skip_bad_steps"))
+    run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
+  if (resume) {
+    load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config));
+    with_context("while reading " + (resume->dir / "state.json").string(), [&] { restore_state(run, resume->record); });
+    run.resumed_from = resume->record.step;
+  }
+  // Trackers keep what the run logged up to its checkpoint (records of steps <= the checkpoint's
+  // step) and drop the rest: the resumed run logs those steps again.
+  start_trackers(
+      c, runtime.registry(), trainer,
+      RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, resume ? resume->record.step + 1 : 0});
 
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = trainer.get<double>("peak_flops");
   const bool probed = run.peak_flops <= 0;
   if (probed) run.peak_flops = probe_peak_flops(*c.backend);
-  if (trainer.get<bool>("skip_bad_steps"))
-    run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
 
   RunHeader header;
   header.run_id = run.directory.run_id();
@@ -76,6 +136,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
   progress.header(header);
+  if (resume)
+    progress.say("resumed from checkpoint " + resume->dir.string() + " at step " + std::to_string(resume->record.step) +
+                 " of " + std::to_string(run.num_steps));
   return run;
 }
 
