@@ -56,6 +56,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
 
   // Where the run goes, and whether it continues one.
   std::optional<ResumePoint> resume;
+  std::vector<std::string> resume_warnings;
   {
     run.directory = RunDirectory::open(trainer, run.config);
     run.checkpoint = checkpoint_settings(trainer, run.directory.path());
@@ -75,10 +76,10 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
                    "): nothing to train; raise trainer.num_train_steps to train it further");
       return run;
     }
+    // Printed once the checkpoint has loaded: a refusal comes without them.
     if (resume)
-      for (const auto& w :
-           check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps))
-        progress.say("warning: " + w);
+      resume_warnings =
+          check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps);
     const std::int64_t from = resume ? resume->record.step : 0;
     if (const auto removed = store.discard_after(from); !removed.empty()) {
       std::string steps;
@@ -108,6 +109,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config));
     with_context("while reading " + (resume->dir / "state.json").string(), [&] { restore_state(run, resume->record); });
     run.resumed_from = resume->record.step;
+    for (const auto& w : resume_warnings) progress.say("warning: " + w);
   }
   // Trackers keep what the run logged up to its checkpoint (records of steps <= the checkpoint's
   // step) and drop the rest: the resumed run logs those steps again.
