@@ -12,6 +12,7 @@
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/run/trainer.hpp"
+#include "train/checkpointing.hpp"
 
 namespace fs = std::filesystem;
 
@@ -279,6 +280,30 @@ TEST(Resume, ARunStoppedBeforeItsFirstCheckpointStartsAgain) {
   EXPECT_NE(fresh.log.find("starts again from step 0"), std::string::npos) << fresh.log;
   EXPECT_EQ(bytes_of(run / "model.safetensors"), bytes_of(full / "model.safetensors"));
   EXPECT_EQ(losses(run), losses(full));
+}
+
+TEST(CheckpointPolicy, StepsPermanentStepsAndMinutes) {
+  using Clock = training::CheckpointPolicy::Clock;
+  training::CheckpointSettings settings;
+  settings.save_every_steps = 4;
+  settings.retention.keep_every_steps = 10;
+  settings.save_every_minutes = 0;
+  const auto t0 = Clock::now();
+  training::CheckpointPolicy steps(settings, t0);
+  std::vector<std::int64_t> due;
+  for (std::int64_t s = 1; s <= 20; ++s)
+    if (steps.due(s, t0)) due.push_back(s);
+  EXPECT_EQ(due, (std::vector<std::int64_t>{4, 8, 10, 12, 16, 20}));
+
+  settings.save_every_steps = 0;
+  settings.retention.keep_every_steps = 0;
+  settings.save_every_minutes = 0.5;
+  training::CheckpointPolicy minutes(settings, t0);
+  EXPECT_FALSE(minutes.due(7, t0 + std::chrono::seconds(29)));
+  EXPECT_TRUE(minutes.due(7, t0 + std::chrono::seconds(30)));
+  minutes.saved(t0 + std::chrono::seconds(30));
+  EXPECT_FALSE(minutes.due(8, t0 + std::chrono::seconds(45)));
+  EXPECT_TRUE(minutes.due(9, t0 + std::chrono::seconds(61)));
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "checkpoint/checkpoint_writer.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 
@@ -38,17 +41,35 @@ void copy_tensor(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void copy_tensors(std::vector<std::pair<std::string, Tensor>>& buffers,
-                  const std::vector<std::pair<std::string, Tensor>>& live) {
-  // The buffers are kept across checkpoints: a fresh allocation would fault in every page again.
+// Makes `buffers` tensors of `live`'s names and layouts, keeping them when they are already (the
+// buffers are kept across checkpoints: a fresh allocation would fault in every page again).
+// Returns whether it allocated.
+bool fit_buffers(std::vector<std::pair<std::string, Tensor>>& buffers,
+                 const std::vector<std::pair<std::string, Tensor>>& live) {
   bool reuse = buffers.size() == live.size();
   for (std::size_t i = 0; reuse && i < live.size(); ++i)
     reuse = buffers[i].first == live[i].first && same_layout(buffers[i].second, live[i].second);
-  if (!reuse) {
-    buffers.clear();
-    for (const auto& [name, t] : live) buffers.emplace_back(name, Tensor::empty(t.shape(), t.dtype()));
-  }
+  if (reuse) return false;
+  buffers.clear();
+  for (const auto& [name, t] : live) buffers.emplace_back(name, Tensor::empty(t.shape(), t.dtype()));
+  return true;
+}
+
+void copy_tensors(std::vector<std::pair<std::string, Tensor>>& buffers,
+                  const std::vector<std::pair<std::string, Tensor>>& live) {
+  fit_buffers(buffers, live);
   for (std::size_t i = 0; i < live.size(); ++i) copy_tensor(buffers[i].second, live[i].second);
+}
+
+void touch(const std::vector<std::pair<std::string, Tensor>>& buffers) {
+  for (const auto& [name, t] : buffers)
+    std::memset(t.raw_data(), 0, static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
+}
+
+// The writer's thread yields the cores to the step's threads when both want them: it has the
+// whole interval between checkpoints to write, the step has none to spare.
+void lower_priority() {
+  [[maybe_unused]] const int rc = ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
 }
 
 }  // namespace
@@ -60,7 +81,11 @@ void write_snapshot(const Snapshot& snapshot, const fs::path& dir) {
 }
 
 CheckpointWriter::CheckpointWriter(CheckpointStore store, bool async) : store_(std::move(store)), async_(async) {
-  if (async_) worker_ = std::thread([this] { run(); });
+  if (async_)
+    worker_ = std::thread([this] {
+      lower_priority();
+      run();
+    });
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -82,10 +107,27 @@ void CheckpointWriter::save(const Snapshot& live) {
   wait();
   const auto t0 = Clock::now();
   copy_into_buffers(live);
+  const double snapshot_seconds = seconds_since(t0);
+  start([this, snapshot_seconds] { write(buffer_, snapshot_seconds); });
+}
+
+void CheckpointWriter::reserve(const Snapshot& layout) {
+  if (!async_) return;
+  wait();
+  std::vector<std::pair<std::string, Tensor>> model, optimizer;  // names and layouts only
+  for (const auto& [name, t] : layout.model) model.emplace_back(name, t);
+  for (const auto& [name, t] : layout.optimizer) optimizer.emplace_back(name, t);
+  start([this, model = std::move(model), optimizer = std::move(optimizer)] {
+    if (fit_buffers(buffer_.model, model)) touch(buffer_.model);
+    if (fit_buffers(buffer_.optimizer, optimizer)) touch(buffer_.optimizer);
+  });
+}
+
+void CheckpointWriter::start(std::function<void()> job) {
   {
     std::lock_guard lock(mutex_);
+    job_ = std::move(job);
     pending_ = true;
-    pending_snapshot_seconds_ = seconds_since(t0);
   }
   changed_.notify_all();
 }
@@ -123,16 +165,16 @@ void CheckpointWriter::write(const Snapshot& snapshot, double snapshot_seconds) 
 
 void CheckpointWriter::run() {
   while (true) {
-    double snapshot_seconds = 0;
+    std::function<void()> job;
     {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return stop_ || pending_; });
       if (!pending_) return;
-      snapshot_seconds = pending_snapshot_seconds_;
+      job = std::move(job_);
     }
     std::exception_ptr error;
     try {
-      write(buffer_, snapshot_seconds);
+      job();
     } catch (...) {
       error = std::current_exception();
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -55,6 +56,10 @@ class CheckpointWriter {
   // its error), then either writes now (async off) or copies the tensors and hands the copy to
   // the background thread.
   void save(const Snapshot& live);
+  // Async: allocates the snapshot buffers for tensors shaped as `layout`'s on the background
+  // thread and touches every page, so that the first save() only copies (a fresh allocation of
+  // a large model's state would fault its pages in inside the step loop). Returns at once.
+  void reserve(const Snapshot& layout);
   // Waits for the write in flight; rethrows its error.
   void wait();
   // Writes finished since the last call.
@@ -65,6 +70,7 @@ class CheckpointWriter {
  private:
   void copy_into_buffers(const Snapshot& live);
   void write(const Snapshot& snapshot, double snapshot_seconds);
+  void start(std::function<void()> job);
   void run();
 
   CheckpointStore store_;
@@ -73,7 +79,7 @@ class CheckpointWriter {
   std::mutex mutex_;
   std::condition_variable changed_;
   bool pending_ = false, stop_ = false;
-  double pending_snapshot_seconds_ = 0;
+  std::function<void()> job_;  // what the thread does next
   std::exception_ptr error_;
   std::vector<WriteReport> reports_;
   std::thread worker_;

@@ -28,8 +28,15 @@ CheckpointSettings checkpoint_settings(const Options& trainer, const fs::path& r
 
 bool CheckpointPolicy::due(std::int64_t steps_done, Clock::time_point now) const {
   if (settings_.save_every_steps > 0 && steps_done % settings_.save_every_steps == 0) return true;
+  if (settings_.retention.is_permanent(steps_done)) return true;
   return settings_.save_every_minutes > 0 &&
          std::chrono::duration<double>(now - last_save_).count() >= 60.0 * settings_.save_every_minutes;
+}
+
+bool CheckpointPolicy::soon(Clock::time_point now) const {
+  if (settings_.save_every_steps > 0 || settings_.retention.keep_every_steps > 0) return true;
+  return settings_.save_every_minutes > 0 &&
+         std::chrono::duration<double>(now - last_save_).count() >= 30.0 * settings_.save_every_minutes;
 }
 
 std::string config_hash(const std::string& config_text) {

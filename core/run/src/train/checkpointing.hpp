@@ -28,14 +28,18 @@ struct CheckpointSettings {
 
 CheckpointSettings checkpoint_settings(const Options& trainer, const std::filesystem::path& run_dir);
 
-// When the step loop saves: every save_every_steps steps, and whenever save_every_minutes have
-// passed since the last save (or the start), checked at step boundaries.
+// When the step loop saves: every save_every_steps steps, at every multiple of keep_every_steps
+// (the permanent ones), and whenever save_every_minutes have passed since the last save (or the
+// start), checked at step boundaries.
 class CheckpointPolicy {
  public:
   using Clock = std::chrono::steady_clock;
   CheckpointPolicy(const CheckpointSettings& settings, Clock::time_point start)
       : settings_(settings), last_save_(start) {}
   bool due(std::int64_t steps_done, Clock::time_point now) const;
+  // Whether a save may come soon enough that the writer should prepare its buffers: from the
+  // start under a step policy, half way to the first save under the time policy alone.
+  bool soon(Clock::time_point now) const;
   void saved(Clock::time_point now) { last_save_ = now; }
 
  private:

@@ -123,9 +123,10 @@ ResumeDecision decide_resume(const Options& trainer, const RunDirectory& directo
     if (!latest.checkpoint) {
       if (!latest.warnings.empty() || directory.holds_run()) {
         if (directory.holds_final_weights())
-          throw UserError("run directory '" + dir +
-                          "' already holds a run, finished (its model.safetensors is there), and no valid checkpoint to continue "
-                          "from: choose another trainer.run_dir (or trainer.run_id), or remove it");
+          throw UserError(
+              "run directory '" + dir +
+              "' already holds a run, finished (its model.safetensors is there), and no valid checkpoint to continue "
+              "from: choose another trainer.run_dir (or trainer.run_id), or remove it");
         d.warnings.push_back("no valid checkpoint to resume from in " + store.dir().string() + ": the run in " + dir +
                              " starts again from step 0");
       }

@@ -90,6 +90,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     report_writes();
   };
 
+  bool reserved = false;
+  auto reserve_if_soon = [&] {
+    if (reserved || !policy.soon(Clock::now())) return;
+    writer.reserve(live_snapshot(run, train_record(run, 0)));
+    reserved = true;
+  };
+  reserve_if_soon();
+
   StopSignals signals;
   int stopped_by = 0;
   {
@@ -158,6 +166,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         break;
       }
       if (policy.due(state.step, Clock::now())) save_checkpoint(/*wait=*/!run.checkpoint.async);
+      reserve_if_soon();
     }
   }
   progress.end_steps();

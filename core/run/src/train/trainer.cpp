@@ -70,7 +70,8 @@ OptionSchema trainer_schema() {
       .min(1);
   checkpoint
       .integer("keep_every_steps", 0,
-               "Checkpoints at multiples of this step are permanent: never deleted by keep_last; 0: none.")
+               "Save a checkpoint at every multiple of this step and keep it for good (keep_last never deletes "
+               "it); 0: none.")
       .min(0);
   checkpoint.string("dir", "", "Directory of the checkpoints; empty: <run_dir>/checkpoints.");
   checkpoint.boolean("async", true,
