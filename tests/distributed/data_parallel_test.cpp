@@ -152,6 +152,53 @@ TEST(DataParallel, ShardedOptimizerStateTrainsAsOneProcessDoes) {
   EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
 }
 
+// A checkpoint holds the whole state whatever number of ranks wrote it, sharded or not, and
+// resumes on any number of ranks.
+TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
+  const fs::path reference = scratch("ckpt-reference"), a = scratch("ckpt-2-then-4"), b = scratch("ckpt-4-then-1");
+  // A constant learning rate: a schedule over 10 steps is not the first half of one over 20.
+  auto with = [](std::vector<std::string> args, std::initializer_list<const char*> more) {
+    for (const char* m : more) args.emplace_back(m);
+    return args;
+  };
+  const auto single = run_command(
+      with(train_args(reference, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0"}),
+      {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+
+  // 2 ranks unsharded for 10 steps, then 4 sharded ranks continue to 20.
+  auto first = with(train_args(a, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                       "trainer.checkpoint.save_every_steps=5"});
+  first[4] = "trainer.num_train_steps=10";
+  auto r = mpirun(2, first);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = mpirun(4,
+             with(train_args(a, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                     "trainer.checkpoint.save_every_steps=5", "trainer.shard_optimizer_state=true"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from checkpoint"), std::string::npos) << r.out;
+
+  // 4 sharded ranks for 10 steps (their checkpoint gathers the shards), then one process.
+  auto sharded =
+      with(train_args(b, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                              "trainer.checkpoint.save_every_steps=5", "trainer.shard_optimizer_state=true"});
+  sharded[4] = "trainer.num_train_steps=10";
+  r = mpirun(4, sharded);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = run_command(with(train_args(b, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                          "trainer.checkpoint.save_every_steps=5"}),
+                  {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  for (const fs::path& dir : {a, b}) {
+    const auto expected = losses(reference), got = losses(dir);
+    ASSERT_EQ(expected.size(), got.size()) << dir;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      EXPECT_NEAR(expected[i], got[i], 1e-6 * std::abs(expected[i])) << dir << " step " << i + 1;
+    EXPECT_LT(max_relative_difference(reference / "model.safetensors", dir / "model.safetensors"), 1e-6) << dir;
+  }
+}
+
 TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRank) {
   const fs::path dir = scratch("mismatch");
   // The second app context of an MPMD launch gets one override more.

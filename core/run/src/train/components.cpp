@@ -51,10 +51,10 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
 }
 
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
-                                               const std::function<bool(const Parameter*)>& optimizes) {
+                                               bool init_from, const std::function<bool(const Parameter*)>& optimizes) {
   c.model->initialize(seed);
   std::vector<std::string> notes;
-  if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+  if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'",
                          [&] { return load_initial_weights(*c.model, from); });
   c.parameters = c.model->parameters();

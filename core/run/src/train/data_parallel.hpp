@@ -67,6 +67,13 @@ class DataParallel {
   void reduce_gradients();
   // The sum over ranks.
   double sum(double value);
+  // Rank `root`'s `text`, on every rank.
+  void broadcast(std::string& text, int root = 0);
+  // A sharded run's optimizer state for a checkpoint: every rank's entries (`mine`, this rank's
+  // shard), in rank order, on rank 0; nothing elsewhere. Every rank must call it.
+  std::vector<std::pair<std::string, Tensor>> gather_state(const std::vector<std::pair<std::string, Tensor>>& mine);
+  // The stop signal (0: none) any rank has received, the same on every rank.
+  int agree_on_stop(int signal);
   // Seconds spent in reduce_gradients() since the last call (for the throughput metrics).
   double take_communication_seconds();
 

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "checkpoint/checkpoint_writer.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/options.hpp"
 #include "loom/value.hpp"
+#include "train/checkpointing.hpp"
 #include "train/components.hpp"
 #include "train/data_parallel.hpp"
 #include "train/progress.hpp"
@@ -30,10 +32,15 @@ struct Run {
   TrainState state;
   double flops_per_token = 0;  // the model's, at seq_len
   double peak_flops = 0;       // what MFU is relative to
+  CheckpointSettings checkpoint;
+  std::unique_ptr<checkpoint::CheckpointWriter> checkpoints;
+  std::int64_t resumed_from = -1;  // the checkpoint's step when the run resumed
+  bool finished = false;           // resumed at its last step with its final weights written: nothing to do
 };
 
-// Sets up the run runtime's config describes and prints its header. Throws UserError for a bad
-// config or data, or a run directory that already holds a run.
+// Sets up the run runtime's config describes and prints its header; resumes it from a checkpoint
+// as trainer.resume says (train/resume.hpp). Throws UserError for a bad config or data, a run
+// directory that holds a run it may not continue, or a checkpoint it cannot continue from.
 Run set_up_run(Runtime& runtime, ProgressPrinter& progress);
 
 }  // namespace loom::training
