@@ -183,7 +183,7 @@ TEST(Resume, ChangesThatMakeTheCheckpointUnusableNameTheKeys) {
   test::TempDir tmp;
   const fs::path run = tmp.path() / "run";
   train_in(tmp, run);
-  const std::string latest = bytes_of(run / "checkpoints" / "latest");
+  const std::string latest = bytes_of(run / "checkpoints" / "latest"), config = bytes_of(run / "config.yaml");
   expect_error(
       [&] {
         train_in(tmp, run, {"trainer.num_train_steps=30", "model.hidden_dim=64"});
@@ -206,8 +206,15 @@ TEST(Resume, ChangesThatMakeTheCheckpointUnusableNameTheKeys) {
       },
       {"the tokenizer's vocabulary differs from the checkpoint's (256 tokens there",
        "tokenizer.type (byte in the checkpoint, char now)"});
-  // Nothing was touched.
+  expect_error(
+      [&] {
+        train_in(tmp, run, {"trainer.resume=" + (run / "checkpoints" / "step-16").string(), "model.hidden_dim=64"});
+      },
+      {"the model's shape differs"});
+  // Nothing was touched: not the checkpoints past an explicit one either.
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-20"));
   EXPECT_EQ(bytes_of(run / "checkpoints" / "latest"), latest);
+  EXPECT_EQ(bytes_of(run / "config.yaml"), config);
   EXPECT_FALSE(fs::exists(run / "checkpoints" / "step-24"));
 
   // Other changes continue the run, and say what changed.

@@ -1,7 +1,6 @@
 #include "train/run_setup.hpp"
 
 #include <algorithm>
-#include <filesystem>
 #include <string>
 #include <unordered_set>
 
@@ -89,16 +88,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
                    "): nothing to train; raise trainer.num_train_steps to train it further");
     }
     // Printed once the checkpoint has loaded: a refusal comes without them.
-    if (resume)
+    if (resume && !finished)
       resume_warnings =
           check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps);
-    const std::int64_t from = resume ? resume->record.step : 0;
-    if (const auto removed = store.discard_after(from); !removed.empty()) {
-      std::string steps;
-      for (auto s : removed) steps += " step-" + std::to_string(s);
-      progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " + store.dir().string() +
-                   ", which this run replaces:" + steps);
-    }
     if (!finished)
       run.checkpoints = std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async);
   }
@@ -125,13 +117,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     run.resumed_from = resume->record.step;
     return run;
   }
-  if (parallel.is_primary()) run.directory.write_config(run.config);
   run.seq_len = c.model->max_seq_len();
   build_model_and_data(c, run.batch_size, run.seed);
-  if (parallel.is_primary()) {
-    run.directory.write_tokenizer_state(c.tokenizer->state());
-    write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
-  }
   // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
@@ -162,13 +149,28 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     run.resumed_from = resume->record.step;
     for (const auto& w : resume_warnings) progress.say("warning: " + w);
   }
+
   parallel.check_same_parameters(c.parameters);
-  // Trackers keep what the run logged up to its checkpoint (records of steps <= the checkpoint's
-  // step) and drop the rest: the resumed run logs those steps again.
-  if (parallel.is_primary())
+
+  // The run directory changes only now, once a checkpoint to resume from has loaded: a refused
+  // resume leaves the run as it was. Rank 0's alone.
+  if (parallel.is_primary()) {
+    const std::int64_t from = resume ? resume->record.step : 0;
+    if (const auto removed = run.checkpoints->store().discard_after(from); !removed.empty()) {
+      std::string steps;
+      for (auto s : removed) steps += " step-" + std::to_string(s);
+      progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
+                   run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
+    }
+    run.directory.write_config(run.config);
+    run.directory.write_tokenizer_state(c.tokenizer->state());
+    write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
+    // Trackers keep what the run logged up to its checkpoint (records of steps <= the
+    // checkpoint's step) and drop the rest: the resumed run logs those steps again.
     start_trackers(c, runtime.registry(), trainer,
                    RunInfo{run.directory.path().string(), run.directory.run_id(), run.config,
                            resume ? resume->record.step + 1 : 0});
+  }
 
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = trainer.get<double>("peak_flops");
