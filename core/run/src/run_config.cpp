@@ -9,12 +9,14 @@ const OptionSchema& run_config_schema() {
     OptionSchema s;
     s.object("plugins", plugins_section_schema(), "Where to find plugins.");
     s.component("backend", "backend", "cpu", "The backend that implements the tensor operations.");
-    s.component("model", "model", "", "The model architecture (its `attention` option names the kernel).").nullable();
+    s.component("model", "model", std::nullopt, "The model architecture (its `attention` option names the kernel).");
     s.component("optimizer", "optimizer", "adamw", "The optimizer (its learning_rate is the schedule's peak).");
     s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
-    s.component("data", "dataset", "", "The training and validation data.").nullable();
+    s.component("data", "dataset", std::nullopt, "The training and validation data.");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
+    s.component("collective", "collective", std::nullopt,
+                "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");
 
     return s;
   }();
