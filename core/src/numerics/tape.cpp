@@ -232,6 +232,10 @@ void TapeState::clear() {
 }
 
 TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inputs, const char* op) {
+  return recording_state(tape, std::span<const Tensor* const>(inputs.begin(), inputs.size()), op);
+}
+
+TapeState* recording_state(Tape* tape, std::span<const Tensor* const> inputs, const char* op) {
   if (!tape) return nullptr;
   TapeState& state = tape->state();
   if (!state.enabled) return nullptr;

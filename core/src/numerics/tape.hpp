@@ -132,6 +132,7 @@ class TapeState {
 
 // The tape's state when operations on `inputs` must be recorded, else nullptr.
 TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inputs, const char* op);
+TapeState* recording_state(Tape* tape, std::span<const Tensor* const> inputs, const char* op);
 
 // Gradient plumbing for Node::backward.
 class BackwardPass {

@@ -64,7 +64,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
 
   void build(const loom::ModelSetup& setup) override {
-    if (store_.allocated()) throw loom::InternalError("llama: build called twice");
+    if (declared_) throw loom::InternalError("llama: build called twice");
     vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (llama)");
     const std::int64_t c = o_.hidden_dim, d = o_.head_dim, q = o_.num_heads * d, kv = o_.num_kv_heads * d;
     const std::int64_t mlp = o_.intermediate_dim;
@@ -94,6 +94,8 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
     if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    declared_ = true;
+    if (!setup.allocate) return;
     store_.allocate();
     rope_.emplace(o_.rope, d, o_.seq_len);
   }
@@ -126,7 +128,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   std::int64_t vocab_size() const override { return vocab_; }
   std::int64_t max_seq_len() const override { return o_.seq_len; }
   std::int64_t num_parameters() const override {
-    require_built("num_parameters");
+    if (!declared_) throw loom::InternalError("llama: num_parameters before build");
     return store_.num_elements();
   }
   double flops_per_token(std::int64_t seq_len) const override {
@@ -422,6 +424,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   loom::Handle<loom::AttentionKernel> kernel_;
   loom::ExecutionContext* execution_;
   std::int64_t vocab_ = 0;
+  bool declared_ = false;  // build() has declared the parameters (allocated or not)
   loom::models::ParameterStore store_;
   Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<Layer> layers_;

@@ -192,6 +192,10 @@ struct CrossEntropyOptions {
   // linear_cross_entropy only: tokens per chunk of logits; 0 chooses so that one chunk of
   // logits takes at most 256 MiB.
   std::int64_t chunk_tokens = 0;
+  // linear_cross_entropy only: when > 0, the logits are soft-capped (cap * tanh(logit / cap),
+  // Gemma 2's final_logit_softcapping) before the softmax; the backward pass includes the cap.
+  // Host memory only.
+  float logit_softcap = 0.0f;
 };
 
 // The operations. Each validates its inputs (an InternalError names the operation and the
@@ -242,6 +246,20 @@ class Ops {
   Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
   Tensor add(const Tensor& a, const Tensor& b);         // same shapes: the residual add
   Tensor scale(const Tensor& x, float alpha);
+  // a * b elementwise (same shapes): GeGLU's gate times up, a mixture of experts' gate weights.
+  Tensor mul(const Tensor& a, const Tensor& b);
+  // cap * tanh(x / cap), cap > 0: Gemma 2's soft-capping of logits.
+  Tensor softcap(const Tensor& x, float cap);
+  // Softmax over the last dimension (a mixture of experts' router).
+  Tensor softmax(const Tensor& x);
+  // log(sum(exp(x))) over the last dimension: x [..., n] -> [...] (a router's z-loss).
+  Tensor logsumexp(const Tensor& x);
+  // The parts (equal extents past the first dimension) one after another along the first.
+  Tensor concat(std::span<const Tensor> parts);
+  // The sum of every element: a scalar (auxiliary losses).
+  Tensor sum(const Tensor& x);
+  // mul, softcap, softmax, logsumexp, concat and sum compute on the host: their operands must
+  // be host-visible.
   // Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when
   // not training or p == 0. Deterministic: see set_dropout_seed.
   Tensor dropout(const Tensor& x, float p);

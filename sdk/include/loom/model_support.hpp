@@ -228,13 +228,14 @@ class CausalLm : public Model {
     const Tensor x = forward(ops, tokens, segments, nullptr);
     CrossEntropyOptions ce;
     ce.ignore_index = -1;
+    ce.logit_softcap = final_logit_softcap();
     return ops.linear_cross_entropy(x, head(), targets, ce);
   }
 
   Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
     require_built("logits");
     check_batch(tokens, Tensor(), segments, vocab_size(), max_seq_len(), label(), false);
-    return ops.linear(forward(ops, tokens, segments, nullptr), head());
+    return cap_logits(ops, ops.linear(forward(ops, tokens, segments, nullptr), head()));
   }
 
   std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) final {
@@ -250,9 +251,13 @@ class CausalLm : public Model {
   Tensor next_logits(Ops& ops, const Tensor& tokens, KvCache& cache) final {
     require_built("next_logits");
     LayerKvCache& c = check_cache(cache, this, tokens, vocab_size(), label());
-    InferenceScope scope(ops);
-    const Tensor x = forward(ops, tokens, Tensor(), &c);
-    return ops.linear(x.select(1, x.size(1) - 1), head());
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      const Tensor x = forward(ops, tokens, Tensor(), &c);
+      logits = ops.linear(x.select(1, x.size(1) - 1), head());
+    }
+    return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
   }
 
  protected:
@@ -267,6 +272,8 @@ class CausalLm : public Model {
   // The output projection's weight, [vocab, hidden] (the embedding table when tied).
   virtual Tensor head() const = 0;
   virtual CacheShape cache_shape() const = 0;
+  // When > 0, the logits are soft-capped: cap * tanh(logit / cap) (Gemma 2).
+  virtual float final_logit_softcap() const { return 0.0f; }
   // The final hidden states of `tokens` [batch, seq]. With a cache, the tokens follow the cached
   // positions and their keys and values are appended to it.
   virtual Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, LayerKvCache* cache) = 0;
@@ -276,6 +283,10 @@ class CausalLm : public Model {
   }
 
  private:
+  Tensor cap_logits(Ops& ops, const Tensor& logits) const {
+    const float cap = final_logit_softcap();
+    return cap > 0.0f ? ops.softcap(logits, cap) : logits;
+  }
   std::string label() const { return "model (" + std::string(name()) + ")"; }
 };
 

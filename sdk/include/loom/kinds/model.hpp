@@ -26,6 +26,10 @@ namespace loom {
 // What the trainer knows that a model's own options may not.
 struct ModelSetup {
   std::int64_t vocab_size = 0;  // from the tokenizer; a model may round it up (padding)
+  // false: declare the parameters without allocating them, so that num_parameters() (and
+  // nothing else) answers for shapes too large for this machine (a model may ignore it and
+  // allocate anyway).
+  bool allocate = true;
 };
 
 // How a parameter is used, so the trainer can mask weight decay (none on norms, biases and
@@ -66,7 +70,7 @@ class Model : public Component {
   // The longest sequence it accepts (learned positions, or the RoPE table's length).
   // Valid from creation (before build): the trainer sizes the data with it.
   virtual std::int64_t max_seq_len() const = 0;
-  // Parameters counted once (tied embeddings once).
+  // Parameters counted once (tied embeddings once). Valid after build, allocated or not.
   virtual std::int64_t num_parameters() const = 0;
   // Training FLOPs per token at sequence length `seq_len`: forward and backward, matmuls and
   // attention as documented in docs/models.md. The trainer's MFU uses it.
