@@ -106,7 +106,7 @@ def main():
             "vocab_size": VOCAB}
     run_case(work, "gemma2", transformers.Gemma2ForCausalLM(config), loom, 2)
 
-    if os.environ.get("LOOM_HF_AGREEMENT_MOE", "1") == "1":
+    if True:
         config = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=24,
                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                             num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.05,
@@ -115,8 +115,8 @@ def main():
         loom = {"type": "llama", "seq_len": 32, "hidden_dim": 32, "intermediate_dim": 24, "num_layers": 2,
                 "num_heads": 4, "num_kv_heads": 2, "rope": {"theta": 1000000.0}, "layer_norm_epsilon": 1e-5,
                 "vocab_size": VOCAB,
-                "moe": {"num_experts": 4, "experts_per_token": 2, "router_softmax": "before_top_k",
-                        "normalize_top_k": True, "router_aux_loss_coef": 0.05}}
+                "moe": {"num_experts": 4, "experts_per_token": 2, "router_softmax": "after_top_k",
+                        "router_aux_loss_coef": 0.05}}
         run_case(work, "mixtral", transformers.MixtralForCausalLM(config), loom, 3, aux_coef=0.05)
 
 

@@ -153,5 +153,11 @@ TEST_F(HfAgreement, Gemma2) {
   check("gemma2");
 }
 
+// With output_router_logits: the loss includes router_aux_loss_coef times transformers'
+// load-balancing loss, so the router's gradient checks it too.
+TEST_F(HfAgreement, Mixtral) {
+  check("mixtral");
+}
+
 }  // namespace
 }  // namespace loom

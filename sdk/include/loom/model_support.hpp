@@ -229,7 +229,9 @@ class CausalLm : public Model {
     CrossEntropyOptions ce;
     ce.ignore_index = -1;
     ce.logit_softcap = final_logit_softcap();
-    return ops.linear_cross_entropy(x, head(), targets, ce);
+    const Tensor loss = ops.linear_cross_entropy(x, head(), targets, ce);
+    const Tensor extra = auxiliary_loss(ops);
+    return extra.defined() ? ops.add(loss, extra.view(loss.shape())) : loss;
   }
 
   Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
@@ -272,6 +274,12 @@ class CausalLm : public Model {
   // The output projection's weight, [vocab, hidden] (the embedding table when tied).
   virtual Tensor head() const = 0;
   virtual CacheShape cache_shape() const = 0;
+  // The model's weighted auxiliary losses of the forward pass loss() just ran (a scalar, added to
+  // the cross-entropy), or undefined: none. A mixture of experts' load-balancing and z-losses.
+  virtual Tensor auxiliary_loss(Ops& ops) {
+    (void)ops;
+    return Tensor();
+  }
   // When > 0, the logits are soft-capped: cap * tanh(logit / cap) (Gemma 2).
   virtual float final_logit_softcap() const { return 0.0f; }
   // The final hidden states of `tokens` [batch, seq]. With a cache, the tokens follow the cached

@@ -81,6 +81,10 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                      {"throughput/mfu", report.mfu},
                      {"throughput/elapsed_seconds", elapsed},
                      {"train/skipped_steps", static_cast<double>(report.skipped_steps)}});
+      if (auto metrics = c.model->metrics(); !metrics.empty()) {
+        for (auto& m : metrics) m.first = "model/" + m.first;
+        log(step + 1, metrics);
+      }
       progress.step(report);
       summary.final_train_loss = report.mean_loss;
       interval_seconds = 0;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/autograd.hpp"
@@ -83,6 +84,11 @@ class Model : public Component {
   virtual Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) = 0;
   // Logits [batch, seq, vocab] of every position: for evaluation tools and tests.
   virtual Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) = 0;
+
+  // Scalars about the last loss() (a mixture of experts' auxiliary losses and per-expert load),
+  // by name ("router_aux_loss", "expert_load/3"); the trainer logs them under "model/" with the
+  // step's loss. Default: none.
+  virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
 
   // A cache for `batch` sequences of up to `max_len` positions.
   virtual std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) = 0;
