@@ -47,6 +47,10 @@ TEST_F(Presets, Gemma2TwoBillion) {
   EXPECT_EQ(parameters("gemma2-2b.yaml"), 2614341888);  // google/gemma-2-2b
 }
 
+TEST_F(Presets, Mixtral8x7B) {
+  EXPECT_EQ(parameters("mixtral-8x7b.yaml"), 46702792704);  // mistralai/Mixtral-8x7B-v0.1
+}
+
 TEST_F(Presets, Llama32OneBillion) {
   EXPECT_EQ(parameters("llama-1b.yaml"), 1235814400);  // meta-llama/Llama-3.2-1B
 }
