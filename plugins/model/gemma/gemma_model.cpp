@@ -35,6 +35,7 @@ struct GemmaOptions {
   bool tie_word_embeddings;
   std::int64_t vocab_size;  // 0: from the tokenizer
   std::string path;
+  loom::RematPolicy remat = loom::RematPolicy::none;
 };
 
 struct Layer {
@@ -247,23 +248,28 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
     Tensor h = ops.scale(ops.embedding(embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
     Tensor x = ops.rms_norm(h, scale_of(ops, layers_.front().input_norm), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& y = layers_[l];
       params.window = is_sliding(static_cast<std::int64_t>(l)) ? o_.sliding_window : 0;
-      const Tensor qkv = ops.linear(x, y.qkv_weight->tensor()).view(Shape{batch, seq, heads + 2 * kv_heads, d});
-      Tensor q = ops.rope(qkv.slice(2, 0, heads), *rope_, Tensor(), offset);
-      Tensor k = ops.rope(qkv.slice(2, heads, heads + kv_heads), *rope_, Tensor(), offset);
-      Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
-      const Tensor attn_out =
-          ops.rms_norm(ops.linear(a, y.o_weight->tensor()), scale_of(ops, y.post_attention_norm), eps);
-      std::tie(h, x) = ops.add_rms_norm(h, attn_out, scale_of(ops, y.pre_feedforward_norm), eps);
-      const Tensor gate = ops.linear(x, y.gate_weight->tensor(), Tensor(), {.activation = loom::Activation::gelu_tanh});
-      const Tensor up = ops.linear(x, y.up_weight->tensor());
-      const Tensor mlp_out = ops.rms_norm(ops.linear(ops.mul(gate, up), y.down_weight->tensor()),
-                                          scale_of(ops, y.post_feedforward_norm), eps);
-      const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
-      std::tie(h, x) = ops.add_rms_norm(h, mlp_out, scale_of(ops, next), eps);
+      std::tie(h, x) = loom::models::run_layer(
+          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+            const Layer& y = layers_[l];
+            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor()).view(Shape{batch, seq, heads + 2 * kv_heads, d});
+            Tensor q = ops.rope(qkv.slice(2, 0, heads), *rope_, Tensor(), offset);
+            Tensor k = ops.rope(qkv.slice(2, heads, heads + kv_heads), *rope_, Tensor(), offset);
+            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            const Tensor a =
+                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+            const Tensor attn_out =
+                ops.rms_norm(ops.linear(a, y.o_weight->tensor()), scale_of(ops, y.post_attention_norm), eps);
+            std::tie(h, x) = ops.add_rms_norm(h, attn_out, scale_of(ops, y.pre_feedforward_norm), eps);
+            const Tensor gate =
+                ops.linear(x, y.gate_weight->tensor(), Tensor(), {.activation = loom::Activation::gelu_tanh});
+            const Tensor up = ops.linear(x, y.up_weight->tensor());
+            const Tensor mlp_out = ops.rms_norm(ops.linear(ops.mul(gate, up), y.down_weight->tensor()),
+                                                scale_of(ops, y.post_feedforward_norm), eps);
+            const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+            return ops.add_rms_norm(h, mlp_out, scale_of(ops, next), eps);
+          });
     }
     if (cache) cache->advance(seq);
     return x;
@@ -306,6 +312,7 @@ loom::OptionSchema gemma_schema() {
   s.number("layer_norm_epsilon", 1e-6, "RMSNorm epsilon.").min(0.0);
   s.boolean("tie_word_embeddings", true, "Use the token embedding as the output projection (Gemma always does).");
   s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
 }
@@ -331,6 +338,7 @@ GemmaOptions read_options(const loom::Options& options) {
   o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
   o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
   o.path = at;
+  o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
   if (o.num_heads % o.num_kv_heads != 0)
     throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +
                           std::to_string(o.num_heads) + ")");

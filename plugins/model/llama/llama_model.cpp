@@ -51,6 +51,7 @@ struct LlamaOptions {
   RopeOptions rope_options;
   loom::RopeConfig rope;
   MoeOptions moe;
+  loom::RematPolicy remat = loom::RematPolicy::none;
   std::int64_t vocab_size;  // 0: from the tokenizer
   std::string path;         // of the options in the config ("model"), for messages
 };
@@ -573,34 +574,38 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     Tensor h = ops.embedding(embed_->tensor(), tokens);
     Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& y = layers_[l];
-      // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
-      const Tensor qkv =
-          ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias)).view(Shape{batch, seq, heads + 2 * kv_heads, d});
-      Tensor q = qkv.slice(2, 0, heads);
-      Tensor k = qkv.slice(2, heads, heads + kv_heads);
-      Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-      if (o_.use_qk_norm) {
-        q = ops.rms_norm(q, y.q_norm->tensor(), eps);
-        k = ops.rms_norm(k, y.k_norm->tensor(), eps);
-      }
-      q = ops.rope(q, *rope_, Tensor(), offset);
-      k = ops.rope(k, *rope_, Tensor(), offset);
-      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
-      const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
-      std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
-      Tensor mlp_out;
-      if (y.router) {
-        mlp_out = moe_block(ops, y, x);
-      } else {
-        const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
-        const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
-        mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
-      }
-      // The residual add fused with the next norm: the next layer's input norm, or the final one.
-      const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
-      std::tie(h, x) = ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+      std::tie(h, x) = loom::models::run_layer(
+          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+            const Layer& y = layers_[l];
+            // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
+            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias))
+                                   .view(Shape{batch, seq, heads + 2 * kv_heads, d});
+            Tensor q = qkv.slice(2, 0, heads);
+            Tensor k = qkv.slice(2, heads, heads + kv_heads);
+            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+            if (o_.use_qk_norm) {
+              q = ops.rms_norm(q, y.q_norm->tensor(), eps);
+              k = ops.rms_norm(k, y.k_norm->tensor(), eps);
+            }
+            q = ops.rope(q, *rope_, Tensor(), offset);
+            k = ops.rope(k, *rope_, Tensor(), offset);
+            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            const Tensor a =
+                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+            const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
+            std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
+            Tensor mlp_out;
+            if (y.router) {
+              mlp_out = moe_block(ops, y, x);
+            } else {
+              const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
+              const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
+              mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
+            }
+            // The residual add fused with the next norm: the next layer's input norm, or the final one.
+            const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+            return ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+          });
     }
     if (cache) cache->advance(seq);
     return x;
@@ -747,6 +752,7 @@ loom::OptionSchema llama_schema() {
       .min(1);
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
   s.object("moe", moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
+  s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
@@ -791,6 +797,10 @@ LlamaOptions read_options(const loom::Options& options) {
   o.moe.softmax_after_top_k = moe.get<std::string>("router_softmax") == "after_top_k";
   o.moe.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
   o.moe.z_loss_coef = moe.get<double>("router_z_loss_coef");
+  o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
+  if (o.moe.num_experts > 0 && o.remat != loom::RematPolicy::none)
+    throw loom::UserError(at + ".remat with " + at +
+                          ".moe: the routers' auxiliary losses need the recorded router outputs; set remat: none");
   if (o.moe.num_experts > 0) {
     if (o.moe.experts_per_token > o.moe.num_experts)
       throw loom::UserError(at + ".moe.experts_per_token (" + std::to_string(o.moe.experts_per_token) +

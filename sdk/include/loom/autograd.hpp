@@ -34,10 +34,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
@@ -88,7 +90,8 @@ class Parameter {
 
 namespace detail {
 class TapeState;
-}
+struct CheckpointNode;
+}  // namespace detail
 
 // The record of one forward pass: nodes in an arena, replayed in reverse by backward.
 class Tape {
@@ -198,6 +201,18 @@ struct CrossEntropyOptions {
   float logit_softcap = 0.0f;
 };
 
+// Activation checkpointing (remat): what a checkpointed segment keeps for its backward pass.
+enum class RematPolicy : std::uint8_t {
+  none,       // everything, as without checkpointing
+  full,       // its inputs only; the whole segment runs again in the backward pass
+  save_dots,  // its inputs and the outputs of its matrix products (linear, matmul); the rest
+              // (norms, activations, attention) runs again, the products are not recomputed
+};
+
+class Ops;
+// A segment of a forward pass for Ops::checkpoint: its outputs from its inputs.
+using Segment = std::function<std::vector<Tensor>(Ops& ops, std::span<const Tensor> inputs)>;
+
 // The operations. Each validates its inputs (an InternalError names the operation and the
 // mismatch), computes with the backend, and records a node when the tape is recording and an
 // input requires a gradient. Outputs are new contiguous tensors in the backend's memory.
@@ -293,7 +308,23 @@ class Ops {
   // A contiguous copy when x is not contiguous (recorded, so gradients flow), else x itself.
   Tensor contiguous(const Tensor& x);
 
+  // ---- Activation checkpointing
+  // segment(ops, inputs). With policy full or save_dots while recording, the segment's
+  // operations are not recorded: one node keeps its inputs (and with save_dots the outputs of its
+  // matrix products), and in the backward pass runs the segment again on a tape of its own, with
+  // the same dropout masks, and back-propagates through it. Gradients equal those of the plain
+  // run (bit for bit, the operations being deterministic). The segment must compute the same
+  // operations each time from its inputs and parameters, and return new tensors (outputs of
+  // operations, not its inputs or views of them).
+  std::vector<Tensor> checkpoint(std::span<const Tensor> inputs, const Segment& segment, RematPolicy policy);
+
  private:
+  friend struct detail::CheckpointNode;
+  // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the
+  // recomputation takes them from instead of computing them.
+  std::vector<Tensor>* remat_save_ = nullptr;
+  const std::vector<Tensor>* remat_replay_ = nullptr;
+  std::size_t remat_next_ = 0;
   Backend* backend_;
   BufferType* buffers_;
   Tape* tape_;

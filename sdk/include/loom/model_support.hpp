@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -297,6 +299,35 @@ class CausalLm : public Model {
   }
   std::string label() const { return "model (" + std::string(name()) + ")"; }
 };
+
+// The `remat` option every built-in model has: "none", "full" or "save_dots" (RematPolicy).
+inline RematPolicy parse_remat(const std::string& value) {
+  if (value == "full") return RematPolicy::full;
+  if (value == "save_dots") return RematPolicy::save_dots;
+  return RematPolicy::none;
+}
+inline constexpr const char* remat_doc =
+    "Activation checkpointing per layer: none keeps every activation; full keeps each layer's inputs and recomputes "
+    "the layer in the backward pass; save_dots also keeps the outputs of its matrix products and recomputes the rest "
+    "(norms, activations, attention). Gradients are identical.";
+
+// One decoder layer, (residual stream h, normed input x) -> (h, x) for the next, run under
+// `policy` (Ops::checkpoint). `body` is kept until the backward pass: it must capture by value
+// (and the model by pointer), never a local by reference.
+using LayerBody = std::function<std::pair<Tensor, Tensor>(Ops& ops, const Tensor& h, const Tensor& x)>;
+inline std::pair<Tensor, Tensor> run_layer(Ops& ops, RematPolicy policy, const Tensor& h, const Tensor& x,
+                                           LayerBody body) {
+  if (policy == RematPolicy::none) return body(ops, h, x);
+  const Tensor inputs[2] = {h, x};
+  const auto out = ops.checkpoint(
+      inputs,
+      [body = std::move(body)](Ops& o, std::span<const Tensor> in) {
+        auto [h2, x2] = body(o, in[0], in[1]);
+        return std::vector<Tensor>{std::move(h2), std::move(x2)};
+      },
+      policy);
+  return {out[0], out[1]};
+}
 
 // What the FLOPs formula needs to know about a decoder-only transformer.
 struct TransformerShape {
