@@ -10,6 +10,8 @@
 // HfTensorLayout) must agree to a relative error of 1e-4:
 //   error(loom, transformers) = max |loom - transformers| / max |transformers|   (per tensor)
 // The largest errors per case, backend and kernel are printed and recorded as test properties.
+// Each model is also exported with export_hf: the same tensors under the same names as
+// transformers' own save_pretrained, and the same architecture in config.json.
 // Skips, saying why, when transformers cannot be imported.
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "../core/test_support.hpp"
@@ -79,6 +82,29 @@ class HfAgreement : public ::testing::Test {
     PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
   }
 
+  // loom's export of the imported model: the same tensors, under the same names, as the
+  // directory transformers saved, and a config.json with the same architecture.
+  void check_export(Model& model, const std::string& name) {
+    const fs::path out = work_->path() / (name + ".loom-export");
+    export_hf(model, nullptr, out);
+    const st::Reader ours(out / "model.safetensors"), theirs(work_->path() / name / "model.safetensors");
+    std::set<std::string> our_names, their_names;
+    for (const auto& t : ours.tensors()) our_names.insert(t.name);
+    for (const auto& t : theirs.tensors()) their_names.insert(t.name);
+    their_names.erase("lm_head.weight");  // tied: transformers saves it only where untied
+    our_names.erase("lm_head.weight");
+    EXPECT_GT(their_names.size(), 10u);
+    EXPECT_EQ(our_names, their_names);
+    for (const auto& n : their_names) {
+      if (!ours.contains(n)) continue;  // named by the set comparison above
+      EXPECT_EQ(ours.read(n).to_vector(), theirs.read(n).to_vector()) << n;
+    }
+    std::ifstream ours_config(out / "config.json"), their_config(work_->path() / name / "config.json");
+    const auto a = nlohmann::json::parse(ours_config), b = nlohmann::json::parse(their_config);
+    EXPECT_EQ(a["architectures"], b["architectures"]);
+    EXPECT_EQ(a["model_type"], b["model_type"]);
+  }
+
   void check(const std::string& name) {
     const fs::path dir = work_->path();
     std::ifstream options_file(dir / (name + ".loom.json"));
@@ -97,6 +123,8 @@ class HfAgreement : public ::testing::Test {
         auto model = registry_.create<Model>(ComponentRef{"model", o.find("type")->as_string(), o, "model"});
         model->build(ModelSetup{0});
         import_hf(*model, dir / name);
+        if (backend_entry == registry_.list("backend").front() && kernel_entry == registry_.list("attention").front())
+          check_export(*model, name);
 
         Tape tape;
         Ops ops(*backend, &tape);
