@@ -75,18 +75,28 @@ std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Seg
   std::vector<Tensor> saved;
   const std::uint64_t dropout_calls = dropout_calls_;
   std::vector<Tensor> outputs;
+  detail::TapeState& state = tape_->state();
+  std::vector<Parameter*> parameters;  // those the segment uses: the node is their first use
   {
     NoGradGuard guard(*tape_);
     if (policy == RematPolicy::save_dots) remat_save_ = &saved;
+    state.parameter_collector = &parameters;
     try {
       outputs = segment(*this, inputs);
     } catch (...) {
       remat_save_ = nullptr;
+      state.parameter_collector = nullptr;
       throw;
     }
     remat_save_ = nullptr;
+    state.parameter_collector = nullptr;
   }
-  detail::TapeState& state = tape_->state();
+  // A parameter's gradient is complete once the backward pass is past its first use (the
+  // data-parallel trainer's on_gradient_ready): for those of the segment, this node.
+  for (Parameter* p : parameters) {
+    const Tensor* value = &p->tensor();
+    state.note_inputs(std::span<const Tensor* const>(&value, 1));
+  }
   auto* node = state.record<detail::CheckpointNode>(*backend_);
   node->segment = segment;
   node->policy = policy;
