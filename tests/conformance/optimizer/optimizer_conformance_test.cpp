@@ -45,9 +45,13 @@ std::vector<std::filesystem::path> optimizer_plugin_files() {
 // Options that give each known optimizer all of its state (SGD keeps none without momentum).
 Value::Map stateful_options(const std::string& name) {
   if (name == "sgd") return {{"momentum", Value(0.9)}, {"weight_decay", Value(1e-2)}};
-  if (name == "adamw") return {{"learning_rate", Value(1e-2)}};
-  if (name == "lion") return {{"learning_rate", Value(1e-3)}};
   return {};
+}
+
+// A peak learning rate at which each known optimizer moves the test's parameters visibly.
+double peak_lr(const std::string& name) {
+  if (name == "adamw") return 1e-2;
+  return 1e-3;
 }
 
 class EveryOptimizer : public ::testing::Test {
@@ -102,9 +106,9 @@ struct Problem {
   void make(ot::ParameterSet& set) const {
     for (std::size_t i = 0; i < specs.size(); ++i) set.add(specs[i].name, specs[i].shape, specs[i].decay, initial[i]);
   }
-  double lr(int step) const { return 1.0 - 0.05 * step; }  // scaled by the optimizer's own lr
-  // Runs steps [from, to) of `optimizer` on `set`.
-  void run(loom::Optimizer& optimizer, ot::ParameterSet& set, int from, int to) const {
+  double lr(int step) const { return 1.0 - 0.05 * step; }  // scaled by the optimizer's peak_lr
+  // Runs steps [from, to) of `optimizer` (whose peak rate is `peak`) on `set`.
+  void run(loom::Optimizer& optimizer, double peak, ot::ParameterSet& set, int from, int to) const {
     for (int t = from; t < to; ++t) {
       for (std::size_t i = 0; i < specs.size(); ++i) {
         if (missing.contains({t, static_cast<int>(i)}))
@@ -112,7 +116,7 @@ struct Problem {
         else
           ot::set_gradient(set.parameters[i], grads[static_cast<std::size_t>(t)][i]);
       }
-      optimizer.step(optimizer.learning_rate() * lr(t), t);
+      optimizer.step(peak * lr(t), t);
     }
   }
 };
@@ -146,7 +150,7 @@ TEST_F(EveryOptimizer, RestoringSavedStateContinuesBitForBit) {
     problem.make(straight);
     auto a = create(name);
     a->init(straight.for_optimizer());
-    problem.run(*a, straight, 0, total);
+    problem.run(*a, peak_lr(name), straight, 0, total);
 
     // k steps, a checkpoint (independent copies of parameters and state), then a fresh optimizer
     // that loads it and goes on.
@@ -157,7 +161,7 @@ TEST_F(EveryOptimizer, RestoringSavedStateContinuesBitForBit) {
     {
       auto b = create(name);
       b->init(first.for_optimizer());
-      problem.run(*b, first, 0, k);
+      problem.run(*b, peak_lr(name), first, 0, k);
       saved = ot::snapshot(*b);
       for (auto& p : first.parameters) saved_values.push_back(p.data().to_vector());
     }
@@ -168,7 +172,7 @@ TEST_F(EveryOptimizer, RestoringSavedStateContinuesBitForBit) {
     c->init(resumed.for_optimizer());
     c->load_state(saved);
     saved.clear();  // the optimizer must not depend on the caller keeping these
-    problem.run(*c, resumed, k, total);
+    problem.run(*c, peak_lr(name), resumed, k, total);
 
     expect_same_bits(straight, resumed);
     expect_same_bits(*a, *c);
@@ -191,8 +195,8 @@ TEST_F(EveryOptimizer, ResultsDoNotDependOnTheThreadCount) {
     registry_->set_execution_context(nullptr);
     a->init(s1.for_optimizer());
     b->init(s2.for_optimizer());
-    problem.run(*a, s1, 0, 5);
-    problem.run(*b, s2, 0, 5);
+    problem.run(*a, peak_lr(name), s1, 0, 5);
+    problem.run(*b, peak_lr(name), s2, 0, 5);
     expect_same_bits(s1, s2);
     expect_same_bits(*a, *b);
   }
@@ -211,7 +215,7 @@ TEST_F(EveryOptimizer, LeavesParametersWithoutAGradientAndTheirStateAlone) {
     const auto before = ot::snapshot(*opt);
     for (int t = 0; t < 3; ++t) {
       ot::set_gradient(set.parameters[0], ot::random_values(rng, 40, 1.0f));
-      opt->step(opt->learning_rate(), t);
+      opt->step(peak_lr(name), t);
     }
     EXPECT_EQ(set.parameters[1].data().to_vector(), f0);
     EXPECT_NE(set.parameters[0].data().to_vector(), w0);
@@ -251,7 +255,7 @@ TEST_F(EveryOptimizer, RejectsTheStateOfAnotherModelAndKeepsItsOwn) {
     problem.make(set);
     auto opt = create(name);
     opt->init(set.for_optimizer());
-    problem.run(*opt, set, 0, 2);
+    problem.run(*opt, peak_lr(name), set, 0, 2);
     const auto good = ot::snapshot(*opt);
     if (good.empty()) continue;  // nothing to corrupt
 
@@ -303,21 +307,15 @@ TEST_F(EveryOptimizer, MisuseIsAnInternalError) {
   }
 }
 
-TEST_F(EveryOptimizer, ReportsLearningRateAndClipFromItsOptions) {
+// The peak rate and the clip are the run layer's options of the optimizer section: a plugin that
+// declared them would clash with them there (see tests/train for the section itself).
+TEST_F(EveryOptimizer, LeavesLearningRateAndClipToTheRunLayer) {
   for (const std::string& name : names_) {
     SCOPED_TRACE(name);
-    auto opt = ot::create_optimizer(*registry_, name, {{"learning_rate", Value(0.125)}, {"max_grad_norm", Value(0.5)}});
-    EXPECT_EQ(opt->learning_rate(), 0.125);
-    EXPECT_EQ(opt->max_grad_norm(), 0.5);
-    EXPECT_EQ(ot::create_optimizer(*registry_, name, {{"max_grad_norm", Value()}})->max_grad_norm(), 0.0);
-    EXPECT_EQ(ot::create_optimizer(*registry_, name, {{"max_grad_norm", Value(0)}})->max_grad_norm(), 0.0);
+    const loom::OptionSchema& options = registry_->find("optimizer", name)->decl.options;
     for (const char* option : {"learning_rate", "max_grad_norm"}) {
-      try {
-        ot::create_optimizer(*registry_, name, {{option, Value(-1.0)}});
-        ADD_FAILURE() << option << " = -1 was accepted";
-      } catch (const loom::UserError& e) {
-        EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
-      }
+      EXPECT_EQ(options.find(option), nullptr) << name << " declares " << option;
+      EXPECT_THROW(ot::create_optimizer(*registry_, name, {{option, Value(0.5)}}), loom::UserError) << option;
     }
   }
 }

@@ -151,11 +151,15 @@ struct ParameterSet {
     parameters.emplace_back(std::move(name), Tensor::from(values, shape));
     weight_decay.push_back(decay);
   }
-  std::vector<OptimizerParameter> for_optimizer() {
-    std::vector<OptimizerParameter> out;
-    for (std::size_t i = 0; i < parameters.size(); ++i) out.push_back({&parameters[i], weight_decay[i]});
-    return out;
+  // What init() gets: these parameters (role weight) and `backend`, when a test sets one.
+  OptimizerSetup for_optimizer() {
+    OptimizerSetup setup;
+    for (std::size_t i = 0; i < parameters.size(); ++i)
+      setup.parameters.push_back({&parameters[i], weight_decay[i], ParameterRole::weight});
+    setup.backend = backend;
+    return setup;
   }
+  Backend* backend = nullptr;
 };
 
 inline std::vector<float> random_values(std::mt19937& rng, std::int64_t n, float scale) {

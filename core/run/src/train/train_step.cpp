@@ -26,7 +26,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
-  result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.optimizer->learning_rate());
+  result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.peak_learning_rate);
   result.skipped = state.skip_rule && state.skip_rule->should_skip(result.loss, result.grad_norm);
   if (result.skipped || !std::isfinite(result.grad_norm)) {
     ++state.skipped_steps;
@@ -34,7 +34,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
     return result;
   }
 
-  clip_gradients(result.grad_norm, components_.optimizer->max_grad_norm());
+  clip_gradients(result.grad_norm, components_.max_grad_norm);
   components_.optimizer->step(result.lr, step - state.skipped_steps);
   ++state.step;
   return result;
