@@ -44,6 +44,82 @@ def lion_step(params, grads, moments, lr, beta1, beta2, weight_decays):
         m.mul_(beta2).add_(g, alpha=1.0 - beta2)
 
 
+# ---- Muon: Keller Jordan's muon.py (github.com/KellerJordan/Muon), transcribed ----
+# Differences, all on purpose: float32 instead of bfloat16 in the iteration; the scale reads the
+# shape of the matrix as flattened (rows = shape[0]); the step count of the auxiliary Adam is the
+# global one, as loom's trainer passes it; parameters without a gradient are skipped.
+
+
+def zeropower_via_newtonschulz5(G, steps):
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.float()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def muon_update(grad, momentum, beta, ns_steps, nesterov, moonlight):
+    momentum.lerp_(grad, 1 - beta)
+    update = grad.lerp_(momentum, beta) if nesterov else momentum
+    update = update.reshape(len(update), -1)
+    update = zeropower_via_newtonschulz5(update, steps=ns_steps)
+    if moonlight:
+        update *= 0.2 * max(update.size(-2), update.size(-1)) ** 0.5
+    else:
+        update *= max(1, update.size(-2) / update.size(-1)) ** 0.5
+    return update
+
+
+def adam_update(grad, buf1, buf2, step, betas, eps):
+    buf1.lerp_(grad, 1 - betas[0])
+    buf2.lerp_(grad.square(), 1 - betas[1])
+    buf1c = buf1 / (1 - betas[0] ** step)
+    buf2c = buf2 / (1 - betas[1] ** step)
+    return buf1c / (buf2c.sqrt() + eps)
+
+
+def muon_step(params, grads, state, lr, step, o, decays):
+    """MuonWithAuxAdam.step for one step: matrices (2-D and up) by Muon, the rest by Adam."""
+    for p, g, st, decay in zip(params, grads, state, decays):
+        if g is None:
+            continue
+        wd = o["weight_decay"] if decay else 0.0
+        if p.ndim >= 2:
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch_zeros_like(p)
+            update = muon_update(g.clone(), st["momentum_buffer"], o["momentum"], int(o["ns_steps"]),
+                                 o["nesterov"], o["moonlight_scaling"])
+            p.mul_(1 - lr * wd)
+            p.add_(update.reshape(p.shape), alpha=-lr)
+        else:
+            alr = lr * o["adam_lr_scale"]
+            if "exp_avg" not in st:
+                st["exp_avg"] = torch_zeros_like(p)
+                st["exp_avg_sq"] = torch_zeros_like(p)
+            update = adam_update(g, st["exp_avg"], st["exp_avg_sq"], step + 1, (o["beta1"], o["beta2"]),
+                                 o["epsilon"])
+            p.mul_(1 - alr * wd)
+            p.add_(update, alpha=-alr)
+
+
+def torch_zeros_like(p):
+    import torch
+
+    return torch.zeros_like(p)
+
+
+# Optimizers written out here (not in torch.optim): name -> step(params, grads, state, lr, step,
+# options, decays), state being one dict of named tensors per parameter.
+CUSTOM = {"muon": muon_step}
+
+
 class Writer:
     def __init__(self):
         self.chunks = []
@@ -93,6 +169,10 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
     elif optimizer == "lion":
         moments = [torch.zeros_like(p) for p in params]
         lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in PARAMETERS]
+    elif optimizer in CUSTOM:
+        custom_state = [{} for _ in params]
+        decays = [pwd for (_, _, pwd) in PARAMETERS]
+        case["tolerance"] = 1e-5
     else:
         raise ValueError(optimizer)
 
@@ -122,6 +202,9 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
         if optimizer == "lion":
             with torch.no_grad():
                 lion_step(params, grads, moments, lr, options["beta1"], options["beta2"], lion_wd)
+        elif optimizer in CUSTOM:
+            with torch.no_grad():
+                CUSTOM[optimizer](params, grads, custom_state, lr, step, options, decays)
         else:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.clone()
@@ -134,6 +217,10 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
     for i, (pname, _, _) in enumerate(PARAMETERS):
         if optimizer == "lion":
             state["exp_avg/" + pname] = writer.add(moments[i])
+            continue
+        if optimizer in CUSTOM:
+            for key, tensor in custom_state[i].items():
+                state[key + "/" + pname] = writer.add(tensor)
             continue
         s = opt.state.get(params[i], {})
         for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
@@ -179,6 +266,14 @@ def main():
                  {"beta1": 0.9, "beta2": 0.99, "weight_decay": 1.0}, 1e-3, 7, {(2, 3)}),
         run_case(torch, writer, "lion_other_betas", "lion",
                  {"beta1": 0.95, "beta2": 0.98, "weight_decay": 0.1}, 3e-3, 8, {(0, 1), (6, 4)}),
+        run_case(torch, writer, "muon_jordan", "muon",
+                 {"momentum": 0.95, "nesterov": True, "ns_steps": 5.0, "moonlight_scaling": False,
+                  "weight_decay": 0.1, "adam_lr_scale": 0.03, "beta1": 0.9, "beta2": 0.95, "epsilon": 1e-8},
+                 0.02, 9, {(0, 1), (3, 2)}),
+        run_case(torch, writer, "muon_moonlight_heavy_ball", "muon",
+                 {"momentum": 0.9, "nesterov": False, "ns_steps": 5.0, "moonlight_scaling": True,
+                  "weight_decay": 0.0, "adam_lr_scale": 1.0, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-8},
+                 3e-3, 10, {(2, 4)}),
     ]
     with open(os.path.join(out_dir, "data.bin"), "wb") as f:
         for chunk in writer.chunks:
