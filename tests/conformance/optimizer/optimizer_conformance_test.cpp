@@ -52,7 +52,7 @@ Value::Map stateful_options(const std::string& name) {
 
 // A peak learning rate at which each known optimizer moves the test's parameters visibly.
 double peak_lr(const std::string& name) {
-  if (name == "adamw" || name == "muon") return 1e-2;
+  if (name == "adamw" || name == "muon" || name == "adafactor") return 1e-2;
   return 1e-3;
 }
 
@@ -145,7 +145,7 @@ void expect_same_bits(const loom::Optimizer& a, const loom::Optimizer& b) {
 }
 
 TEST_F(EveryOptimizer, TheBuildHasItsOptimizers) {
-  for (const char* name : {"adamw", "lion", "sgd", "muon"})
+  for (const char* name : {"adamw", "lion", "sgd", "muon", "adafactor"})
     EXPECT_NE(std::find(names_.begin(), names_.end(), name), names_.end()) << name << " is not registered";
 }
 
@@ -403,7 +403,9 @@ void replay(const std::string& optimizer) {
     SCOPED_TRACE(case_name);
     Value::Map options;
     for (const auto& [key, value] : c["options"].items()) {
-      if (value.is_boolean())
+      if (value.is_null())
+        options.emplace_back(key, Value());
+      else if (value.is_boolean())
         options.emplace_back(key, Value(value.get<bool>()));
       else
         options.emplace_back(key, Value(value.get<double>()));
@@ -482,6 +484,9 @@ TEST(AgreesWithPyTorch, Lion) {
 }
 TEST(AgreesWithPyTorch, Muon) {
   replay("muon");
+}
+TEST(AgreesWithPyTorch, Adafactor) {
+  replay("adafactor");
 }
 
 }  // namespace

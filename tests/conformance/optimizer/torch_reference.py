@@ -115,9 +115,74 @@ def torch_zeros_like(p):
     return torch.zeros_like(p)
 
 
+# ---- Adafactor: Shazeer & Stern (2018) as Hugging Face's transformers.optimization.Adafactor
+# writes it (torch 1.13 has none), transcribed; the step count is the global one and weight decay
+# follows the mask.
+
+
+def adafactor_rms(tensor):
+    return tensor.norm(2) / (tensor.numel() ** 0.5)
+
+
+def adafactor_approx_sq_grad(exp_avg_sq_row, exp_avg_sq_col):
+    r_factor = (exp_avg_sq_row / exp_avg_sq_row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+    c_factor = exp_avg_sq_col.unsqueeze(-2).rsqrt()
+    return torch_mul(r_factor, c_factor)
+
+
+def torch_mul(a, b):
+    import torch
+
+    return torch.mul(a, b)
+
+
+def adafactor_step(params, grads, state, lr, step, o, decays):
+    import math
+
+    t = step + 1
+    for p, grad, st, decay in zip(params, grads, state, decays):
+        if grad is None:
+            continue
+        factored = grad.ndim >= 2
+        use_first_moment = o["beta1"] is not None
+        if not st:
+            if use_first_moment:
+                st["exp_avg"] = torch_zeros_like(grad)
+            if factored:
+                st["exp_avg_sq_row"] = torch_zeros_like(grad.mean(dim=-1))
+                st["exp_avg_sq_col"] = torch_zeros_like(grad.mean(dim=-2))
+            else:
+                st["exp_avg_sq"] = torch_zeros_like(grad)
+        rms = adafactor_rms(p)
+        rel_step_sz = lr
+        if o["relative_step"]:
+            min_step = 1e-6 * t if o["warmup_init"] else 1e-2
+            rel_step_sz = min(min_step, 1.0 / math.sqrt(t))
+        param_scale = max(o["epsilon2"], float(rms)) if o["scale_parameter"] else 1.0
+        step_lr = param_scale * rel_step_sz
+        beta2t = 1.0 - math.pow(t, o["decay_rate"])
+        update = (grad ** 2) + o["epsilon1"]
+        if factored:
+            st["exp_avg_sq_row"].mul_(beta2t).add_(update.mean(dim=-1), alpha=(1.0 - beta2t))
+            st["exp_avg_sq_col"].mul_(beta2t).add_(update.mean(dim=-2), alpha=(1.0 - beta2t))
+            update = adafactor_approx_sq_grad(st["exp_avg_sq_row"], st["exp_avg_sq_col"])
+            update.mul_(grad)
+        else:
+            st["exp_avg_sq"].mul_(beta2t).add_(update, alpha=(1.0 - beta2t))
+            update = st["exp_avg_sq"].rsqrt().mul_(grad)
+        update.div_((adafactor_rms(update) / o["clip_threshold"]).clamp_(min=1.0))
+        update.mul_(step_lr)
+        if use_first_moment:
+            st["exp_avg"].mul_(o["beta1"]).add_(update, alpha=(1 - o["beta1"]))
+            update = st["exp_avg"]
+        if decay and o["weight_decay"] != 0:
+            p.add_(p, alpha=(-o["weight_decay"] * step_lr))
+        p.add_(-update)
+
+
 # Optimizers written out here (not in torch.optim): name -> step(params, grads, state, lr, step,
 # options, decays), state being one dict of named tensors per parameter.
-CUSTOM = {"muon": muon_step}
+CUSTOM = {"muon": muon_step, "adafactor": adafactor_step}
 
 
 class Writer:
@@ -274,6 +339,18 @@ def main():
                  {"momentum": 0.9, "nesterov": False, "ns_steps": 5.0, "moonlight_scaling": True,
                   "weight_decay": 0.0, "adam_lr_scale": 1.0, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-8},
                  3e-3, 10, {(2, 4)}),
+        run_case(torch, writer, "adafactor_defaults", "adafactor",
+                 {"decay_rate": -0.8, "clip_threshold": 1.0, "beta1": None, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": False, "warmup_init": False, "scale_parameter": True, "weight_decay": 0.0},
+                 1e-2, 11, {(0, 1), (4, 2)}),
+        run_case(torch, writer, "adafactor_relative_step_first_moment", "adafactor",
+                 {"decay_rate": -0.8, "clip_threshold": 1.0, "beta1": 0.9, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": True, "warmup_init": True, "scale_parameter": True, "weight_decay": 0.01},
+                 1.0, 12, {(1, 3)}),
+        run_case(torch, writer, "adafactor_unscaled_clipped", "adafactor",
+                 {"decay_rate": -0.5, "clip_threshold": 0.5, "beta1": None, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": False, "warmup_init": False, "scale_parameter": False, "weight_decay": 0.1},
+                 3e-3, 13, set()),
     ]
     with open(os.path.join(out_dir, "data.bin"), "wb") as f:
         for chunk in writer.chunks:
