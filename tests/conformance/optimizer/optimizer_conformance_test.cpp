@@ -145,7 +145,7 @@ void expect_same_bits(const loom::Optimizer& a, const loom::Optimizer& b) {
 }
 
 TEST_F(EveryOptimizer, TheBuildHasItsOptimizers) {
-  for (const char* name : {"adamw", "lion", "sgd", "muon", "adafactor"})
+  for (const char* name : {"adamw", "lion", "sgd", "muon", "adafactor", "soap"})
     EXPECT_NE(std::find(names_.begin(), names_.end(), name), names_.end()) << name << " is not registered";
 }
 
@@ -487,6 +487,9 @@ TEST(AgreesWithPyTorch, Muon) {
 }
 TEST(AgreesWithPyTorch, Adafactor) {
   replay("adafactor");
+}
+TEST(AgreesWithPyTorch, Soap) {
+  replay("soap");
 }
 
 }  // namespace

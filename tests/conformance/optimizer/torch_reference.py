@@ -180,9 +180,162 @@ def adafactor_step(params, grads, state, lr, step, o, decays):
         p.add_(-update)
 
 
+# ---- SOAP: the authors' soap.py (github.com/nikhilvyas/SOAP: project, project_back,
+# update_preconditioner, get_orthogonal_matrix, get_orthogonal_matrix_QR), transcribed for
+# matrices (flattened to [shape[0], rest]) and vectors (no precondition_1d, no merge_dims).
+# Differences, on purpose: eigh and QR in float64 (rounded to float32), and each basis column's
+# sign fixed (largest entry positive), which SOAP's update does not depend on but its state does;
+# weight decay follows the mask; the step lives in a tensor, 0 until the preconditioner is set up.
+
+
+def soap_canonical(q):
+    idx = q.abs().argmax(dim=0)
+    signs = torch_sign(q[idx, torch_arange(q.shape[1])])
+    return q * signs.unsqueeze(0)
+
+
+def torch_sign(x):
+    import torch
+
+    return torch.where(x < 0, -torch.ones_like(x), torch.ones_like(x))
+
+
+def torch_arange(n):
+    import torch
+
+    return torch.arange(n)
+
+
+def soap_project(grad, Q):
+    for mat in Q:
+        if mat is not None:
+            grad = torch_tensordot(grad, mat, [[0], [0]])
+        else:
+            grad = grad.permute(list(range(1, grad.ndim)) + [0])
+    return grad
+
+
+def soap_project_back(grad, Q):
+    for mat in Q:
+        if mat is not None:
+            grad = torch_tensordot(grad, mat, [[0], [1]])
+        else:
+            grad = grad.permute(list(range(1, grad.ndim)) + [0])
+    return grad
+
+
+def torch_tensordot(a, b, dims):
+    import torch
+
+    return torch.tensordot(a, b, dims=dims)
+
+
+def soap_eigenbasis(m):
+    import torch
+
+    md = m.double() + 1e-30 * torch.eye(m.shape[0], dtype=torch.float64)
+    _, Q = torch.linalg.eigh(md)
+    Q = torch.flip(Q, [1])
+    return soap_canonical(Q).float()
+
+
+def soap_refresh(st, o_):
+    """get_orthogonal_matrix_QR."""
+    import torch
+
+    final = []
+    exp_avg_sq = st["exp_avg_sq2d"]
+    for ind, (m, o) in enumerate(zip(st["GG"], st["Q"])):
+        if m is None:
+            final.append(None)
+            continue
+        md, od = m.double(), o.double()
+        est_eig = torch.diag(od.T @ md @ od)
+        sort_idx = torch.argsort(est_eig, descending=True)
+        exp_avg_sq = exp_avg_sq.index_select(ind, sort_idx)
+        od = od[:, sort_idx]
+        power_iter = md @ od
+        Q, _ = torch.linalg.qr(power_iter)
+        final.append(soap_canonical(Q).float())
+    st["exp_avg_sq2d"] = exp_avg_sq
+    return final
+
+
+def soap_step(params, grads, state, lr, step, o, decays):
+    import torch
+
+    shampoo_beta = o["shampoo_beta"] if o["shampoo_beta"] is not None else o["beta2"]
+    for p, grad, st, decay in zip(params, grads, state, decays):
+        if grad is None:
+            continue
+        g = grad.reshape(grad.shape[0], -1) if grad.ndim >= 2 else grad
+        if not st:
+            st["step"] = 0
+            st["exp_avg2d"] = torch.zeros_like(g)
+            st["exp_avg_sq2d"] = torch.zeros_like(g)
+            st["GG"] = []
+            if g.ndim >= 2:
+                for sh in g.shape:
+                    st["GG"].append(torch.zeros(sh, sh) if sh <= o["max_precond_dim"] else None)
+            else:
+                st["GG"].append(None)
+            st["Q"] = None
+            soap_update_preconditioner(g, st, shampoo_beta, o)
+            continue
+        grad_projected = soap_project(g, st["Q"])
+        exp_avg, exp_avg_sq = st["exp_avg2d"], st["exp_avg_sq2d"]
+        beta1, beta2 = o["beta1"], o["beta2"]
+        st["step"] += 1
+        exp_avg.mul_(beta1).add_(grad_projected, alpha=(1.0 - beta1))
+        exp_avg_sq.mul_(beta2).add_(grad_projected.square(), alpha=(1.0 - beta2))
+        denom = exp_avg_sq.sqrt().add_(o["epsilon"])
+        step_size = lr
+        if o["correct_bias"]:
+            bias_correction1 = 1.0 - beta1 ** (st["step"])
+            bias_correction2 = 1.0 - beta2 ** (st["step"])
+            step_size = step_size * (bias_correction2 ** .5) / bias_correction1
+        norm_grad = soap_project_back(exp_avg / denom, st["Q"])
+        p.add_(norm_grad.reshape(p.shape), alpha=-step_size)
+        if decay and o["weight_decay"] > 0.0:
+            p.add_(p, alpha=(-lr * o["weight_decay"]))
+        soap_update_preconditioner(g, st, shampoo_beta, o)
+
+
+def soap_update_preconditioner(g, st, shampoo_beta, o):
+    import torch
+
+    if st["Q"] is not None:
+        st["exp_avg2d"] = soap_project_back(st["exp_avg2d"], st["Q"])
+    if g.ndim >= 2:
+        for idx, sh in enumerate(g.shape):
+            if st["GG"][idx] is not None:
+                other = [i for i in range(g.ndim) if i != idx]
+                outer_product = torch.tensordot(g, g, dims=[other, other])
+                st["GG"][idx].lerp_(outer_product, 1 - shampoo_beta)
+    if st["Q"] is None:
+        st["Q"] = [None if m is None else soap_eigenbasis(m) for m in st["GG"]]
+    if st["step"] > 0 and st["step"] % int(o["precondition_frequency"]) == 0:
+        st["Q"] = soap_refresh(st, o)
+    if st["step"] > 0:
+        st["exp_avg2d"] = soap_project(st["exp_avg2d"], st["Q"])
+
+
+def soap_state(st, shape):
+    """The state under loom's names."""
+    import torch
+
+    out = {"exp_avg": st["exp_avg2d"].reshape(shape), "exp_avg_sq": st["exp_avg_sq2d"].reshape(shape),
+           "step": torch.tensor([float(st["step"] + 1)])}
+    for i, (gg, q) in enumerate(zip(st["GG"], st["Q"] or [])):
+        if gg is not None:
+            out["GG%d" % i] = gg
+            out["Q%d" % i] = q
+    return out
+
+
 # Optimizers written out here (not in torch.optim): name -> step(params, grads, state, lr, step,
 # options, decays), state being one dict of named tensors per parameter.
-CUSTOM = {"muon": muon_step, "adafactor": adafactor_step}
+CUSTOM = {"muon": muon_step, "adafactor": adafactor_step, "soap": soap_step}
 
 
 class Writer:
@@ -283,6 +436,10 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
         if optimizer == "lion":
             state["exp_avg/" + pname] = writer.add(moments[i])
             continue
+        if optimizer == "soap":
+            for key, tensor in soap_state(custom_state[i], params[i].shape).items():
+                state[key + "/" + pname] = writer.add(tensor)
+            continue
         if optimizer in CUSTOM:
             for key, tensor in custom_state[i].items():
                 state[key + "/" + pname] = writer.add(tensor)
@@ -351,6 +508,18 @@ def main():
                  {"decay_rate": -0.5, "clip_threshold": 0.5, "beta1": None, "epsilon1": 1e-30, "epsilon2": 1e-3,
                   "relative_step": False, "warmup_init": False, "scale_parameter": False, "weight_decay": 0.1},
                  3e-3, 13, set()),
+        # max_precond_dim 32: every preconditioned side then has full-rank statistics from the first
+        # gradient on (a rank-deficient one has a degenerate eigenspace, whose basis any two
+        # eigensolvers may choose differently): [37, 19] is preconditioned on the right only,
+        # [3, 5, 7] (as [3, 35]) on the left only, [101, 693] not at all.
+        run_case(torch, writer, "soap_authors_defaults", "soap",
+                 {"beta1": 0.95, "beta2": 0.95, "shampoo_beta": None, "epsilon": 1e-8, "weight_decay": 0.01,
+                  "precondition_frequency": 3.0, "max_precond_dim": 32.0, "correct_bias": True},
+                 3e-3, 14, {(0, 1), (4, 2)}),
+        run_case(torch, writer, "soap_other_betas", "soap",
+                 {"beta1": 0.9, "beta2": 0.99, "shampoo_beta": 0.9, "epsilon": 1e-8, "weight_decay": 0.0,
+                  "precondition_frequency": 2.0, "max_precond_dim": 32.0, "correct_bias": False},
+                 1e-3, 15, set()),
     ]
     with open(os.path.join(out_dir, "data.bin"), "wb") as f:
         for chunk in writer.chunks:
