@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,9 +33,20 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const double tokens_per_step = static_cast<double>(run.batch_size * run.seq_len);
 
   TrainStep train_step(c, StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("crash_on_nan"),
-                                       trainer.get<bool>("crash_on_inf")});
+                                       trainer.get<bool>("crash_on_inf"), trainer.get<float>("z_loss_weight")});
+  if (const double decay = trainer.get<double>("ema_decay"); decay > 0 && !run.state.ema)
+    run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
+  // Evaluation and the final save see the weight average when there is one.
+  auto with_average = [&](auto&& body) {
+    if (run.state.ema) run.state.ema->swap();
+    auto result = body();
+    if (run.state.ema) run.state.ema->swap();
+    return result;
+  };
   Sampler sampler(c, trainer, run.seed);
-  auto evaluate_now = [&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); };
+  auto evaluate_now = [&] {
+    return with_average([&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); });
+  };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
   };
@@ -55,6 +67,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                           std::to_string(run.seq_len) + " run");
     const auto t0 = Clock::now();
     const StepResult result = train_step.run(batch, run.state);
+    if (run.state.ema) run.state.ema->update();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     train_seconds += dt;
     interval_seconds += dt;
@@ -112,7 +125,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
   }
-  if (trainer.get<bool>("save_final")) run.directory.save_weights(c.parameters, num_steps);
+  if (trainer.get<bool>("save_final"))
+    with_average([&] {
+      run.directory.save_weights(c.parameters, num_steps);
+      return 0;
+    });
   if (sample_length > 0) {
     summary.final_sample = sampler.sample(sample_length);
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);

@@ -17,6 +17,7 @@ struct StepSettings {
   std::int64_t micro_size = 0;  // rows per forward/backward pass; divides the batch
   bool crash_on_nan = true;     // a NaN loss or gradient norm is a UserError
   bool crash_on_inf = true;     // an infinite one too
+  float z_loss_weight = 0;      // trainer.z_loss_weight, for every micro-batch's loss
 };
 
 struct StepResult {
