@@ -15,6 +15,9 @@ int run_train(const std::vector<std::string>& args) {
       "Trains the model the config describes: every component is built from the config through the\n"
       "plugin registry, metrics go to the run directory (trainer.run_dir, default runs/<run_id>) and the\n"
       "terminal, and the final weights to <run_dir>/model.safetensors for `loom generate`.\n"
+      "A run directory with a checkpoint continues from it (trainer.resume: auto). SIGTERM or SIGINT saves a\n"
+      "checkpoint at the next step boundary and exits with status 128 + the signal (143, 130); a second\n"
+      "SIGINT stops at once (docs/checkpoints.md).\n"
       "`loom config schema config` lists the trainer's options (docs/training.md explains them).");
   if (!options) return 0;
   Runtime runtime(*options);
@@ -22,8 +25,8 @@ int run_train(const std::vector<std::string>& args) {
   TrainOptions train_options;
   train_options.out = &std::cout;
   train_options.interactive = ::isatty(STDOUT_FILENO) != 0;
-  train(runtime, train_options);
-  return 0;
+  const TrainSummary summary = train(runtime, train_options);
+  return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
 }
 
 }  // namespace loom::app

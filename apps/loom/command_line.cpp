@@ -11,6 +11,7 @@ const std::vector<Command>& commands() {
       {"train", "train a model from a config", run_train},
       {"generate", "continue a prompt with a trained model", run_generate},
       {"export", "write a run's weights in another layout: --format hf for Hugging Face transformers", run_export},
+      {"checkpoints", "list a run's checkpoints: step, time, size, and whether each verifies", run_checkpoints},
       {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
       {"config", "show a resolved config, or the options every component declares", run_config},
       {"bench", "measure components: `loom bench attention` times attention kernels", run_bench},

@@ -50,5 +50,6 @@ int run_tokenize(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
+int run_checkpoints(const std::vector<std::string>& args);
 
 }  // namespace loom::app

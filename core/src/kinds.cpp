@@ -3,6 +3,7 @@
 #include "loom/hf_interop.hpp"
 #include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
+#include "loom/kinds/collective.hpp"
 #include "loom/kinds/dataset.hpp"
 #include "loom/kinds/lr_schedule.hpp"
 #include "loom/kinds/model.hpp"
@@ -25,6 +26,8 @@ Dataset::~Dataset() = default;
 Tokenizer::~Tokenizer() = default;
 LrSchedule::~LrSchedule() = default;
 Tracker::~Tracker() = default;
+Collective::~Collective() = default;
+Collective::Pending::~Pending() = default;
 
 HfModel::~HfModel() = default;
 HfTokenizer::~HfTokenizer() = default;

@@ -29,6 +29,9 @@ const OptionSchema& run_config_schema() {
     s.component("data", "dataset", "", "The training and validation data.").nullable();
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
+    s.component("collective", "collective", "",
+                "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.")
+        .nullable();
 
     return s;
   }();

@@ -79,7 +79,14 @@ int default_thread_count() {
     if (end && *end == '\0' && v >= 1 && v <= 4096) return static_cast<int>(v);
     throw UserError("LOOM_NUM_THREADS must be a positive integer, not '" + std::string(env) + "'");
   }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Under mpirun, the ranks on this node share its cores: each takes its part, so that N ranks
+  // of one thread do not start N pools of every core.
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local && *local) {
+    const long ranks = std::strtol(local, nullptr, 10);
+    if (ranks > 1) return std::max(1, cores / static_cast<int>(ranks));
+  }
+  return cores;
 }
 
 }  // namespace

@@ -202,6 +202,7 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
     throw;
   }
   try {
+    std::size_t ready = first_uses_.size();  // first_uses_[ready..] have been announced
     for (std::size_t i = nodes_.size(); i-- > 0;) {
       Node* node = nodes_[i];
       bool reached = false;
@@ -213,7 +214,12 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
       for (std::uint32_t o = 0; o < node->num_outputs; ++o) vars_[node->first_output + o].grad.reset();
       nodes_[i] = nullptr;
       node->~Node();
+      // Parameters first used at or after node i: no node left can add to their gradients.
+      for (; ready > 0 && first_uses_[ready - 1].first >= i; --ready)
+        if (on_gradient_ready) on_gradient_ready(*first_uses_[ready - 1].second);
     }
+    for (; ready > 0; --ready)
+      if (on_gradient_ready) on_gradient_ready(*first_uses_[ready - 1].second);
   } catch (...) {
     clear();
     throw;
@@ -221,7 +227,19 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
   clear();
 }
 
+void TapeState::note_inputs(std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* t : inputs) {
+    if (!t || !t->defined()) continue;
+    Parameter* p = TensorAccess::param(*t);
+    if (!p || !p->requires_grad() || TensorAccess::param_noted_epoch(*p) == epoch_) continue;
+    TensorAccess::param_noted_epoch(*p) = epoch_;
+    first_uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
+  }
+}
+
 void TapeState::clear() {
+  first_uses_.clear();
+  on_gradient_ready = nullptr;  // for one backward pass; a recycled state starts without
   for (std::size_t i = nodes_.size(); i-- > 0;)
     if (nodes_[i]) nodes_[i]->~Node();
   nodes_.clear();
@@ -238,7 +256,9 @@ TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inpu
   bool any = false;
   for (const Tensor* t : inputs)
     if (t && t->defined()) any |= state.requires_grad(*t, op);
-  return any ? &state : nullptr;
+  if (!any) return nullptr;
+  state.note_inputs(inputs);
+  return &state;
 }
 
 // ---- BackwardPass
@@ -364,6 +384,9 @@ void Tape::backward(std::span<const Tensor> roots, std::span<const Tensor> seeds
 }
 void Tape::clear() {
   state_->clear();
+}
+void Tape::on_gradient_ready(std::function<void(Parameter&)> callback) {
+  state_->on_gradient_ready = std::move(callback);
 }
 std::size_t Tape::size() const {
   return state_->size();

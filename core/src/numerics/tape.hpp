@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <new>
@@ -34,6 +35,7 @@ struct TensorAccess {
   static Tensor view_of(const Tensor& like, std::int64_t offset, const Shape& shape, const Strides& strides);
   static Tensor& param_grad(Parameter& p) { return p.grad_; }
   static bool& param_has_grad(Parameter& p) { return p.has_grad_; }
+  static std::uint32_t& param_noted_epoch(Parameter& p) { return p.noted_epoch_; }
   static const Tensor& param_value(const Parameter& p) { return p.value_; }
 };
 
@@ -123,8 +125,14 @@ class TapeState {
   std::size_t size() const { return nodes_.size(); }
   std::vector<Variable>& variables() { return vars_; }
 
+  // Notes the parameters among an operation's inputs before its node is recorded: a parameter's
+  // gradient is complete once the backward pass has gone past the first node that used it.
+  void note_inputs(std::initializer_list<const Tensor*> inputs);
+  std::function<void(Parameter&)> on_gradient_ready;
+
  private:
   std::uint32_t epoch_;
+  std::vector<std::pair<std::uint32_t, Parameter*>> first_uses_;  // in recording order
   Arena arena_;
   std::vector<Node*> nodes_;
   std::vector<Variable> vars_;  // index 0 unused

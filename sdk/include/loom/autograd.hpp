@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -72,6 +73,9 @@ class Parameter {
   // Uses `buffer` (same shape and device, contiguous f32; may be a view into a flat buffer that
   // an optimizer updates in one pass) as the gradient's storage from now on.
   void set_grad_buffer(Tensor buffer);
+  // Declares that the gradient buffer holds a gradient written outside the tape: a data-parallel
+  // reduction gives a parameter that no micro-batch of this process reached its peers' sum.
+  void mark_grad_written() { has_grad_ = grad_.defined(); }
 
   // Parameters with requires_grad false are constants to the tape (frozen weights).
   bool requires_grad() const { return requires_grad_; }
@@ -84,6 +88,7 @@ class Parameter {
   Tensor grad_;  // storage kept across zero_grad, so steps allocate no gradient buffers
   bool has_grad_ = false;
   bool requires_grad_ = true;
+  std::uint32_t noted_epoch_ = 0;  // the tape epoch that last noted this parameter's first use
 };
 
 namespace detail {
@@ -113,6 +118,11 @@ class Tape {
   // Several roots at once, roots[i] seeded with seeds[i] (same shape): the gradients of all of
   // them are summed, in one pass over the tape.
   void backward(std::span<const Tensor> roots, std::span<const Tensor> seeds);
+  // Called during the next backward() for each parameter the recorded operations used, as soon
+  // as no operation left in the pass can add to its gradient (whether or not one reached it): a
+  // data-parallel trainer starts reducing a bucket of gradients while the earlier layers' are
+  // still being computed. Called on the thread running backward(); cleared with the tape.
+  void on_gradient_ready(std::function<void(Parameter&)> callback);
   // Drops the recorded graph (and the activations it kept) without a backward pass. Tensors
   // recorded before a clear lose their identity: using one in a recorded operation afterwards
   // is an error.

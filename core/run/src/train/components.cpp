@@ -60,10 +60,11 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
   }
 }
 
-std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed) {
+std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
+                                               bool init_from, const std::function<bool(const Parameter*)>& optimizes) {
   c.model->initialize(seed);
   std::vector<std::string> notes;
-  if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+  if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'",
                          [&] { return load_initial_weights(*c.model, from); });
   c.parameters = c.model->parameters();
@@ -72,6 +73,7 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   const bool decay_emb = trainer.get<bool>("decay_embeddings"), decay_norm = trainer.get<bool>("decay_norms"),
              decay_bias = trainer.get<bool>("decay_biases");
   for (const auto& p : c.parameters) {
+    if (optimizes && !optimizes(p.parameter)) continue;
     bool decay = true;
     switch (p.role) {
       case ParameterRole::weight:

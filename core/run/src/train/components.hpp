@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "loom/core/registry.hpp"
@@ -42,10 +44,15 @@ RunComponents create_components(const Registry& registry, const Value& config);
 // model's vocabulary.
 void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed);
 
-// Initialises the model's weights from `seed`, or loads them from trainer.init_from, and hands the
-// optimizer its parameters, each with the weight decay trainer.decay_embeddings, decay_norms and
-// decay_biases give its role. Returns what init_from read, for the log.
-std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed);
+// Initialises the model's weights from `seed`, then (when `init_from` and trainer.init_from is
+// set) loads them from there, and hands the optimizer its parameters, each with the weight decay
+// trainer.decay_embeddings, decay_norms and decay_biases give its role. Returns what init_from
+// read, for the log. `optimizes`, when given, picks the parameters this process's optimizer
+// updates (a rank's shard of a run with trainer.shard_optimizer_state); the others get no
+// optimizer state here.
+std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed,
+                                               bool init_from,
+                                               const std::function<bool(const Parameter*)>& optimizes = {});
 
 // Creates the trackers trainer.trackers names and starts them on the run.
 void start_trackers(RunComponents& components, const Registry& registry, const Options& trainer, const RunInfo& run);

@@ -33,6 +33,7 @@ std::string format_rate(double tokens_per_second) {
 }
 
 void ProgressPrinter::say(const std::string& line) {
+  if (silent_) return;
   if (line_open_) {
     out_ << "\r\033[K";
     line_open_ = false;
@@ -50,7 +51,14 @@ void ProgressPrinter::header(const RunHeader& run) {
      << "batch " << run.batch_size << " x " << run.seq_len << " tokens";
   if (run.micro_size != run.batch_size) os << " in micro-batches of " << run.micro_size;
   os << ", " << run.num_steps << " steps; peak " << std::setprecision(1) << run.peak_flops / 1e9 << " GFLOP/s"
-     << (run.peak_flops_probed ? " (sgemm probe)" : " (trainer.peak_flops)");
+     << (run.peak_flops_probed ? " (sgemm probe" : " (trainer.peak_flops") << (run.ranks > 1 ? ", all ranks)" : ")");
+  // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
+  if (run.ranks > 1) interactive_ = false;
+  if (run.ranks > 1)
+    os << "\ndata parallel: " << run.ranks << " ranks (" << run.collective << "), " << run.batch_size / run.ranks
+       << " sequences of each batch per rank; optimizer state " << std::setprecision(1)
+       << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
+       << (run.sharded ? " (sharded, ZeRO-1)" : "");
   say(os.str());
 }
 
@@ -61,6 +69,8 @@ void ProgressPrinter::step(const StepReport& r) {
        << r.grad_norm << "  " << format_rate(r.tokens_per_second) << " tok/s  MFU " << std::setprecision(1)
        << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
   if (r.skipped_steps) line << "  skipped " << r.skipped_steps;
+  if (r.ranks > 1) line << "  " << r.ranks << " ranks";
+  if (silent_) return;
   if (interactive_) {
     out_ << "\r\033[K" << line.str() << std::flush;
     line_open_ = true;

@@ -22,7 +22,11 @@ struct RunHeader {
   std::int64_t train_tokens = 0, validation_tokens = 0;
   std::int64_t batch_size = 0, micro_size = 0, num_steps = 0;
   double peak_flops = 0;
-  bool peak_flops_probed = false;  // measured by the sgemm probe, not trainer.peak_flops
+  bool peak_flops_probed = false;          // measured by the sgemm probe, not trainer.peak_flops
+  int ranks = 1;                           // of a data-parallel run
+  std::string collective;                  // what connects them
+  bool sharded = false;                    // trainer.shard_optimizer_state
+  std::int64_t optimizer_state_bytes = 0;  // on this rank
 };
 
 // What the line of a log interval says.
@@ -33,6 +37,7 @@ struct StepReport {
   double tokens_per_second = 0, mfu = 0;  // over the interval
   double eta_seconds = 0;
   std::int64_t skipped_steps = 0;  // in the whole run
+  int ranks = 1;                   // processes the step ran on (shown when more than one)
 };
 
 class ProgressPrinter {
@@ -52,11 +57,14 @@ class ProgressPrinter {
 
   // One line (or several), after clearing the live step line.
   void say(const std::string& line);
+  // Prints nothing from now on: the ranks of a data-parallel run other than 0.
+  void silence() { silent_ = true; }
 
  private:
   std::ostream& out_;
   bool interactive_ = false;
   bool line_open_ = false;
+  bool silent_ = false;
 };
 
 }  // namespace loom::training

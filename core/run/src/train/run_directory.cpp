@@ -1,8 +1,15 @@
 #include "train/run_directory.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 
+#include "checkpoint/durable_io.hpp"
 #include "loom/error.hpp"
 #include "loom/safetensors.hpp"
 
@@ -23,7 +30,11 @@ std::string now_stamp() {
 
 }  // namespace
 
-RunDirectory RunDirectory::create(const Options& trainer, const Value& config) {
+std::string config_file_text(const std::string& run_id, const Value& config) {
+  return "# The resolved config of run " + run_id + " (loom config show prints the same).\n" + config.to_yaml();
+}
+
+RunDirectory RunDirectory::open(const Options& trainer, const Value& config) {
   RunDirectory dir;
   dir.run_id_ = trainer.get<std::string>("run_id");
   if (dir.run_id_.empty()) {
@@ -34,17 +45,35 @@ RunDirectory RunDirectory::create(const Options& trainer, const Value& config) {
   dir.path_ = trainer.get<std::string>("run_dir");
   if (dir.path_.empty()) dir.path_ = fs::path("runs") / dir.run_id_;
   std::error_code ec;
-  if (fs::exists(dir.path_ / "metrics.jsonl", ec) || fs::exists(dir.path_ / "model.safetensors", ec))
-    throw UserError("run directory '" + dir.path_.string() +
-                    "' already holds a run; choose another trainer.run_dir (or trainer.run_id), or remove it");
   fs::create_directories(dir.path_, ec);
   if (ec) throw UserError("cannot create run directory '" + dir.path_.string() + "': " + ec.message());
-  {
-    std::ofstream f(dir.path_ / "config.yaml");
-    f << "# The resolved config of run " << dir.run_id_ << " (loom config show prints the same).\n" << config.to_yaml();
-    if (!f) throw UserError("cannot write '" + (dir.path_ / "config.yaml").string() + "'");
-  }
+  // The lock goes with the process: a run killed with SIGKILL leaves no stale lock behind.
+  const fs::path lock_path = dir.path_ / ".lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError("cannot create '" + lock_path.string() + "': " + std::strerror(errno));
+  dir.lock_ = std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0)
+    throw UserError("run directory '" + dir.path_.string() +
+                    "' is in use: another loom process is training in it (it holds " + lock_path.string() +
+                    "); wait for it to finish or stop it, or choose another trainer.run_dir");
   return dir;
+}
+
+bool RunDirectory::holds_run() const {
+  std::error_code ec;
+  return fs::exists(path_ / "metrics.jsonl", ec) || holds_final_weights();
+}
+
+bool RunDirectory::holds_final_weights() const {
+  std::error_code ec;
+  return fs::exists(path_ / "model.safetensors", ec);
+}
+
+void RunDirectory::write_config(const Value& config) const {
+  checkpoint::replace_atomically(path_ / "config.yaml", config_file_text(run_id_, config));
 }
 
 void RunDirectory::write_tokenizer_state(const std::string& state) const {

@@ -1,10 +1,12 @@
-// A run's directory: where its config, tokenizer state, metrics and weights go. The directory of
-// a finished run is what `loom generate` loads; checkpoints belong here too.
+// A run's directory: where its config, tokenizer state, metrics, weights and (by default)
+// checkpoints go. The directory of a finished run is what `loom generate` loads.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/kinds/model.hpp"
@@ -18,14 +20,24 @@ class RunDirectory {
   RunDirectory() = default;
 
   // Names the run (trainer.run_id, else the config file's name and the start time) and its
-  // directory (trainer.run_dir, else runs/<run_id>), creates it and writes config.yaml, the
-  // resolved `config`. An existing run is never overwritten: a directory that already holds
-  // metrics or weights is a UserError.
-  static RunDirectory create(const Options& trainer, const Value& config);
+  // directory (trainer.run_dir, else runs/<run_id>), creates the directory and locks it (the
+  // lock file `.lock`, held while the process lives): a directory that another loom process is
+  // training in is a UserError. Whether an existing run may continue here is resume's decision
+  // (train/resume.hpp); nothing is written yet.
+  static RunDirectory open(const Options& trainer, const Value& config);
 
   const std::filesystem::path& path() const { return path_; }
   const std::string& run_id() const { return run_id_; }
+  // A resumed run keeps the name it had, unless trainer.run_id names it.
+  void adopt_run_id(std::string run_id) { run_id_ = std::move(run_id); }
 
+  // A run was trained here before: it left metrics or weights.
+  bool holds_run() const;
+  // ... and finished: it left its final weights.
+  bool holds_final_weights() const;
+
+  // config.yaml: the resolved `config` (replaced atomically on resume).
+  void write_config(const Value& config) const;
   // tokenizer.state, when the tokenizer has a state (a vocabulary fitted to the training data)
   // that `loom generate` needs back.
   void write_tokenizer_state(const std::string& state) const;
@@ -35,6 +47,10 @@ class RunDirectory {
  private:
   std::filesystem::path path_;
   std::string run_id_;
+  std::shared_ptr<int> lock_;  // the locked file descriptor, closed with the last copy
 };
+
+// The text of config.yaml for `config`: a comment line naming the run, then the YAML.
+std::string config_file_text(const std::string& run_id, const Value& config);
 
 }  // namespace loom::training

@@ -1,29 +1,46 @@
 #include "train/run_setup.hpp"
 
+#include <algorithm>
 #include <string>
+#include <unordered_set>
 
 #include "loom/error.hpp"
 #include "loom/run/generate.hpp"
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
+#include "train/resume.hpp"
 
 namespace loom::training {
 
 namespace {
 
-// trainer.microbatch_size, or Levanter's per_device_parallelism, or the whole batch.
-std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size) {
+// trainer.microbatch_size, or Levanter's per_device_parallelism, or the whole batch: a rank's
+// whole slice of it when `ranks` share each batch.
+std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size, int ranks) {
   std::int64_t micro_size = trainer.get<std::int64_t>("microbatch_size");
   const std::int64_t per_device = trainer.get<std::int64_t>("per_device_parallelism");
   if (per_device > 0 && micro_size > 0 && per_device != micro_size)
     throw UserError("trainer.microbatch_size (" + std::to_string(micro_size) +
                     ") and trainer.per_device_parallelism (" + std::to_string(per_device) +
                     ") disagree: set one of them");
-  if (micro_size == 0) micro_size = per_device > 0 ? per_device : batch_size;
+  if (micro_size == 0) micro_size = per_device > 0 ? per_device : std::max<std::int64_t>(1, batch_size / ranks);
   if (batch_size % micro_size != 0)
     throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) +
                     ") must be a multiple of the micro-batch size (" + std::to_string(micro_size) + ")");
   return micro_size;
+}
+
+// The state.json part of a resume: the step, the skip rule's window, the log interval.
+void restore_state(Run& run, const checkpoint::TrainRecord& r) {
+  TrainState& s = run.state;
+  s.step = r.step;
+  s.skipped_steps = r.skipped_steps;
+  if (s.skip_rule && r.has_skip_window) s.skip_rule->restore(r.skip_losses, r.skip_grad_norms);
+  s.interval.steps = r.interval_steps;
+  s.interval.loss_sum = r.interval_loss;
+  s.interval.seconds = r.interval_seconds;
+  s.interval.train_seconds = r.train_seconds;
+  s.interval.elapsed_before = r.elapsed_seconds;
 }
 
 }  // namespace
@@ -31,34 +48,136 @@ std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size) {
 Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   Run run;
   run.config = resolved_run_config(runtime);
-  run.trainer = Options(*run.config.find("trainer"), "trainer");
-  const Options& trainer = run.trainer;
+  const Options trainer(*run.config.find("trainer"), "trainer");
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
-  run.micro_size = micro_batch_size(trainer, run.batch_size);
+
+  // The ranks first: only rank 0 prints and writes files, and all must agree on the config.
+  run.parallel =
+      std::make_unique<DataParallel>(create_collective(runtime.registry(), run.config),
+                                     static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+  DataParallel& parallel = *run.parallel;
+  if (!parallel.is_primary()) progress.silence();
+  parallel.check_same_config(run.config);
+  run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
+  parallel.check_batch(run.batch_size, run.micro_size);
 
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
-  run.directory = RunDirectory::create(trainer, run.config);
+
+  // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
+  // the other ranks (which read it from the same path: one machine, or a shared file system).
+  std::optional<ResumePoint> resume;
+  std::vector<std::string> resume_warnings;
+  bool finished = false;
+  if (parallel.is_primary()) {
+    run.directory = RunDirectory::open(trainer, run.config);
+    run.checkpoint = checkpoint_settings(trainer, run.directory.path());
+    checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
+    store.remove_leftovers();
+    ResumeDecision decision = decide_resume(trainer, run.directory, store, run.num_steps);
+    for (const auto& w : decision.warnings) progress.say("warning: " + w);
+    resume = std::move(decision.point);
+    if (resume && trainer.get<std::string>("run_id").empty() && !resume->record.run_id.empty())
+      run.directory.adopt_run_id(resume->record.run_id);
+    if (decision.finished) {
+      finished = true;
+      progress.say("run " + run.directory.run_id() + " in " + run.directory.path().string() + " finished at step " +
+                   std::to_string(resume->record.step) + " (checkpoint " + resume->dir.string() +
+                   "): nothing to train; raise trainer.num_train_steps to train it further");
+    }
+    // Printed once the checkpoint has loaded: a refusal comes without them.
+    if (resume && !finished)
+      resume_warnings =
+          check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps);
+    if (!finished)
+      run.checkpoints = std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async);
+  }
+  {
+    std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
+                from = resume ? resume->dir.string() : "";
+    parallel.broadcast(run_id);
+    parallel.broadcast(run_dir);
+    parallel.broadcast(from);
+    finished = parallel.agree_on_stop(finished ? 1 : 0) != 0;
+    if (!parallel.is_primary()) {
+      // No directory of their own: the run's id and paths, for the config text a checkpoint is
+      // compared with and for the messages.
+      run.directory.adopt_run_id(run_id);
+      run.checkpoint = checkpoint_settings(trainer, run_dir);
+      if (!from.empty())
+        resume =
+            with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
+    }
+  }
+  run.trainer = trainer;
+  if (finished) {
+    run.finished = true;
+    run.resumed_from = resume->record.step;
+    return run;
+  }
   run.seq_len = c.model->max_seq_len();
   build_model_and_data(c, run.batch_size, run.seed);
-  run.directory.write_tokenizer_state(c.tokenizer->state());
-  write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
   // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
-  for (const auto& note : initialize_parameters(c, trainer, run.seed)) progress.say("init_from: " + note);
-  start_trackers(c, runtime.registry(), trainer,
-                 RunInfo{run.directory.path().string(), run.directory.run_id(), run.config, 0});
+  if (resume && !trainer.get<std::string>("init_from").empty())
+    progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
+  // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
+  if (trainer.get<bool>("shard_optimizer_state"))
+    parallel.shard(c.model->parameters());
+  else
+    parallel.attach(c.model->parameters());
+  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/!resume,
+                                                [&](const Parameter* p) { return parallel.owns(p); }))
+    progress.say("init_from: " + note);
+  if (trainer.get<bool>("skip_bad_steps"))
+    run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
+  if (resume) {
+    // A sharded rank loads its shard's entries ("slot/parameter") of the whole saved state.
+    std::unordered_set<std::string> owned;
+    for (const auto& p : c.parameters)
+      if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
+    load_checkpoint_tensors(
+        *resume, c, config_file_text(run.directory.run_id(), run.config), [&](const std::string& entry) {
+          const auto slash = entry.find('/');
+          return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
+        });
+    with_context("while reading " + (resume->dir / "state.json").string(), [&] { restore_state(run, resume->record); });
+    run.resumed_from = resume->record.step;
+    for (const auto& w : resume_warnings) progress.say("warning: " + w);
+  }
+
+  parallel.check_same_parameters(c.parameters);
+
+  // The run directory changes only now, once a checkpoint to resume from has loaded: a refused
+  // resume leaves the run as it was. Rank 0's alone.
+  if (parallel.is_primary()) {
+    const std::int64_t from = resume ? resume->record.step : 0;
+    if (const auto removed = run.checkpoints->store().discard_after(from); !removed.empty()) {
+      std::string steps;
+      for (auto s : removed) steps += " step-" + std::to_string(s);
+      progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
+                   run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
+    }
+    run.directory.write_config(run.config);
+    run.directory.write_tokenizer_state(c.tokenizer->state());
+    write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
+    // Trackers keep what the run logged up to its checkpoint (records of steps <= the
+    // checkpoint's step) and drop the rest: the resumed run logs those steps again.
+    start_trackers(c, runtime.registry(), trainer,
+                   RunInfo{run.directory.path().string(), run.directory.run_id(), run.config,
+                           resume ? resume->record.step + 1 : 0});
+  }
 
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = trainer.get<double>("peak_flops");
   const bool probed = run.peak_flops <= 0;
   if (probed) run.peak_flops = probe_peak_flops(*c.backend);
-  if (trainer.get<bool>("skip_bad_steps"))
-    run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
+  // MFU of a data-parallel run is against every rank's roof together.
+  run.peak_flops = parallel.sum(run.peak_flops);
 
   RunHeader header;
   header.run_id = run.directory.run_id();
@@ -75,7 +194,15 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.num_steps = run.num_steps;
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
+  header.ranks = parallel.size();
+  header.sharded = parallel.sharded();
+  header.collective = parallel.collective().describe();
+  for (const auto& [name, tensor] : c.optimizer->state())
+    header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   progress.header(header);
+  if (resume)
+    progress.say("resumed from checkpoint " + resume->dir.string() + " at step " + std::to_string(resume->record.step) +
+                 " of " + std::to_string(run.num_steps));
   return run;
 }
 

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "checkpoint/checkpoint_writer.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/options.hpp"
 #include "loom/value.hpp"
+#include "train/checkpointing.hpp"
 #include "train/components.hpp"
+#include "train/data_parallel.hpp"
 #include "train/progress.hpp"
 #include "train/run_directory.hpp"
 #include "train/train_state.hpp"
@@ -19,18 +23,24 @@ struct Run {
   Options trainer;  // its `trainer` section
   std::uint64_t seed = 0;
   std::int64_t num_steps = 0;
-  std::int64_t batch_size = 0;  // sequences per step
-  std::int64_t micro_size = 0;  // sequences per forward/backward pass; divides batch_size
-  std::int64_t seq_len = 0;     // the model's context
-  RunDirectory directory;
+  std::int64_t batch_size = 0;             // sequences per step
+  std::int64_t micro_size = 0;             // sequences per forward/backward pass; divides batch_size
+  std::int64_t seq_len = 0;                // the model's context
+  std::unique_ptr<DataParallel> parallel;  // the ranks of the run (one without mpirun)
+  RunDirectory directory;                  // rank 0's; the other ranks write no files
   RunComponents components;
   TrainState state;
   double flops_per_token = 0;  // the model's, at seq_len
   double peak_flops = 0;       // what MFU is relative to
+  CheckpointSettings checkpoint;
+  std::unique_ptr<checkpoint::CheckpointWriter> checkpoints;
+  std::int64_t resumed_from = -1;  // the checkpoint's step when the run resumed
+  bool finished = false;           // resumed at its last step with its final weights written: nothing to do
 };
 
-// Sets up the run runtime's config describes and prints its header. Throws UserError for a bad
-// config or data, or a run directory that already holds a run.
+// Sets up the run runtime's config describes and prints its header; resumes it from a checkpoint
+// as trainer.resume says (train/resume.hpp). Throws UserError for a bad config or data, a run
+// directory that holds a run it may not continue, or a checkpoint it cannot continue from.
 Run set_up_run(Runtime& runtime, ProgressPrinter& progress);
 
 }  // namespace loom::training

@@ -1,7 +1,9 @@
 // Levanter's skip-step rule: see SkipStepRule in loom/run/trainer.hpp.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "loom/error.hpp"
 #include "loom/run/trainer.hpp"
 
 namespace loom {
@@ -16,6 +18,16 @@ bool SkipStepRule::should_skip(double loss, double grad_norm) {
   push(losses_, loss);
   push(norms_, grad_norm);
   return skip;
+}
+
+void SkipStepRule::restore(const std::vector<double>& losses, const std::vector<double>& grad_norms) {
+  if (losses.size() != grad_norms.size() || losses.size() > capacity_)
+    throw UserError("the checkpoint's skip-bad-steps window holds " + std::to_string(losses.size()) + " losses and " +
+                    std::to_string(grad_norms.size()) + " gradient norms; trainer.skip_step_window " +
+                    std::to_string(capacity_ - 1) + " keeps up to " + std::to_string(capacity_) +
+                    " of each (was trainer.skip_step_window changed?)");
+  losses_.assign(losses.begin(), losses.end());
+  norms_.assign(grad_norms.begin(), grad_norms.end());
 }
 
 double SkipStepRule::threshold(const std::deque<double>& xs) const {

@@ -2,28 +2,56 @@
 
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "loom/error.hpp"
+#include "train/checkpointing.hpp"
 #include "train/evaluation.hpp"
 #include "train/prefetcher.hpp"
 #include "train/sampling.hpp"
+#include "train/stop_signals.hpp"
 #include "train/train_step.hpp"
 
 namespace loom::training {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+std::string describe_write(const checkpoint::WriteReport& r) {
+  std::ostringstream line;
+  line << "checkpoint " << r.path.string() << ": " << format_bytes(r.bytes) << " written in " << std::fixed
+       << std::setprecision(2) << r.write_seconds << " s";
+  if (r.snapshot_seconds > 0) line << " (snapshot " << r.snapshot_seconds << " s)";
+  if (!r.removed.empty()) {
+    line << "; removed";
+    for (auto s : r.removed) line << " step-" << s;
+  }
+  return line.str();
+}
+
+}  // namespace
+
 TrainSummary execute(Run& run, ProgressPrinter& progress) {
   TrainSummary summary;
   summary.run_dir = run.directory.path().string();
   summary.peak_flops = run.peak_flops;
+  summary.resumed_from_step = run.resumed_from;
+  if (run.finished) {
+    summary.steps = run.num_steps;
+    summary.already_finished = true;
+    return summary;
+  }
 
   const Options& trainer = run.trainer;
   RunComponents& c = run.components;
+  TrainState& state = run.state;
+  LogInterval& interval = state.interval;
   const std::int64_t num_steps = run.num_steps;
   const std::int64_t log_every = trainer.get<std::int64_t>("log_every");
   const std::int64_t steps_per_eval = trainer.get<std::int64_t>("steps_per_eval");
@@ -32,8 +60,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const std::int64_t max_eval_batches = trainer.get<std::int64_t>("max_eval_batches");
   const double tokens_per_step = static_cast<double>(run.batch_size * run.seq_len);
 
-  TrainStep train_step(c, StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("crash_on_nan"),
-                                       trainer.get<bool>("crash_on_inf"), trainer.get<float>("z_loss_weight")});
+  DataParallel& parallel = *run.parallel;
+  TrainStep train_step(c, parallel,
+                       StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("overlap_grad_reduce"),
+                                    trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf"),
+                                    trainer.get<float>("z_loss_weight")});
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0 && !run.state.ema)
     run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
   // Evaluation and the final save see the weight average when there is one.
@@ -44,80 +75,163 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     return result;
   };
   Sampler sampler(c, trainer, run.seed);
+  // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   auto evaluate_now = [&] {
-    return with_average([&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); });
+    return parallel.is_primary() ? with_average([&] {
+      return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
+    })
+                                 : -1.0;
   };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
   };
 
-  Prefetcher prefetch(*c.dataset, run.state.step, num_steps,
-                      static_cast<std::size_t>(trainer.get<std::int64_t>("prefetch")));
-  Batch batch;
-  double train_seconds = 0, interval_seconds = 0, interval_loss = 0;
-  std::int64_t interval_steps = 0;
   const auto run_start = Clock::now();
+  auto elapsed = [&] {
+    return interval.elapsed_before + std::chrono::duration<double>(Clock::now() - run_start).count();
+  };
 
-  while (run.state.step < num_steps) {
-    const std::int64_t step = run.state.step;
-    prefetch.take(step, batch);
-    if (batch.batch_size != run.batch_size || batch.seq_len != run.seq_len)
-      throw InternalError("the dataset returned a " + std::to_string(batch.batch_size) + " x " +
-                          std::to_string(batch.seq_len) + " batch for a " + std::to_string(run.batch_size) + " x " +
-                          std::to_string(run.seq_len) + " run");
-    const auto t0 = Clock::now();
-    const StepResult result = train_step.run(batch, run.state);
-    if (run.state.ema) run.state.ema->update();
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    train_seconds += dt;
-    interval_seconds += dt;
-    interval_loss += result.loss;
-    ++interval_steps;
+  // Checkpoints: by the policy between steps, on a stop signal, and at the end of a run that has
+  // any (so that it can be trained further). Trackers are flushed first: a checkpoint of step N
+  // is committed only once every record up to N is on disk.
+  // In a data-parallel run rank 0 alone writes them (every rank holds the same weights and
+  // optimizer state); the other ranks have no writer.
+  checkpoint::CheckpointWriter* writer = run.checkpoints.get();
+  CheckpointPolicy policy(run.checkpoint, run_start);
+  std::int64_t last_saved = run.resumed_from;
+  auto report_writes = [&] {
+    if (writer)
+      for (const auto& r : writer->take_reports()) progress.say(describe_write(r));
+  };
+  auto save_checkpoint = [&](bool wait) {
+    last_saved = state.step;
+    policy.saved(Clock::now());
+    // A sharded run's optimizer state comes to rank 0 from every rank first.
+    std::vector<std::pair<std::string, Tensor>> gathered;
+    if (parallel.sharded()) gathered = parallel.gather_state(c.optimizer->state());
+    if (!writer) return;
+    for (auto& t : c.trackers) t->flush();
+    checkpoint::Snapshot snapshot = live_snapshot(run, train_record(run, elapsed()));
+    if (parallel.sharded()) snapshot.optimizer = std::move(gathered);
+    writer->save(std::move(snapshot));
+    if (wait) writer->wait();
+    report_writes();
+  };
 
-    const bool last = step + 1 == num_steps;
-    if ((step + 1) % log_every == 0 || last) {
-      StepReport report;
-      report.step = step + 1;
-      report.num_steps = num_steps;
-      report.mean_loss = interval_loss / static_cast<double>(interval_steps);
-      report.lr = result.lr;
-      report.grad_norm = result.grad_norm;
-      report.tokens_per_second = tokens_per_step * static_cast<double>(interval_steps) / interval_seconds;
-      report.mfu = run.flops_per_token * report.tokens_per_second / run.peak_flops;
-      report.eta_seconds = train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
-      report.skipped_steps = run.state.skipped_steps;
-      const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-      log(step + 1, {{"train/loss", report.mean_loss},
-                     {"train/lr", report.lr},
-                     {"train/grad_norm", report.grad_norm},
-                     {"throughput/tokens_per_second", report.tokens_per_second},
-                     {"throughput/mfu", report.mfu},
-                     {"throughput/elapsed_seconds", elapsed},
-                     {"train/skipped_steps", static_cast<double>(report.skipped_steps)}});
-      progress.step(report);
-      summary.final_train_loss = report.mean_loss;
-      interval_seconds = 0;
-      interval_loss = 0;
-      interval_steps = 0;
-    }
-    if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
-      const double eval_loss = evaluate_now();
-      if (eval_loss >= 0) {
-        log(step + 1, {{"eval/loss", eval_loss}, {"eval/perplexity", std::exp(eval_loss)}});
-        progress.eval(step + 1, eval_loss);
+  bool reserved = false;
+  auto reserve_if_soon = [&] {
+    if (!writer || parallel.sharded() || reserved || !policy.soon(Clock::now())) return;
+    writer->reserve(live_snapshot(run, train_record(run, 0)));
+    reserved = true;
+  };
+  reserve_if_soon();
+
+  StopSignals signals;
+  int stopped_by = 0;
+  {
+    Prefetcher prefetch(*c.dataset, state.step, num_steps,
+                        static_cast<std::size_t>(trainer.get<std::int64_t>("prefetch")));
+    Batch batch;
+    while (state.step < num_steps) {
+      const std::int64_t step = state.step;
+      prefetch.take(step, batch);
+      if (batch.batch_size != run.batch_size || batch.seq_len != run.seq_len)
+        throw InternalError("the dataset returned a " + std::to_string(batch.batch_size) + " x " +
+                            std::to_string(batch.seq_len) + " batch for a " + std::to_string(run.batch_size) + " x " +
+                            std::to_string(run.seq_len) + " run");
+      const auto t0 = Clock::now();
+      const StepResult result = train_step.run(batch, state);
+      if (state.ema) state.ema->update();
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      interval.train_seconds += dt;
+      interval.seconds += dt;
+      interval.loss_sum += result.loss;
+      ++interval.steps;
+
+      const bool last = step + 1 == num_steps;
+      if ((step + 1) % log_every == 0 || last) {
+        StepReport report;
+        report.step = step + 1;
+        report.num_steps = num_steps;
+        report.mean_loss = interval.loss_sum / static_cast<double>(interval.steps);
+        report.lr = result.lr;
+        report.grad_norm = result.grad_norm;
+        report.tokens_per_second = tokens_per_step * static_cast<double>(interval.steps) / interval.seconds;
+        report.mfu = run.flops_per_token * report.tokens_per_second / run.peak_flops;
+        report.eta_seconds =
+            interval.train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
+        report.skipped_steps = state.skipped_steps;
+        report.ranks = parallel.size();
+        std::vector<std::pair<std::string, double>> scalars{
+            {"train/loss", report.mean_loss},
+            {"train/lr", report.lr},
+            {"train/grad_norm", report.grad_norm},
+            {"throughput/tokens_per_second", report.tokens_per_second},
+            {"throughput/mfu", report.mfu},
+            {"throughput/elapsed_seconds", elapsed()},
+            {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
+        if (parallel.size() > 1) {
+          scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
+          scalars.emplace_back("throughput/communication_share",
+                               parallel.take_communication_seconds() / interval.seconds);
+        }
+        log(step + 1, scalars);
+        progress.step(report);
+        summary.final_train_loss = report.mean_loss;
+        interval.seconds = 0;
+        interval.loss_sum = 0;
+        interval.steps = 0;
       }
-    }
-    if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last) {
-      const std::string text = sampler.sample(sample_length);
-      for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
-      progress.sample(step + 1, text);
+      if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
+        const double eval_loss = evaluate_now();
+        if (eval_loss >= 0) {
+          log(step + 1, {{"eval/loss", eval_loss}, {"eval/perplexity", std::exp(eval_loss)}});
+          progress.eval(step + 1, eval_loss);
+        }
+      }
+      if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
+        const std::string text = sampler.sample(sample_length);
+        for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
+        progress.sample(step + 1, text);
+      }
+      report_writes();
+      // The last step's checkpoint comes after the final evaluation and weights, below; a signal
+      // during the last step lets the run finish.
+      if (last) break;
+      // mpirun hands a signal to every rank, not necessarily between the same steps: the ranks
+      // stop together, at the first step boundary where any of them has one.
+      if ((stopped_by = parallel.agree_on_stop(signals.requested())) != 0) {
+        if (last_saved != state.step) save_checkpoint(/*wait=*/true);
+        break;
+      }
+      // A sharded save is collective: the ranks agree on it (the time policy reads each one's clock).
+      bool due = policy.due(state.step, Clock::now());
+      if (parallel.sharded()) due = parallel.agree_on_stop(due ? 1 : 0) != 0;
+      if (due) save_checkpoint(/*wait=*/!run.checkpoint.async);
+      reserve_if_soon();
     }
   }
   progress.end_steps();
 
+  if (stopped_by != 0) {
+    if (writer) writer->wait();
+    report_writes();
+    for (auto& t : c.trackers) t->flush();
+    summary.steps = state.step;
+    summary.skipped_steps = state.skipped_steps;
+    summary.stopped_by_signal = stopped_by;
+    summary.wall_seconds = elapsed();
+    progress.say("stopped by " + std::string(signal_name(stopped_by)) + " after step " + std::to_string(state.step) +
+                 " of " + std::to_string(num_steps) + "; checkpoint " +
+                 (run.checkpoint.dir / checkpoint::CheckpointStore::dir_name(state.step)).string() +
+                 " holds it: run the same command again to continue (trainer.resume: auto)");
+    return summary;
+  }
+
   summary.steps = num_steps;
-  summary.skipped_steps = run.state.skipped_steps;
-  summary.tokens_per_second = tokens_per_step * static_cast<double>(num_steps) / train_seconds;
+  summary.skipped_steps = state.skipped_steps;
+  summary.tokens_per_second =
+      interval.train_seconds > 0 ? tokens_per_step * static_cast<double>(num_steps) / interval.train_seconds : 0;
   summary.mfu = run.flops_per_token * summary.tokens_per_second / run.peak_flops;
 
   summary.final_eval_loss = evaluate_now();
@@ -125,18 +239,23 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
   }
-  if (trainer.get<bool>("save_final"))
+  if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
       run.directory.save_weights(c.parameters, num_steps);
       return 0;
     });
-  if (sample_length > 0) {
+  if (sample_length > 0 && parallel.is_primary()) {
     summary.final_sample = sampler.sample(sample_length);
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);
   }
   for (auto& t : c.trackers) t->flush();
-  summary.wall_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  // A run with checkpoints ends with one, so that it can be trained further (a larger
+  // trainer.num_train_steps) and a rerun of the same command knows it is finished.
+  if (last_saved >= 0 && last_saved != num_steps) save_checkpoint(/*wait=*/true);
+  if (writer) writer->wait();
+  report_writes();
+  summary.wall_seconds = elapsed();
   progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.run_dir);
   return summary;
 }

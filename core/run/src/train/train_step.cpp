@@ -20,9 +20,10 @@ bool is_bad(double x, bool nan, bool inf) {
 StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   const std::int64_t step = state.step;
   StepResult result;
-  result.loss = accumulate_gradients(batch, step);
-  // Data parallelism reduces the gradients (and the loss) across ranks here, so that every rank
-  // sees the same norm, takes the same skip decision and applies the same update.
+  // Each rank's part of the loss and gradients, then their sums over the ranks: every rank sees
+  // the same norm, takes the same skip decision and applies the same update.
+  result.loss = parallel_.sum(accumulate_gradients(batch, step));
+  parallel_.reduce_gradients();
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
@@ -36,6 +37,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
 
   clip_gradients(result.grad_norm, components_.max_grad_norm);
   components_.optimizer->step(result.lr, step - state.skipped_steps);
+  parallel_.gather_parameters();
   ++state.step;
   return result;
 }
@@ -51,21 +53,81 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
   if (total_counted == 0) throw UserError("step " + std::to_string(step) + ": the batch has no targets to learn");
 
   double loss_sum = 0;
-  for_each_micro_batch(batch, settings_.micro_size, [&](const MicroBatch& micro) {
-    Tape tape;
-    Ops ops(*components_.backend, &tape);
-    ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
-    ops.set_z_loss_weight(settings_.z_loss_weight);
-    Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
-    const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
-    loss_sum += static_cast<double>(loss.item()) * weight;
-    tape.backward(loss, static_cast<float>(weight));
-  });
+  bool first = true;
+  const std::int64_t first_row = parallel_.first_row(batch.batch_size), rows = parallel_.row_count(batch.batch_size);
+  const std::int64_t last_micro = (first_row + rows + settings_.micro_size - 1) / settings_.micro_size - 1;
+  for_each_micro_batch(
+      batch, settings_.micro_size,
+      [&](const MicroBatch& micro) {
+        if (!first) set_aside_gradients();
+        Tape tape;
+        // The rank's last micro-batch: each gradient, once final (and added to the earlier
+        // micro-batches' sum), joins its bucket's reduction while backward goes on.
+        if (micro.index == last_micro && parallel_.size() > 1 && settings_.overlap_reduce)
+          tape.on_gradient_ready([this, finish = !first](Parameter& p) {
+            if (finish) add_set_aside_gradient(p);
+            parallel_.gradient_ready(p);
+          });
+        Ops ops(*components_.backend, &tape);
+        ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
+        ops.set_z_loss_weight(settings_.z_loss_weight);
+        Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
+        const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
+        loss_sum += static_cast<double>(loss.item()) * weight;
+        tape.backward(loss, static_cast<float>(weight));
+        if (!first) add_set_aside_gradients();
+        first = false;
+      },
+      first_row, rows);
   return loss_sum;
 }
 
+void TrainStep::set_aside_gradients() {
+  auto& params = components_.parameters;
+  if (set_aside_.empty()) {
+    set_aside_.resize(params.size());
+    has_set_aside_.assign(params.size(), false);
+  }
+  Backend& backend = *components_.backend;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = *params[i].parameter;
+    has_set_aside_[i] = p.has_grad();
+    if (!p.has_grad()) continue;
+    if (!set_aside_[i].defined()) set_aside_[i] = Tensor::empty(p.shape(), DType::f32, p.tensor().device());
+    const Tensor g = p.grad();
+    backend.scale(g.data<float>(), 1.0f, set_aside_[i].data<float>(), g.numel(), false);
+    p.zero_grad();
+  }
+}
+
+void TrainStep::add_set_aside_gradients() {
+  for (std::size_t i = 0; i < components_.parameters.size(); ++i) add_set_aside_gradient(i);
+}
+
+void TrainStep::add_set_aside_gradient(Parameter& p) {
+  if (index_.empty())
+    for (std::size_t i = 0; i < components_.parameters.size(); ++i) index_[components_.parameters[i].parameter] = i;
+  if (const auto it = index_.find(&p); it != index_.end()) add_set_aside_gradient(it->second);
+}
+
+void TrainStep::add_set_aside_gradient(std::size_t i) {
+  if (!has_set_aside_[i]) return;
+  has_set_aside_[i] = false;  // added once, during backward or after it
+  Parameter& p = *components_.parameters[i].parameter;
+  Backend& backend = *components_.backend;
+  if (p.has_grad()) {
+    const Tensor g = p.grad();
+    backend.add(set_aside_[i].data<float>(), g.data<float>(), g.data<float>(), g.numel());
+  } else {
+    // Not reached by this micro-batch: the gradient is the earlier ones' sum, back in place.
+    p.mark_grad_written();
+    const Tensor g = p.grad();
+    backend.scale(set_aside_[i].data<float>(), 1.0f, g.data<float>(), g.numel(), false);
+  }
+}
+
 double TrainStep::global_grad_norm() const {
-  // In double, in parameter order.
+  // In double, in parameter order. A sharded run sums its shard's squares and then the ranks'.
   double sum_squares = 0;
   for (const auto& p : components_.parameters) {
     if (!p.parameter->has_grad()) continue;
@@ -76,6 +138,7 @@ double TrainStep::global_grad_norm() const {
     for (std::int64_t i = 0; i < n; ++i) local += static_cast<double>(d[i]) * d[i];
     sum_squares += local;
   }
+  if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
   return std::sqrt(sum_squares);
 }
 

@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
+#include <vector>
 
 #include "loom/kinds/dataset.hpp"
 #include "train/components.hpp"
+#include "train/data_parallel.hpp"
 #include "train/train_state.hpp"
 
 namespace loom::training {
@@ -15,6 +18,7 @@ struct StepSettings {
   std::uint64_t seed = 0;       // of the dropout streams
   std::int64_t num_steps = 0;   // of the run, for the schedule
   std::int64_t micro_size = 0;  // rows per forward/backward pass; divides the batch
+  bool overlap_reduce = true;   // data parallel: reduce gradient buckets during backward
   bool crash_on_nan = true;     // a NaN loss or gradient norm is a UserError
   bool crash_on_inf = true;     // an infinite one too
   float z_loss_weight = 0;      // trainer.z_loss_weight, for every micro-batch's loss
@@ -29,7 +33,10 @@ struct StepResult {
 
 class TrainStep {
  public:
-  TrainStep(RunComponents& components, const StepSettings& settings) : components_(components), settings_(settings) {}
+  // `parallel`: this rank takes its rows of each batch, and gradients and loss are summed over
+  // the ranks before the norm, so every rank takes the same decisions and update.
+  TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings)
+      : components_(components), parallel_(parallel), settings_(settings) {}
 
   // Runs step state.step on `batch` and advances `state` past it. Throws UserError when the loss
   // or the gradient norm is NaN or infinite and crash_on_nan / crash_on_inf forbid it.
@@ -39,12 +46,23 @@ class TrainStep {
   // Zeroes the gradients, then forward and backward over each micro-batch, weighted so that the
   // accumulated gradient is the gradient of the whole batch's mean loss. Returns that loss.
   double accumulate_gradients(const Batch& batch, std::int64_t step);
+  // Around each micro-batch after a rank's first: its gradients are computed afresh and then
+  // added to the sum of the earlier ones, so the sum is ((g0 + g1) + g2) + ..., in micro-batch
+  // order, exactly what the data-parallel reduction does with one micro-batch per rank.
+  void set_aside_gradients();
+  void add_set_aside_gradients();
+  void add_set_aside_gradient(Parameter& p);
+  void add_set_aside_gradient(std::size_t index);
   double global_grad_norm() const;
   void check_finite(std::int64_t step, double loss, double grad_norm) const;
   void clip_gradients(double grad_norm, double max_norm);
 
   RunComponents& components_;
+  DataParallel& parallel_;
   StepSettings settings_;
+  std::vector<Tensor> set_aside_;  // per parameter: the sum of the earlier micro-batches' gradients
+  std::vector<bool> has_set_aside_;
+  std::unordered_map<const Parameter*, std::size_t> index_;  // position in components_.parameters
 };
 
 }  // namespace loom::training

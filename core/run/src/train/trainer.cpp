@@ -55,7 +55,7 @@ OptionSchema trainer_schema() {
   s.string("init_from", "",
            "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
            "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
-           "to the current directory.");
+           "to the current directory. Ignored when the run resumes from a checkpoint.");
   s.number("z_loss_weight", 0.0,
            "z-loss (PaLM, MaxText): adds z_loss_weight * log(Z)^2 per target to the training loss, Z being the "
            "softmax normaliser of the output logits; 0: none (1e-4 is PaLM's).")
@@ -66,6 +66,43 @@ OptionSchema trainer_schema() {
       .min(0.0)
       .max(1.0, false);
   s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
+  s.number("grad_bucket_mb", 25.0,
+           "Data parallel: gradients are summed across ranks in buckets of about this many megabytes (PyTorch DDP's "
+           "bucket_cap_mb).")
+      .min(0.0, false);
+  s.boolean("overlap_grad_reduce", true,
+            "Data parallel: start reducing a bucket of gradients as soon as the backward pass has finished it, "
+            "while it computes the rest; false: reduce after the backward pass (for measuring the overlap).");
+  s.boolean("shard_optimizer_state", false,
+            "Data parallel: each rank keeps the optimizer state of only its 1/N of the parameters (ZeRO stage 1); "
+            "gradients are reduce-scattered and the updated parameters all-gathered.");
+  OptionSchema checkpoint;
+  checkpoint
+      .integer("save_every_steps", 0,
+               "Save a checkpoint every this many steps; 0: no step policy (the time policy may still save).")
+      .min(0);
+  checkpoint
+      .number("save_every_minutes", 15.0,
+              "Save a checkpoint whenever this many minutes have passed since the last one; 0: no time policy.")
+      .min(0.0);
+  checkpoint.integer("keep_last", 2, "Rolling checkpoints kept: older ones are deleted once a new one is committed.")
+      .min(1);
+  checkpoint
+      .integer("keep_every_steps", 0,
+               "Save a checkpoint at every multiple of this step and keep it for good (keep_last never deletes "
+               "it); 0: none.")
+      .min(0);
+  checkpoint.string("dir", "", "Directory of the checkpoints; empty: <run_dir>/checkpoints.");
+  checkpoint.boolean("async", true,
+                     "Write checkpoints on a background thread from a snapshot taken between steps; false: the "
+                     "step loop waits for each write.");
+  s.object("checkpoint", std::move(checkpoint),
+           "Checkpoints: when they are saved, which stay, where (docs/checkpoints.md). A run with any ends with "
+           "one at its last step.");
+  s.string("resume", "auto",
+           "Continue from a checkpoint: auto (the run directory's latest valid one, if any; else start afresh), "
+           "never (start afresh; a run directory that holds a run is refused), or the path of a checkpoint "
+           "(step-N/, a checkpoints/ directory or a run directory).");
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
 }

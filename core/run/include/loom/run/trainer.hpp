@@ -14,10 +14,16 @@
 // Everything is deterministic for a given config, seed and thread count: initialisation,
 // data order and dropout draw from separate counter-based streams of trainer.seed.
 //
+// Checkpoints (trainer.checkpoint, docs/checkpoints.md) are written between steps, by a
+// background thread from a snapshot; trainer.resume continues a run from one so exactly that
+// the resumed run ends with the same weights, byte for byte, as one never interrupted. SIGTERM
+// and SIGINT save a checkpoint at the next step boundary and stop the run.
+//
 // The parts, one concern per file under core/run/src/train/: run_setup (config to a run ready to
-// step), components, run_directory (config.yaml, tokenizer.state, weights), step_loop, prefetcher,
-// train_step (with train_state: what a checkpoint must capture), micro_batches, evaluation,
-// sampling, progress (the terminal).
+// step), components, run_directory (config.yaml, tokenizer.state, weights, the lock), resume,
+// step_loop, checkpointing (with core/run/src/checkpoint/: the store, its protocol, the writer
+// thread), stop_signals, prefetcher, train_step (with train_state: what a checkpoint must
+// capture), micro_batches, evaluation, sampling, progress (the terminal).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "loom/core/runtime.hpp"
 
@@ -44,6 +51,11 @@ struct TrainSummary {
   double peak_flops = 0;         // the roof MFU is measured against
   std::int64_t skipped_steps = 0;
   std::string final_sample;
+  std::int64_t resumed_from_step = -1;  // the checkpoint's step when the run resumed, else -1
+  bool already_finished = false;        // resumed at its last step: nothing was trained
+  // SIGTERM or SIGINT when a signal stopped the run after saving a checkpoint (steps = the
+  // checkpoint's step); 0 otherwise. `loom train` then exits with status 128 + the signal.
+  int stopped_by_signal = 0;
 };
 
 struct TrainOptions {
@@ -65,6 +77,12 @@ class SkipStepRule {
   SkipStepRule(std::int64_t window, double sigma);
   // Decides for the current step, then records it.
   bool should_skip(double loss, double grad_norm);
+
+  // The window, oldest first (what a checkpoint saves), and its restoration.
+  std::vector<double> losses() const { return {losses_.begin(), losses_.end()}; }
+  std::vector<double> grad_norms() const { return {norms_.begin(), norms_.end()}; }
+  // Throws UserError when the two differ in length or exceed the window.
+  void restore(const std::vector<double>& losses, const std::vector<double>& grad_norms);
 
  private:
   double threshold(const std::deque<double>& xs) const;

@@ -1,0 +1,234 @@
+#include "checkpoint/checkpoint_store.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "checkpoint/durable_io.hpp"
+#include "loom/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::checkpoint {
+
+namespace {
+
+constexpr const char* kLatest = "latest";
+
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// LOOM_TEST_CHECKPOINT_STAGE_DELAY_MS: a pause after each stage of a commit, so that a test that
+// kills `loom train` from outside can land inside a checkpoint write. Not for production use.
+int test_stage_delay_ms() {
+  static const int ms = [] {
+    const char* v = std::getenv("LOOM_TEST_CHECKPOINT_STAGE_DELAY_MS");
+    return v ? std::atoi(v) : 0;
+  }();
+  return ms;
+}
+
+}  // namespace
+
+const char* stage_name(CommitStage stage) {
+  switch (stage) {
+    case CommitStage::temp_created:
+      return "temp_created";
+    case CommitStage::files_written:
+      return "files_written";
+    case CommitStage::manifest_written:
+      return "manifest_written";
+    case CommitStage::renamed:
+      return "renamed";
+    case CommitStage::latest_replaced:
+      return "latest_replaced";
+    case CommitStage::retention_done:
+      return "retention_done";
+  }
+  return "?";
+}
+
+CheckpointStore::CheckpointStore(fs::path dir, Retention retention) : dir_(std::move(dir)), retention_(retention) {
+  if (retention_.keep_last < 1) throw InternalError("checkpoint retention: keep_last must be >= 1");
+  if (const int ms = test_stage_delay_ms(); ms > 0)
+    stage_hook_ = [ms](CommitStage) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+}
+
+std::string CheckpointStore::dir_name(std::int64_t step) {
+  return "step-" + std::to_string(step);
+}
+
+std::optional<std::int64_t> CheckpointStore::parse_dir_name(const std::string& name) {
+  if (!starts_with(name, "step-") || name.size() == 5) return std::nullopt;
+  std::int64_t step = 0;
+  const char* begin = name.data() + 5;
+  const char* end = name.data() + name.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, step);
+  if (ec != std::errc() || ptr != end || step < 0 || (name.size() > 6 && name[5] == '0')) return std::nullopt;
+  return step;
+}
+
+std::vector<CheckpointDir> CheckpointStore::list() const {
+  std::vector<CheckpointDir> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    if (const auto step = parse_dir_name(entry.path().filename().string())) out.push_back({*step, entry.path()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<std::int64_t> CheckpointStore::latest() const {
+  std::error_code ec;
+  if (!fs::exists(dir_ / kLatest, ec)) return std::nullopt;
+  std::string text;
+  try {
+    text = read_whole(dir_ / kLatest);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  return parse_dir_name(text);
+}
+
+LatestValid CheckpointStore::find_latest_valid() const {
+  LatestValid result;
+  std::vector<CheckpointDir> candidates = list();
+  const std::optional<std::int64_t> pointer = latest();
+  std::error_code ec;
+  if (pointer) {
+    // Directories past `latest` were never committed (a crash between the rename and the pointer).
+    std::erase_if(candidates, [&](const CheckpointDir& c) { return c.step > *pointer; });
+    if (candidates.empty() || candidates.back().step != *pointer)
+      result.warnings.push_back("'" + (dir_ / kLatest).string() + "' names " + dir_name(*pointer) +
+                                ", which does not exist");
+  } else if (fs::exists(dir_ / kLatest, ec)) {
+    result.warnings.push_back("'" + (dir_ / kLatest).string() + "' does not name a step-N directory");
+  }
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    const Verification v = verify_checkpoint(it->path);
+    if (v.ok && v.step == it->step) {
+      result.checkpoint = *it;
+      return result;
+    }
+    result.warnings.push_back("checkpoint " + it->path.string() + " is unusable: " +
+                              (v.ok ? "its manifest is for step " + std::to_string(v.step) : v.describe(it->path)));
+  }
+  return result;
+}
+
+CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void(const fs::path&)>& write_files) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw UserError("cannot create the checkpoint directory '" + dir_.string() + "': " + ec.message());
+  const fs::path final_dir = dir_ / dir_name(step);
+  if (latest() == step && fs::exists(final_dir, ec))
+    throw InternalError("checkpoint " + final_dir.string() + " is already committed");
+  const fs::path temp = dir_ / (".tmp-" + dir_name(step) + "-" + std::to_string(::getpid()));
+  fs::remove_all(temp, ec);
+  if (!fs::create_directory(temp, ec))
+    throw UserError("cannot create '" + temp.string() + "': " + (ec ? ec.message() : "it exists"));
+  CommitResult result;
+  try {
+    stage(CommitStage::temp_created);
+    write_files(temp);
+    stage(CommitStage::files_written);
+    const Manifest manifest = describe_directory(temp, step);
+    for (const auto& f : manifest.files) result.bytes += f.size;
+    const std::string manifest_text = to_json(manifest);
+    write_synced(temp / "manifest.json", manifest_text);
+    result.bytes += manifest_text.size();
+    sync_path(temp);
+    stage(CommitStage::manifest_written);
+    // A step directory left by an attempt whose `latest` never named it is replaced.
+    if (fs::exists(final_dir, ec)) remove_directory(final_dir);
+    if (::rename(temp.c_str(), final_dir.c_str()) != 0)
+      throw UserError("cannot rename '" + temp.string() + "' to '" + final_dir.string() + "': " + std::strerror(errno));
+  } catch (...) {
+    fs::remove_all(temp, ec);
+    throw;
+  }
+  sync_path(dir_);
+  stage(CommitStage::renamed);
+  replace_atomically(dir_ / kLatest, dir_name(step) + "\n");
+  stage(CommitStage::latest_replaced);
+  result.path = final_dir;
+  result.removed = apply_retention(step);
+  stage(CommitStage::retention_done);
+  return result;
+}
+
+std::vector<std::int64_t> CheckpointStore::apply_retention(std::int64_t newest) const {
+  std::vector<std::int64_t> removed;
+  std::int64_t rolling_kept = 0;
+  const std::vector<CheckpointDir> all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->step > newest) continue;  // not this store's business: discard_after handles them
+    if (it->step == newest || retention_.is_permanent(it->step)) {
+      if (it->step == newest && !retention_.is_permanent(it->step)) ++rolling_kept;
+      continue;
+    }
+    if (rolling_kept < retention_.keep_last) {
+      ++rolling_kept;
+      continue;
+    }
+    remove_directory(it->path);
+    removed.push_back(it->step);
+  }
+  std::reverse(removed.begin(), removed.end());
+  return removed;
+}
+
+void CheckpointStore::remove_directory(const fs::path& path) const {
+  // Renamed first, so that a crash part-way through the removal leaves a name no reader takes
+  // for a checkpoint.
+  const fs::path doomed = dir_ / (".deleting-" + path.filename().string() + "-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  if (::rename(path.c_str(), doomed.c_str()) != 0)
+    throw UserError("cannot remove '" + path.string() + "': " + std::strerror(errno));
+  fs::remove_all(doomed, ec);
+  if (ec) throw UserError("cannot remove '" + doomed.string() + "': " + ec.message());
+}
+
+void CheckpointStore::remove_leftovers() const {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return;
+  std::vector<fs::path> leftovers;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (starts_with(name, ".tmp-step-") || starts_with(name, ".deleting-") || starts_with(name, ".latest.tmp-"))
+      leftovers.push_back(entry.path());
+  }
+  for (const auto& p : leftovers) {
+    fs::remove_all(p, ec);
+    if (ec) throw UserError("cannot remove '" + p.string() + "' (left by an interrupted checkpoint): " + ec.message());
+  }
+}
+
+std::vector<std::int64_t> CheckpointStore::discard_after(std::int64_t step) const {
+  std::vector<std::int64_t> removed;
+  const std::optional<std::int64_t> pointer = latest();
+  std::error_code ec;
+  if (pointer && *pointer > step) {
+    fs::remove(dir_ / kLatest, ec);
+    sync_path(dir_);
+  }
+  for (const auto& c : list())
+    if (c.step > step) {
+      remove_directory(c.path);
+      removed.push_back(c.step);
+    }
+  return removed;
+}
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,113 @@
+// A directory of checkpoints and the protocol that commits one atomically.
+//
+//   <dir>/step-<N>/        a committed checkpoint (manifest.json lists its files)
+//   <dir>/latest           "step-<N>\n": the checkpoint a resumed run continues from
+//   <dir>/.tmp-step-<N>-<pid>/, .deleting-step-<N>-<pid>/
+//                          a write or a deletion that a crash interrupted (removed by the next run)
+//
+// commit(N) writes checkpoint N in these stages, each durable before the next starts:
+//   1. the temporary directory .tmp-step-<N>-<pid>/ is created;
+//   2. the caller writes the files into it, each fsynced;
+//   3. manifest.json (size and CRC-32C of every file) is written and fsynced, then the directory;
+//   4. the directory is renamed to step-<N>, and <dir> is fsynced;
+//   5. `latest` is replaced atomically (a fsynced temporary renamed over it, <dir> fsynced);
+//   6. retention: checkpoints that the policy no longer keeps are renamed away and removed.
+// A crash at any instant leaves `latest` naming either the previous checkpoint or the new one,
+// each complete; nothing is deleted before the new checkpoint is committed (stage 5).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.hpp"
+
+namespace loom::checkpoint {
+
+// Which checkpoints stay once a new one is committed: the newest, the `keep_last` newest of
+// the rolling ones, and every permanent one (a step that is a multiple of keep_every_steps).
+struct Retention {
+  std::int64_t keep_last = 2;         // >= 1
+  std::int64_t keep_every_steps = 0;  // 0: no permanent checkpoints
+  bool is_permanent(std::int64_t step) const { return keep_every_steps > 0 && step % keep_every_steps == 0; }
+};
+
+enum class CommitStage {
+  temp_created,      // 1
+  files_written,     // 2
+  manifest_written,  // 3
+  renamed,           // 4
+  latest_replaced,   // 5
+  retention_done,    // 6
+};
+const char* stage_name(CommitStage stage);
+
+struct CheckpointDir {
+  std::int64_t step = 0;
+  std::filesystem::path path;
+};
+
+struct CommitResult {
+  std::filesystem::path path;
+  std::uint64_t bytes = 0;            // the files' total size
+  std::vector<std::int64_t> removed;  // steps deleted by the retention policy
+};
+
+// The latest valid checkpoint, and what was wrong with the newer ones passed over.
+struct LatestValid {
+  std::optional<CheckpointDir> checkpoint;
+  std::vector<std::string> warnings;  // one per corrupt or incomplete checkpoint, naming it
+};
+
+class CheckpointStore {
+ public:
+  explicit CheckpointStore(std::filesystem::path dir, Retention retention = {});
+
+  const std::filesystem::path& dir() const { return dir_; }
+  const Retention& retention() const { return retention_; }
+
+  // "step-<N>", and back (nullopt for any other name).
+  static std::string dir_name(std::int64_t step);
+  static std::optional<std::int64_t> parse_dir_name(const std::string& name);
+
+  // Every step-<N> directory, by step (committed or not: verify_checkpoint tells).
+  std::vector<CheckpointDir> list() const;
+  // The step `latest` names; nullopt when there is no pointer or it names nothing valid.
+  std::optional<std::int64_t> latest() const;
+
+  // The checkpoint a run resumes from under trainer.resume=auto: `latest`'s (or, without a
+  // pointer, the newest step directory), verified; when it fails, the next older one that
+  // verifies, with a warning for each passed over.
+  LatestValid find_latest_valid() const;
+
+  // Writes checkpoint `step` by the protocol above: `write_files(temp_dir)` writes the files
+  // (each fsynced). Throws UserError when something cannot be written; the temporary directory
+  // is removed then and `latest` is unchanged.
+  CommitResult commit(std::int64_t step, const std::function<void(const std::filesystem::path&)>& write_files);
+
+  // Removes what interrupted writes and deletions left (.tmp-step-*, .deleting-*, a temporary
+  // `latest`). Only safe while no other process writes into the directory.
+  void remove_leftovers() const;
+  // Removes the step directories past `step` (a run that resumes from `step`, or starts afresh
+  // at 0, replaces them), and `latest` when it names one of them. Returns the steps removed.
+  std::vector<std::int64_t> discard_after(std::int64_t step) const;
+
+  // For crash tests: called after each stage of commit() (it may kill the process).
+  void set_stage_hook(std::function<void(CommitStage)> hook) { stage_hook_ = std::move(hook); }
+
+ private:
+  void stage(CommitStage s) const {
+    if (stage_hook_) stage_hook_(s);
+  }
+  std::vector<std::int64_t> apply_retention(std::int64_t newest) const;
+  void remove_directory(const std::filesystem::path& path) const;
+
+  std::filesystem::path dir_;
+  Retention retention_;
+  std::function<void(CommitStage)> stage_hook_;
+};
+
+}  // namespace loom::checkpoint

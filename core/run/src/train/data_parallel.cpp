@@ -1,0 +1,313 @@
+#include "train/data_parallel.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/token_shard.hpp"
+
+namespace loom::training {
+
+namespace {
+
+// The ranks whose flag is set, as "1, 3".
+std::string flagged_ranks(const std::vector<double>& flags) {
+  std::string ranks;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return ranks;
+}
+
+// Every rank sets its own slot when `differs`; all learn which ranks did.
+std::vector<double> gather_flags(Collective& c, bool differs) {
+  std::vector<double> flags(static_cast<std::size_t>(c.size()), 0.0);
+  flags[static_cast<std::size_t>(c.rank())] = differs ? 1.0 : 0.0;
+  c.all_reduce(std::span<double>(flags));
+  return flags;
+}
+
+bool differs_from_rank0(Collective& c, std::uint32_t mine) {
+  std::uint32_t rank0 = mine;
+  c.broadcast(std::as_writable_bytes(std::span<std::uint32_t>(&rank0, 1)), 0);
+  return rank0 != mine;
+}
+
+}  // namespace
+
+Handle<Collective> create_collective(const Registry& registry, const Value& config) {
+  const Value* node = config.find("collective");
+  if (node && !node->is_null()) return registry.create<Collective>(ComponentRef{"collective", "", *node, "collective"});
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const std::string name = under_mpirun ? "mpi" : "single";
+  return with_context(under_mpirun ? "under mpirun (OMPI_COMM_WORLD_SIZE is set), loom uses collective `mpi`"
+                                   : "while creating the default collective",
+                      [&] {
+                        return registry.create<Collective>(ComponentRef{"collective", name, Value(name), "collective"});
+                      });
+}
+
+DataParallel::DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes)
+    : collective_(std::move(collective)),
+      rank_(collective_->rank()),
+      size_(collective_->size()),
+      bucket_bytes_(bucket_bytes) {}
+
+void DataParallel::check_batch(std::int64_t batch_size, std::int64_t micro_size) const {
+  if (batch_size % (static_cast<std::int64_t>(size_) * micro_size) != 0)
+    throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) + ") must be a multiple of " +
+                    std::to_string(size_) + " ranks x the micro-batch size (" + std::to_string(micro_size) +
+                    "): every rank takes an equal slice of each global batch, in whole micro-batches");
+}
+
+void DataParallel::check_same_config(const Value& config) {
+  if (size_ == 1) return;
+  const std::string yaml = config.to_yaml();
+  const auto flags =
+      gather_flags(*collective_, differs_from_rank0(*collective_, crc32(std::as_bytes(std::span(yaml)))));
+  if (const std::string ranks = flagged_ranks(flags); !ranks.empty())
+    throw UserError("the resolved config of rank " + ranks + " differs from rank 0's: every rank of `mpirun -np " +
+                    std::to_string(size_) +
+                    "` must be given the same config file and overrides (compare `loom config show` on each)");
+}
+
+void DataParallel::check_same_parameters(const std::vector<ModelParameter>& parameters) {
+  if (size_ == 1) return;
+  std::uint32_t crc = 0;
+  for (const auto& p : parameters) {
+    const Tensor t = p.parameter->data();  // contiguous, as every parameter
+    crc = crc32(std::as_bytes(std::span(t.data<float>(), static_cast<std::size_t>(t.numel()))), crc);
+  }
+  const auto flags = gather_flags(*collective_, differs_from_rank0(*collective_, crc));
+  if (const std::string ranks = flagged_ranks(flags); !ranks.empty())
+    throw UserError("the initial weights of rank " + ranks +
+                    " differ from rank 0's (checksum of every parameter): the ranks must initialise from the same "
+                    "trainer.seed and trainer.init_from; is the same loom and plugin build on every node?");
+}
+
+void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
+  if (size_ == 1) return;
+  // Backward produces the last layers' gradients first: buckets in reverse parameter order.
+  std::int64_t filled = 0;
+  std::vector<std::pair<Parameter*, std::int64_t>> pending;
+  auto close = [&] {
+    if (pending.empty()) return;
+    Bucket b;
+    b.storage = Tensor::zeros(Shape{filled}, DType::f32, pending.front().first->tensor().device());
+    for (auto& [p, offset] : pending) {
+      p->set_grad_buffer(b.storage.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
+      b.parameters.emplace_back(p, offset);
+      bucket_of_[p] = buckets_.size();
+    }
+    buckets_.push_back(std::move(b));
+    pending.clear();
+    filled = 0;
+  };
+  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
+    Parameter* p = it->parameter;
+    if (!p->requires_grad()) continue;
+    const std::int64_t n = p->tensor().numel();
+    if (filled > 0 && (filled + n) * 4 > bucket_bytes_) close();
+    pending.emplace_back(p, filled);
+    filled += n;
+    parameters_.push_back(p);
+  }
+  close();
+  has_grad_.assign(parameters_.size(), 0.0f);
+}
+
+void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
+  if (size_ == 1) return;
+  sharded_ = true;
+  std::int64_t total = 0;
+  for (const auto& p : parameters)
+    if (p.parameter->requires_grad()) total += p.parameter->tensor().numel();
+  // Contiguous shards in parameter order: a parameter goes to the rank whose share of the total
+  // its first element falls in.
+  std::vector<std::int64_t> filled(static_cast<std::size_t>(size_), 0);
+  std::vector<std::pair<Parameter*, int>> assignment;
+  std::int64_t start = 0;
+  for (const auto& mp : parameters) {
+    Parameter* p = mp.parameter;
+    if (!p->requires_grad()) continue;
+    const int rank =
+        static_cast<int>(std::min<std::int64_t>(size_ - 1, start * size_ / std::max<std::int64_t>(1, total)));
+    assignment.emplace_back(p, rank);
+    filled[static_cast<std::size_t>(rank)] += p->tensor().numel();
+    start += p->tensor().numel();
+  }
+  segment_ = *std::max_element(filled.begin(), filled.end());
+  flat_grads_ = Tensor::zeros(Shape{segment_ * size_}, DType::f32, assignment.front().first->tensor().device());
+  std::fill(filled.begin(), filled.end(), 0);
+  for (auto& [p, rank] : assignment) {
+    const std::int64_t offset = segment_ * rank + filled[static_cast<std::size_t>(rank)];
+    filled[static_cast<std::size_t>(rank)] += p->tensor().numel();
+    p->set_grad_buffer(flat_grads_.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
+    layout_.emplace_back(p, offset, rank);
+    parameters_.push_back(p);
+    if (rank == rank_) owned_.insert(p);
+  }
+  has_grad_.assign(parameters_.size(), 0.0f);
+  send_.resize(static_cast<std::size_t>(segment_));
+  received_.resize(static_cast<std::size_t>(segment_ * size_));
+}
+
+void DataParallel::reduce_scatter_gradients() {
+  float* flat = flat_grads_.data<float>();
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    auto& [p, offset, rank] = layout_[i];
+    has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
+    if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+  }
+  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  const std::size_t segment = static_cast<std::size_t>(segment_);
+  collective_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
+                              std::span<float>(send_.data(), segment));
+  std::copy(send_.begin(), send_.end(), flat + segment * static_cast<std::size_t>(rank_));
+  // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    auto& [p, offset, rank] = layout_[i];
+    if (rank == rank_ && has_grad_[i] != 0.0f)
+      p->mark_grad_written();
+    else
+      p->zero_grad();
+  }
+}
+
+void DataParallel::gather_parameters() {
+  if (!sharded_) return;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& [p, offset, rank] : layout_) {
+    if (rank != rank_) continue;
+    const Tensor v = p->data();
+    std::copy(v.data<float>(), v.data<float>() + v.numel(), send_.begin() + (offset - segment_ * rank_));
+  }
+  collective_->all_gather(send_, received_);
+  for (auto& [p, offset, rank] : layout_) {
+    if (rank == rank_) continue;
+    const Tensor v = p->data();
+    std::copy(received_.begin() + offset, received_.begin() + offset + v.numel(), v.data<float>());
+  }
+  communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void DataParallel::gradient_ready(Parameter& p) {
+  if (size_ == 1 || sharded_) return;
+  const auto it = bucket_of_.find(&p);
+  if (it == bucket_of_.end()) return;
+  ++buckets_[it->second].ready;
+  start_ready_buckets();
+}
+
+void DataParallel::start_ready_buckets() {
+  while (started_ < buckets_.size() && buckets_[started_].ready >= buckets_[started_].parameters.size()) {
+    Bucket& b = buckets_[started_++];
+    // A parameter that no micro-batch of this rank reached contributes zeros.
+    for (auto& [p, offset] : b.parameters)
+      if (!p->has_grad())
+        std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+    pending_.push_back(collective_->start_all_reduce(
+        std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
+  }
+}
+
+void DataParallel::reduce_gradients() {
+  if (size_ == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (sharded_) {
+    reduce_scatter_gradients();
+    communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
+  // Buckets not started during backward (a rank whose micro-batches had nothing to learn, or
+  // parameters the graph did not use) start now, in order.
+  for (auto& b : buckets_) b.ready = b.parameters.size();
+  start_ready_buckets();
+  // Which parameters any rank's micro-batches reached: those get the sum; the others stay
+  // without a gradient, as on one process.
+  for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
+  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+  for (auto& b : buckets_) b.ready = 0;
+  started_ = 0;
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    if (has_grad_[i] != 0.0f) parameters_[i]->mark_grad_written();
+  communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double DataParallel::sum(double value) {
+  if (size_ == 1) return value;
+  collective_->all_reduce(std::span<double>(&value, 1));
+  return value;
+}
+
+void DataParallel::broadcast(std::string& text, int root) {
+  if (size_ == 1) return;
+  std::uint64_t length = text.size();
+  collective_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&length, 1)), root);
+  text.resize(length);
+  collective_->broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
+}
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::gather_state(
+    const std::vector<std::pair<std::string, Tensor>>& mine) {
+  if (size_ == 1) return mine;
+  std::vector<std::pair<std::string, Tensor>> all;
+  for (int root = 0; root < size_; ++root) {
+    // The root's entries as lines "name<TAB>d0,d1,...", then their values, concatenated.
+    std::string index;
+    std::vector<float> values;
+    if (root == rank_) {
+      for (const auto& [name, t] : mine) {
+        index += name + "\t";
+        for (int d = 0; d < t.rank(); ++d) index += (d ? "," : "") + std::to_string(t.shape()[d]);
+        index += "\n";
+        const Tensor c = t.clone();
+        values.insert(values.end(), c.data<float>(), c.data<float>() + c.numel());
+      }
+    }
+    broadcast(index, root);
+    std::uint64_t count = values.size();
+    collective_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&count, 1)), root);
+    values.resize(count);
+    collective_->broadcast(std::as_writable_bytes(std::span<float>(values)), root);
+    if (rank_ != 0) continue;
+    std::size_t at = 0, offset = 0;
+    while (at < index.size()) {
+      const std::size_t tab = index.find('\t', at), end = index.find('\n', tab);
+      std::vector<std::int64_t> dims;
+      for (std::size_t d = tab + 1; d < end;) {
+        const std::size_t comma = std::min(index.find(',', d), end);
+        dims.push_back(std::stoll(index.substr(d, comma - d)));
+        d = comma + 1;
+      }
+      Tensor t = Tensor::empty(Shape(std::span<const std::int64_t>(dims)));
+      std::copy(values.begin() + static_cast<std::ptrdiff_t>(offset),
+                values.begin() + static_cast<std::ptrdiff_t>(offset + static_cast<std::size_t>(t.numel())),
+                t.data<float>());
+      offset += static_cast<std::size_t>(t.numel());
+      all.emplace_back(index.substr(at, tab - at), std::move(t));
+      at = end + 1;
+    }
+  }
+  return all;
+}
+
+int DataParallel::agree_on_stop(int signal) {
+  if (size_ == 1) return signal;
+  double s = signal;
+  collective_->all_reduce(std::span<double>(&s, 1), ReduceOp::max);
+  return static_cast<int>(s);
+}
+
+double DataParallel::take_communication_seconds() {
+  const double s = communication_seconds_;
+  communication_seconds_ = 0;
+  return s;
+}
+
+}  // namespace loom::training

@@ -1,0 +1,109 @@
+// Data parallelism: the ranks of a run each take a slice of every global batch, and their
+// gradients are summed in buckets so that every rank applies the same update. With one rank (the
+// `single` collective) every operation here is the identity and costs nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "loom/core/registry.hpp"
+#include "loom/kinds/collective.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/tensor.hpp"
+#include "loom/value.hpp"
+
+namespace loom::training {
+
+// The collective the config's `collective` section names; when it names none, `mpi` under
+// mpirun (OMPI_COMM_WORLD_SIZE is set) and `single` otherwise.
+Handle<Collective> create_collective(const Registry& registry, const Value& config);
+
+class DataParallel {
+ public:
+  // `bucket_bytes`: gradients are reduced in buckets of about this size (trainer.grad_bucket_mb).
+  DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_primary() const { return rank_ == 0; }
+  Collective& collective() { return *collective_; }
+
+  // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
+  // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
+  void check_batch(std::int64_t batch_size, std::int64_t micro_size) const;
+  std::int64_t first_row(std::int64_t batch_size) const { return batch_size / size_ * rank_; }
+  std::int64_t row_count(std::int64_t batch_size) const { return batch_size / size_; }
+
+  // Every rank must run the same config: a UserError naming the ranks whose resolved config
+  // differs from rank 0's.
+  void check_same_config(const Value& config);
+  // And start from the same weights: a UserError naming the ranks whose parameters differ.
+  void check_same_parameters(const std::vector<ModelParameter>& parameters);
+
+  // Gives the parameters gradient storage in flat buckets (in the order backward produces them),
+  // so that reduce_gradients() reduces in place. Call once, before the first step.
+  void attach(const std::vector<ModelParameter>& parameters);
+  // ZeRO-1 instead (trainer.shard_optimizer_state): the parameters are split into size()
+  // contiguous shards of about equal size; this rank's optimizer holds the state of its shard
+  // only. Gradients are reduce-scattered (each rank receives the sum of its shard), the rank
+  // updates its shard, and gather_parameters() hands every rank the updated weights.
+  void shard(const std::vector<ModelParameter>& parameters);
+  bool sharded() const { return sharded_; }
+  // Whether this rank's optimizer updates `p` (every parameter unless sharded).
+  bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
+  // After this rank's update of its shard: every rank's shard, to every rank.
+  void gather_parameters();
+  // During the backward pass of this rank's last micro-batch: `p`'s gradient is final. A bucket
+  // whose parameters are all final starts reducing at once, while backward goes on (buckets
+  // start in their order, the same on every rank).
+  void gradient_ready(Parameter& p);
+  // Sums every gradient over the ranks (and marks those that only another rank's micro-batches
+  // reached): starts the buckets not started yet and waits for all of them.
+  void reduce_gradients();
+  // The sum over ranks.
+  double sum(double value);
+  // Rank `root`'s `text`, on every rank.
+  void broadcast(std::string& text, int root = 0);
+  // A sharded run's optimizer state for a checkpoint: every rank's entries (`mine`, this rank's
+  // shard), in rank order, on rank 0; nothing elsewhere. Every rank must call it.
+  std::vector<std::pair<std::string, Tensor>> gather_state(const std::vector<std::pair<std::string, Tensor>>& mine);
+  // The stop signal (0: none) any rank has received, the same on every rank.
+  int agree_on_stop(int signal);
+  // Seconds spent in reduce_gradients() since the last call (for the throughput metrics).
+  double take_communication_seconds();
+
+ private:
+  struct Bucket {
+    Tensor storage;                                               // flat f32 on the parameters' device
+    std::vector<std::pair<Parameter*, std::int64_t>> parameters;  // with their offsets
+    std::size_t ready = 0;                                        // parameters whose gradient is final, this step
+  };
+  void start_ready_buckets();
+
+  Handle<Collective> collective_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t bucket_bytes_ = 0;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, std::size_t> bucket_of_;
+  std::size_t started_ = 0;  // buckets_[0..started_) are under way
+  std::vector<std::unique_ptr<Collective::Pending>> pending_;
+  std::vector<Parameter*> parameters_;
+  // ZeRO-1: one flat gradient buffer of size() segments of segment_ floats, rank r's parameters
+  // in segment r; (parameter, offset in the buffer, rank) for each.
+  bool sharded_ = false;
+  std::int64_t segment_ = 0;
+  Tensor flat_grads_;
+  std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
+  std::unordered_set<const Parameter*> owned_;
+  std::vector<float> send_, received_;
+  void reduce_scatter_gradients();
+  std::vector<float> has_grad_;
+  double communication_seconds_ = 0;
+};
+
+}  // namespace loom::training

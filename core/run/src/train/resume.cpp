@@ -1,0 +1,280 @@
+#include "train/resume.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/manifest.hpp"
+#include "loom/core/config.hpp"
+#include "loom/error.hpp"
+#include "loom/execution.hpp"
+#include "loom/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::training {
+
+namespace {
+
+using checkpoint::CheckpointStore;
+
+// Keys a resume may change without a word: how and where the run is saved and watched.
+bool is_quiet_key(const std::string& key) {
+  for (const char* prefix : {"trainer.checkpoint.", "plugins."})
+    if (key.rfind(prefix, 0) == 0) return true;
+  for (const char* k : {"trainer.resume", "trainer.run_dir", "trainer.run_id", "trainer.init_from", "trainer.prefetch",
+                        "trainer.peak_flops", "trainer.num_train_steps"})
+    if (key == k) return true;
+  return false;
+}
+
+std::string describe_change(const ConfigChange& c) {
+  auto show = [](const std::string& v) { return v.empty() ? std::string("(unset)") : v; };
+  return c.key + " (" + show(c.before) + " in the checkpoint, " + show(c.after) + " now)";
+}
+
+// The changes under any of `prefixes`, described, one per line.
+std::string changes_under(const std::vector<ConfigChange>& changes, std::initializer_list<const char*> prefixes) {
+  std::string out;
+  for (const auto& c : changes)
+    for (const char* p : prefixes)
+      if (c.key.rfind(p, 0) == 0) {
+        out += "\n  " + describe_change(c);
+        break;
+      }
+  return out;
+}
+
+void flatten(const Value& v, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
+  if (v.is_map() && !v.as_map().empty()) {
+    for (const auto& [k, child] : v.as_map()) flatten(child, prefix.empty() ? k : prefix + "." + k, out);
+    return;
+  }
+  out.emplace_back(prefix, v.to_flow());
+}
+
+std::vector<std::pair<std::string, std::string>> flat_config(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> out;
+  flatten(config::load_string(yaml, "config.yaml"), "", out);
+  return out;
+}
+
+// An explicit trainer.resume: a step-N directory, a checkpoints directory (its latest) or a run
+// directory (its checkpoints/latest).
+fs::path resolve_explicit(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw UserError("trainer.resume: '" + path.string() +
+                    "' is not a directory (give a checkpoint step-N/, a checkpoints/ directory or a run directory; "
+                    "relative paths are relative to the current directory), or `auto` or `never`");
+  if (fs::exists(path / "manifest.json", ec) || fs::exists(path / "state.json", ec) ||
+      CheckpointStore::parse_dir_name(path.filename().string()))
+    return path;
+  for (const fs::path& store_dir : {path, path / "checkpoints"}) {
+    if (!fs::exists(store_dir / "latest", ec)) continue;
+    const CheckpointStore store(store_dir);
+    const auto latest = store.latest();
+    if (!latest)
+      throw UserError("trainer.resume: '" + (store_dir / "latest").string() + "' does not name a step-N directory");
+    return store_dir / CheckpointStore::dir_name(*latest);
+  }
+  throw UserError("trainer.resume: '" + path.string() +
+                  "' is not a checkpoint: it holds no manifest.json, latest or checkpoints/latest (give a checkpoint "
+                  "step-N/, a checkpoints/ directory or a run directory)");
+}
+
+}  // namespace
+
+ResumePoint read_point(const fs::path& dir) {
+  ResumePoint p;
+  p.dir = dir;
+  try {
+    p.record = checkpoint::parse_train_record(checkpoint::read_whole(dir / "state.json"));
+  } catch (const UserError& e) {
+    throw UserError("'" + (dir / "state.json").string() + "' " + e.what());
+  }
+  const auto step = CheckpointStore::parse_dir_name(dir.filename().string());
+  if (step && *step != p.record.step)
+    throw UserError("'" + (dir / "state.json").string() + "' is for step " + std::to_string(p.record.step) +
+                    ", but the directory is " + dir.filename().string());
+  p.config_text = checkpoint::read_whole(dir / "config.yaml");
+  std::error_code ec;
+  if (fs::exists(dir / "tokenizer.state", ec)) p.tokenizer_state = checkpoint::read_whole(dir / "tokenizer.state");
+  return p;
+}
+
+ResumeDecision decide_resume(const Options& trainer, const RunDirectory& directory, const CheckpointStore& store,
+                             std::int64_t num_steps) {
+  ResumeDecision d;
+  const std::string mode = trainer.get<std::string>("resume");
+  const std::string dir = directory.path().string();
+  if (mode == "never") {
+    if (directory.holds_run() || !store.list().empty())
+      throw UserError(
+          "run directory '" + dir +
+          "' already holds a run and trainer.resume is `never`: choose another trainer.run_dir (or "
+          "trainer.run_id), remove it, or set trainer.resume=auto to continue it from its latest checkpoint");
+    return d;
+  }
+  if (mode == "auto") {
+    const checkpoint::LatestValid latest = store.find_latest_valid();
+    for (const auto& w : latest.warnings) d.warnings.push_back(w);
+    if (!latest.checkpoint) {
+      if (!latest.warnings.empty() || directory.holds_run()) {
+        if (directory.holds_final_weights())
+          throw UserError(
+              "run directory '" + dir +
+              "' already holds a run, finished (its model.safetensors is there), and no valid checkpoint to continue "
+              "from: choose another trainer.run_dir (or trainer.run_id), or remove it");
+        d.warnings.push_back("no valid checkpoint to resume from in " + store.dir().string() + ": the run in " + dir +
+                             " starts again from step 0");
+      }
+      return d;
+    }
+    if (!latest.warnings.empty())
+      d.warnings.push_back("resuming from the previous valid checkpoint, " + latest.checkpoint->path.string());
+    d.point = read_point(latest.checkpoint->path);
+  } else {
+    const fs::path path = resolve_explicit(mode);
+    const checkpoint::Verification v = checkpoint::verify_checkpoint(path);
+    if (!v.ok)
+      throw UserError("trainer.resume: checkpoint '" + path.string() + "' is unusable: " + v.describe(path) +
+                      "; nothing was loaded");
+    d.point = read_point(path);
+  }
+  const std::int64_t step = d.point->record.step;
+  if (step > num_steps)
+    throw UserError("checkpoint '" + d.point->dir.string() + "' is at step " + std::to_string(step) +
+                    ", past trainer.num_train_steps (" + std::to_string(num_steps) +
+                    "): a resumed run may raise num_train_steps, not lower it below the checkpoint");
+  const bool save_final = trainer.get<bool>("save_final");
+  if (step == num_steps && (directory.holds_final_weights() || !save_final)) d.finished = true;
+  return d;
+}
+
+std::vector<ConfigChange> diff_configs(const std::string& before_yaml, const std::string& after_yaml) {
+  const auto before = flat_config(before_yaml), after = flat_config(after_yaml);
+  const std::map<std::string, std::string> before_map(before.begin(), before.end());
+  std::set<std::string> seen;
+  std::vector<ConfigChange> changes;
+  for (const auto& [key, value] : after) {
+    seen.insert(key);
+    const auto it = before_map.find(key);
+    if (it == before_map.end())
+      changes.push_back({key, "", value});
+    else if (it->second != value)
+      changes.push_back({key, it->second, value});
+  }
+  for (const auto& [key, value] : before)
+    if (!seen.contains(key)) changes.push_back({key, value, ""});
+  return changes;
+}
+
+std::vector<std::string> check_resume_config(const ResumePoint& point, const std::string& config_yaml,
+                                             std::int64_t num_steps) {
+  std::vector<std::string> warnings;
+  const std::vector<ConfigChange> changes = diff_configs(point.config_text, config_yaml);
+  const std::string where = "cannot resume from '" + point.dir.string() + "': ";
+  for (const auto& c : changes)
+    if (c.key == "optimizer.type")
+      throw UserError(where + "its optimizer state is " + c.before + "'s and the config's optimizer is " + c.after +
+                      ":\n  " + describe_change(c) + "\nset optimizer.type: " + c.before +
+                      " to continue the run, or start a new one in another trainer.run_dir");
+  std::string changed;
+  for (const auto& c : changes)
+    if (!is_quiet_key(c.key)) changed += "\n  " + describe_change(c);
+  if (!changed.empty())
+    warnings.push_back(
+        "options changed since the checkpoint (the run continues, but will not match an "
+        "uninterrupted one):" +
+        changed);
+  if (num_steps != point.record.num_train_steps)
+    warnings.push_back("trainer.num_train_steps is " + std::to_string(num_steps) + " (the checkpoint's run had " +
+                       std::to_string(point.record.num_train_steps) +
+                       "): the learning-rate schedule continues as for a run of " + std::to_string(num_steps) +
+                       " steps");
+  const int threads = default_execution_context().num_threads();
+  if (point.record.threads != threads)
+    warnings.push_back("the checkpoint was written with " + std::to_string(point.record.threads) +
+                       " threads and this run has " + std::to_string(threads) +
+                       ": the continuation may differ from an uninterrupted run in the last bits");
+  return warnings;
+}
+
+void load_checkpoint_tensors(const ResumePoint& point, RunComponents& c, const std::string& config_yaml,
+                             const std::function<bool(const std::string&)>& keeps) {
+  const std::vector<ConfigChange> changes = diff_configs(point.config_text, config_yaml);
+  const std::string where = "cannot resume from '" + point.dir.string() + "': ";
+
+  // The tokenizer: the same vocabulary, or every token id means something else.
+  const std::string state = c.tokenizer->state();
+  if (c.tokenizer->vocab_size() != point.record.vocab_size || state != point.tokenizer_state) {
+    const std::string keys = changes_under(changes, {"tokenizer.", "data."});
+    throw UserError(
+        where + "the tokenizer's vocabulary differs from the checkpoint's (" + std::to_string(point.record.vocab_size) +
+        " tokens there, " + std::to_string(c.tokenizer->vocab_size()) + " now" +
+        (state != point.tokenizer_state ? ", and the fitted vocabulary differs" : "") + ")" +
+        (keys.empty() ? std::string("; no tokenizer or data option differs") : "; the options that differ:" + keys));
+  }
+
+  // The model: every tensor by name and shape.
+  const fs::path weights = point.dir / "model.safetensors";
+  const safetensors::Reader reader(weights);
+  std::vector<std::string> problems;
+  std::set<std::string> names;
+  for (const auto& p : c.parameters) {
+    const std::string& name = p.parameter->name();
+    names.insert(name);
+    if (!reader.contains(name))
+      problems.push_back("'" + name + "' is not in the checkpoint");
+    else if (!(reader.info(name).shape == p.parameter->data().shape()))
+      problems.push_back("'" + name + "' is " + reader.info(name).shape.str() + " there and " +
+                         p.parameter->data().shape().str() + " now");
+  }
+  for (const auto& info : reader.tensors())
+    if (!names.contains(info.name)) problems.push_back("'" + info.name + "' is in the checkpoint but not in the model");
+  if (!problems.empty()) {
+    const std::string keys = changes_under(changes, {"model.", "tokenizer."});
+    std::string detail;
+    for (std::size_t i = 0; i < problems.size() && i < 4; ++i) detail += (i ? "; " : "") + problems[i];
+    if (problems.size() > 4) detail += "; and " + std::to_string(problems.size() - 4) + " more";
+    throw UserError(where + "the model's shape differs from the checkpoint's (" + detail + ")" +
+                    (keys.empty() ? std::string("; no model option differs (was the model plugin changed?)")
+                                  : "; the options that differ:" + keys));
+  }
+
+  // The optimizer state, checked by name and shape against the live state before anything loads.
+  const safetensors::Reader optimizer_reader(point.dir / "optimizer.safetensors");
+  std::vector<std::pair<std::string, Tensor>> saved;
+  for (const auto& info : optimizer_reader.tensors())
+    if (!keeps || keeps(info.name)) saved.emplace_back(info.name, optimizer_reader.read(info.name));
+  {
+    std::map<std::string, Shape> live;
+    for (const auto& [name, t] : c.optimizer->state()) live.emplace(name, t.shape());
+    std::vector<std::string> mismatch;
+    for (const auto& [name, t] : saved) {
+      const auto it = live.find(name);
+      if (it == live.end())
+        mismatch.push_back("'" + name + "' is in the checkpoint but not in the optimizer");
+      else if (!(it->second == t.shape()))
+        mismatch.push_back("'" + name + "' is " + t.shape().str() + " there and " + it->second.str() + " now");
+      if (it != live.end()) live.erase(it);
+    }
+    for (const auto& [name, shape] : live) mismatch.push_back("'" + name + "' is not in the checkpoint");
+    if (!mismatch.empty()) {
+      const std::string keys = changes_under(changes, {"optimizer."});
+      std::string detail;
+      for (std::size_t i = 0; i < mismatch.size() && i < 4; ++i) detail += (i ? "; " : "") + mismatch[i];
+      if (mismatch.size() > 4) detail += "; and " + std::to_string(mismatch.size() - 4) + " more";
+      throw UserError(where + "the optimizer's state differs from the checkpoint's (" + detail + ")" +
+                      (keys.empty() ? std::string() : "; the options that differ:" + keys));
+    }
+  }
+
+  with_context("while loading " + weights.string(), [&] { safetensors::load_parameters(weights, c.parameters); });
+  with_context("while loading " + (point.dir / "optimizer.safetensors").string(),
+               [&] { c.optimizer->load_state(saved); });
+}
+
+}  // namespace loom::training

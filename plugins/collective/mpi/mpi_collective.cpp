@@ -1,0 +1,325 @@
+// collective `mpi`: the ranks of an `mpirun` job, over OpenMPI.
+//
+// One communication thread makes every MPI call of the process (MPI_THREAD_FUNNELED: it is the
+// thread that initialised MPI). The step's thread posts operations to it and waits, or, for
+// start_all_reduce(), goes on computing while the thread communicates: that is how gradient
+// buckets overlap with the backward pass.
+//
+// Every reduction is deterministic and in rank order: an all-to-all hands the owner of each chunk
+// every rank's copy of it, the owner sums them as ((r0 + r1) + r2) + ..., and an all-gather copies
+// the result to every rank. So all ranks hold the same bits, the same inputs give the same result
+// on every run, and N ranks of one micro-batch each sum their gradients exactly as one process
+// sums N micro-batches (a plain MPI_Allreduce promises none of this for floats). It moves as
+// many bytes as a ring all-reduce.
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/kinds/collective.hpp"
+#include "loom/plugin.hpp"
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+// The process's MPI: initialised on the communication thread by the first `mpi` component,
+// finalised when the last one is destroyed. MPI cannot be initialised twice in one process.
+class MpiProcess {
+ public:
+  MpiProcess() {
+    thread_ = std::thread([this] { loop(); });
+    call([this] { initialise(); });
+  }
+
+  ~MpiProcess() {
+    if (std::uncaught_exceptions() > 0) {
+      // Unwinding from an error: a peer may be blocked in a collective that will never
+      // complete, and MPI_Finalize would wait for it. Leave the thread and let the process exit
+      // with its error status; mpirun then ends the other ranks.
+      {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+      }
+      wake_.notify_all();
+      thread_.detach();
+      return;
+    }
+    try {
+      call([] { MPI_Finalize(); });
+    } catch (...) {
+    }
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  MpiProcess(const MpiProcess&) = delete;
+  MpiProcess& operator=(const MpiProcess&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& describe() const { return description_; }
+
+  // Runs `fn` on the communication thread, after everything posted before it.
+  std::future<void> post(std::function<void()> fn) {
+    std::packaged_task<void()> task(std::move(fn));
+    auto done = task.get_future();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return done;
+  }
+  void call(std::function<void()> fn) { post(std::move(fn)).get(); }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  void initialise() {
+    // OpenMPI opens its own components with dlopen and they expect libmpi's symbols to be
+    // global; loom loaded this plugin (and with it libmpi) with RTLD_LOCAL. Promote it.
+    for (const char* name : {"libmpi.so.40", "libmpi.so"})
+      if (dlopen(name, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) break;
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (initialised) throw loom::InternalError("mpi: MPI is already initialised in this process");
+    int provided = 0;
+    if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided); rc != MPI_SUCCESS)
+      throw loom::UserError(
+          "mpi: MPI_Init_thread failed: " + mpi_error_text(rc) +
+          ". Start loom with mpirun (`mpirun -np 2 loom train CONFIG`) or use collective.type=single");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    std::string library(version, static_cast<std::size_t>(length));
+    library = library.substr(0, library.find_first_of(",\n"));
+    // Hosts: how many distinct processor names the ranks report.
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int name_length = 0;
+    MPI_Get_processor_name(name, &name_length);
+    std::vector<char> names(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                  MPI_COMM_WORLD);
+    std::vector<std::string> hosts;
+    for (int r = 0; r < size_; ++r)
+      hosts.emplace_back(names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    std::sort(hosts.begin(), hosts.end());
+    const auto distinct = std::unique(hosts.begin(), hosts.end()) - hosts.begin();
+    description_ = library + ", " + std::to_string(size_) + " ranks on " + std::to_string(distinct) +
+                   (distinct == 1 ? " host" : " hosts");
+  }
+
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stopping_ = false;
+  int rank_ = 0, size_ = 1;
+  std::string description_;
+};
+
+std::shared_ptr<MpiProcess> mpi_process() {
+  static std::mutex mutex;
+  static std::weak_ptr<MpiProcess> current;
+  static bool finalised = false;
+  std::lock_guard lock(mutex);
+  if (auto p = current.lock()) return p;
+  if (finalised) throw loom::InternalError("mpi: MPI was finalised in this process and cannot be initialised again");
+  finalised = true;  // from here on, once the last component goes, MPI is finalised
+  auto p = std::make_shared<MpiProcess>();
+  current = p;
+  return p;
+}
+
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else
+    return MPI_DOUBLE;
+}
+
+class MpiCollective final : public loom::Collective {
+ public:
+  MpiCollective() : process_(mpi_process()) {}
+
+  int rank() const override { return process_->rank(); }
+  int size() const override { return process_->size(); }
+  std::string describe() const override { return process_->describe(); }
+
+  void all_reduce(std::span<float> data, loom::ReduceOp op) override {
+    process_->call([&] { reduce(data, op); });
+  }
+  void all_reduce(std::span<double> data, loom::ReduceOp op) override {
+    process_->call([&] { reduce(data, op); });
+  }
+
+  void reduce_scatter(std::span<const float> in, std::span<float> out) override {
+    if (in.size() != out.size() * static_cast<std::size_t>(size()))
+      throw loom::InternalError("mpi: reduce_scatter of " + std::to_string(in.size()) + " floats into " +
+                                std::to_string(out.size()) + " per rank on " + std::to_string(size()) + " ranks");
+    process_->call([&] { scatter_reduce(in.data(), out.data(), out.size(), loom::ReduceOp::sum); });
+  }
+
+  void all_gather(std::span<const float> in, std::span<float> out) override {
+    if (out.size() != in.size() * static_cast<std::size_t>(size()))
+      throw loom::InternalError("mpi: all_gather of " + std::to_string(in.size()) + " floats into " +
+                                std::to_string(out.size()) + " on " + std::to_string(size()) + " ranks");
+    process_->call([&] {
+      check(MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(), static_cast<int>(in.size()),
+                          MPI_FLOAT, MPI_COMM_WORLD),
+            "MPI_Allgather");
+    });
+  }
+
+  void broadcast(std::span<std::byte> data, int root) override {
+    process_->call([&] {
+      check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    });
+  }
+
+  void barrier() override {
+    process_->call([] { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); });
+  }
+
+  std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
+    // Operations run one after the other on the communication thread, so they share its buffers.
+    return std::make_unique<PendingReduce>(process_->post([this, data] { reduce(data, loom::ReduceOp::sum); }));
+  }
+
+ private:
+  class PendingReduce final : public Pending {
+   public:
+    explicit PendingReduce(std::future<void> done) : done_(std::move(done)) {}
+    ~PendingReduce() override {
+      if (done_.valid()) done_.wait();
+    }
+    void wait() override {
+      if (done_.valid()) done_.get();
+    }
+
+   private:
+    std::future<void> done_;
+  };
+
+  static void check(int rc, const char* operation) {
+    if (rc == MPI_SUCCESS) return;
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    throw loom::Error(loom::ErrorKind::internal, std::string("mpi: ") + operation + " failed on rank " +
+                                                     std::to_string(rank) + ": " + mpi_error_text(rc));
+  }
+
+  // On the communication thread: `in` holds size() chunks of `chunk` elements; `out` receives the
+  // reduction over the ranks of chunk rank(), in rank order. `scratch` is resized as needed.
+  template <class T>
+  void scatter_reduce(const T* in, T* out, std::size_t chunk, loom::ReduceOp op) {
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    std::vector<T>& scratch = buffers<T>().received;
+    scratch.resize(chunk * ranks);
+    check(MPI_Alltoall(in, static_cast<int>(chunk), mpi_type<T>(), scratch.data(), static_cast<int>(chunk),
+                       mpi_type<T>(), MPI_COMM_WORLD),
+          "MPI_Alltoall");
+    std::copy(scratch.data(), scratch.data() + chunk, out);
+    for (std::size_t r = 1; r < ranks; ++r) {
+      const T* from = scratch.data() + r * chunk;
+      for (std::size_t i = 0; i < chunk; ++i) {
+        switch (op) {
+          case loom::ReduceOp::sum:
+            out[i] += from[i];
+            break;
+          case loom::ReduceOp::max:
+            out[i] = std::max(out[i], from[i]);
+            break;
+          case loom::ReduceOp::min:
+            out[i] = std::min(out[i], from[i]);
+            break;
+        }
+      }
+    }
+  }
+
+  // On the communication thread: the scattered reduction of `data` padded to a multiple of
+  // size(), then an all-gather of the reduced chunks.
+  template <class T>
+  void reduce(std::span<T> data, loom::ReduceOp op) {
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    if (ranks == 1 || data.empty()) return;
+    const std::size_t chunk = (data.size() + ranks - 1) / ranks;
+    std::vector<T>& padded = buffers<T>().padded;
+    padded.resize(chunk * ranks + chunk);
+    std::fill(padded.begin() + static_cast<std::ptrdiff_t>(data.size()), padded.end(), T{});
+    T* mine = padded.data() + chunk * ranks;
+    std::copy(data.begin(), data.end(), padded.begin());
+    scatter_reduce(padded.data(), mine, chunk, op);
+    check(MPI_Allgather(mine, static_cast<int>(chunk), mpi_type<T>(), padded.data(), static_cast<int>(chunk),
+                        mpi_type<T>(), MPI_COMM_WORLD),
+          "MPI_Allgather");
+    std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(data.size()), data.begin());
+  }
+
+  // Kept between operations (a step reduces the same sizes every time): no allocation per step.
+  template <class T>
+  struct Buffers {
+    std::vector<T> padded, received;
+  };
+  template <class T>
+  Buffers<T>& buffers() {
+    if constexpr (std::is_same_v<T, float>)
+      return float_buffers_;
+    else
+      return double_buffers_;
+  }
+
+  std::shared_ptr<MpiProcess> process_;
+  Buffers<float> float_buffers_;
+  Buffers<double> double_buffers_;
+};
+
+void register_components(loom::Registrar& registrar) {
+  registrar.add<loom::Collective>(
+      {"mpi", "the ranks of an mpirun job, over OpenMPI (picked by itself under mpirun)", "1.0.0",
+       loom::OptionSchema{}},
+      [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<MpiCollective>(); });
+}
+
+}  // namespace
+
+LOOM_PLUGIN(register_components)

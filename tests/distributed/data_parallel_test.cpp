@@ -1,0 +1,283 @@
+// Data-parallel training as a user runs it: `mpirun -np N loom train ...` against one process
+// with the same global batch in N micro-batches. One micro-batch per rank gives the same
+// training bit for bit (the collective sums in rank order, as one process sums its micro-batches
+// in order); more than one per rank differs only by the association of float sums.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/test_support.hpp"
+#include "loom/safetensors.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::test::CommandResult;
+using loom::test::run_command;
+
+const std::vector<std::string> kMpiEnv{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                       "OMPI_MCA_rmaps_base_oversubscribe=1", "LOOM_NUM_THREADS=1"};
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("loom-dp-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+std::vector<std::string> train_args(const fs::path& run_dir, std::int64_t micro) {
+  return {LOOM_BINARY,
+          "train",
+          std::string(LOOM_SOURCE_DIR) + "/configs/quickstart.yaml",
+          "trainer.run_dir=" + run_dir.string(),
+          "trainer.num_train_steps=20",
+          "trainer.log_every=1",
+          "trainer.train_batch_size=8",
+          "trainer.microbatch_size=" + std::to_string(micro),
+          "trainer.steps_per_eval=0",
+          "trainer.max_eval_batches=2",
+          "trainer.sample_length=0",
+          "trainer.peak_flops=1e11",
+          "trainer.trackers=[jsonl]",
+          "model.num_layers=2"};
+}
+
+CommandResult mpirun(int ranks, std::vector<std::string> args, std::vector<std::string> env = kMpiEnv) {
+  args.insert(args.begin(), {LOOM_MPIRUN, "--oversubscribe", "-np", std::to_string(ranks)});
+  return run_command(args, env);
+}
+
+std::vector<double> losses(const fs::path& run_dir) {
+  std::vector<double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("train/loss")) out.push_back(j["train/loss"].get<double>());
+  }
+  return out;
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The tensors' bytes, without the header (whose metadata names the run).
+std::vector<std::pair<std::string, std::vector<float>>> weights(const fs::path& file) {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  loom::safetensors::Reader reader(file);
+  for (const auto& info : reader.tensors()) {
+    const loom::Tensor t = reader.read(info.name);
+    out.emplace_back(info.name, std::vector<float>(t.data<float>(), t.data<float>() + t.numel()));
+  }
+  return out;
+}
+
+double max_relative_difference(const fs::path& a, const fs::path& b) {
+  const auto wa = weights(a), wb = weights(b);
+  EXPECT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < wa.size() && i < wb.size(); ++i) {
+    EXPECT_EQ(wa[i].first, wb[i].first);
+    double scale = 1e-30, diff = 0;
+    for (std::size_t k = 0; k < wa[i].second.size(); ++k) {
+      scale = std::max(scale, std::abs(static_cast<double>(wa[i].second[k])));
+      diff = std::max(diff, std::abs(static_cast<double>(wa[i].second[k]) - wb[i].second[k]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+TEST(DataParallel, TwoRanksOfOneMicroBatchEqualOneProcessOfTwoBitForBit) {
+  const fs::path one = scratch("one"), two = scratch("two");
+  const auto single = run_command(train_args(one, 4), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(2, train_args(two, 4));
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  EXPECT_NE(parallel.out.find("data parallel: 2 ranks"), std::string::npos) << parallel.out;
+  EXPECT_NE(parallel.out.find("2 ranks"), std::string::npos);
+  // Rank 0 alone prints the run: one header, one closing line.
+  EXPECT_EQ(parallel.out.find("done:"), parallel.out.rfind("done:")) << parallel.out;
+
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), 20u);
+  EXPECT_EQ(l1, l2);  // exactly
+  EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
+}
+
+TEST(DataParallel, FourRanksOfTwoMicroBatchesStayWithinRoundingOfOneProcess) {
+  const fs::path one = scratch("one4"), four = scratch("four");
+  // SGD: an update proportional to the gradient, so rounding differences are not amplified the
+  // way AdamW's normalisation amplifies them near zero.
+  auto args1 = train_args(one, 1), args4 = train_args(four, 1);
+  args1.push_back("optimizer.type=sgd");
+  args4.push_back("optimizer.type=sgd");
+  const auto single = run_command(args1, {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(4, args4);
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  const auto l1 = losses(one), l4 = losses(four);
+  ASSERT_EQ(l1.size(), l4.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l4[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
+}
+
+TEST(DataParallel, ShardedOptimizerStateTrainsAsOneProcessDoes) {
+  const fs::path one = scratch("zero-one"), four = scratch("zero-four");
+  const auto single = run_command(train_args(one, 2), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  auto args = train_args(four, 2);
+  args.push_back("trainer.shard_optimizer_state=true");
+  const auto sharded = mpirun(4, args);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  EXPECT_NE(sharded.out.find("(sharded, ZeRO-1)"), std::string::npos) << sharded.out;
+  // The same updates: only the gradient norm's double sum is associated differently.
+  const auto l1 = losses(one), l4 = losses(four);
+  ASSERT_EQ(l1.size(), l4.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l4[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
+}
+
+// A checkpoint holds the whole state whatever number of ranks wrote it, sharded or not, and
+// resumes on any number of ranks.
+TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
+  const fs::path reference = scratch("ckpt-reference"), a = scratch("ckpt-2-then-4"), b = scratch("ckpt-4-then-1");
+  // A constant learning rate: a schedule over 10 steps is not the first half of one over 20.
+  auto with = [](std::vector<std::string> args, std::initializer_list<const char*> more) {
+    for (const char* m : more) args.emplace_back(m);
+    return args;
+  };
+  const auto single = run_command(
+      with(train_args(reference, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0"}),
+      {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+
+  // 2 ranks unsharded for 10 steps, then 4 sharded ranks continue to 20.
+  auto first = with(train_args(a, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                       "trainer.checkpoint.save_every_steps=5"});
+  first[4] = "trainer.num_train_steps=10";
+  auto r = mpirun(2, first);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = mpirun(4,
+             with(train_args(a, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                     "trainer.checkpoint.save_every_steps=5", "trainer.shard_optimizer_state=true"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from checkpoint"), std::string::npos) << r.out;
+
+  // 4 sharded ranks for 10 steps (their checkpoint gathers the shards), then one process.
+  auto sharded =
+      with(train_args(b, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                              "trainer.checkpoint.save_every_steps=5", "trainer.shard_optimizer_state=true"});
+  sharded[4] = "trainer.num_train_steps=10";
+  r = mpirun(4, sharded);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = run_command(with(train_args(b, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                          "trainer.checkpoint.save_every_steps=5"}),
+                  {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  for (const fs::path& dir : {a, b}) {
+    const auto expected = losses(reference), got = losses(dir);
+    ASSERT_EQ(expected.size(), got.size()) << dir;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      EXPECT_NEAR(expected[i], got[i], 1e-6 * std::abs(expected[i])) << dir << " step " << i + 1;
+    EXPECT_LT(max_relative_difference(reference / "model.safetensors", dir / "model.safetensors"), 1e-6) << dir;
+  }
+}
+
+TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRank) {
+  const fs::path dir = scratch("mismatch");
+  // The second app context of an MPMD launch gets one override more.
+  std::vector<std::string> args{LOOM_MPIRUN, "--oversubscribe", "-np", "1"};
+  for (const auto& a : train_args(dir, 4)) args.push_back(a);
+  args.push_back(":");
+  args.insert(args.end(), {"-np", "1"});
+  for (const auto& a : train_args(dir, 4)) args.push_back(a);
+  args.push_back("optimizer.learning_rate=1e-3");
+  const auto r = run_command(args, kMpiEnv);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE((r.out + r.err).find("the resolved config of rank 1 differs from rank 0's"), std::string::npos)
+      << r.out << r.err;
+}
+
+TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAUserError) {
+  auto args = train_args(scratch("uneven"), 4);
+  args.push_back("trainer.train_batch_size=12");
+  const auto r = mpirun(2, args);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE((r.out + r.err).find("must be a multiple of 2 ranks x the micro-batch size (4)"), std::string::npos)
+      << r.out << r.err;
+}
+
+TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
+  const fs::path dir = scratch("killed");
+  auto args = train_args(dir, 4);
+  args[4] = "trainer.num_train_steps=100000";
+  args.insert(args.begin(), {LOOM_MPIRUN, "--oversubscribe", "-np", "2"});
+  const fs::path log = dir.parent_path() / "killed.log";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    for (const auto& e : kMpiEnv) putenv(const_cast<char*>(e.c_str()));
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), 2);
+    setpgid(0, 0);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  // Wait until training runs (metrics appear), then SIGKILL rank 1 (a child of mpirun with
+  // OMPI_COMM_WORLD_RANK=1).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "metrics.jsonl") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(dir / "metrics.jsonl")) << file_bytes(log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  pid_t victim = -1;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string env = file_bytes(entry.path() / "environ");
+    if (env.find("OMPI_COMM_WORLD_RANK=1") == std::string::npos) continue;
+    if (file_bytes(entry.path() / "cmdline").find("loom") == std::string::npos) continue;
+    std::istringstream stat(file_bytes(entry.path() / "stat"));
+    std::string pid, comm, state;
+    pid_t parent = -1;
+    stat >> pid >> comm >> state >> parent;
+    if (parent == launcher) victim = std::stoi(pid);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 not found";
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (done == 0) {
+    ::kill(-launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+    FAIL() << "the run did not end within 30 s of rank 1's death:\n" << file_bytes(log);
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << file_bytes(log);
+  EXPECT_NE(file_bytes(log).find("rank 1"), std::string::npos) << file_bytes(log);
+  // No final weights of a run that did not finish.
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+}
+
+}  // namespace
