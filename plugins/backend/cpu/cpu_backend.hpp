@@ -26,17 +26,29 @@ struct CpuOptions {
 void bias_activation_rows(float* pre, const float* bias, float* out, int64_t r0, int64_t r1, int64_t cols,
                           Activation act);
 
+// Whether this CPU has the AVX512-BF16 instructions the bf16 GEMM uses (gemm_bf16.cpp).
+bool cpu_has_avx512_bf16();
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(ExecutionContext& execution, const CpuOptions& options) : ex_(execution), options_(options) {}
+  CpuBackend(ExecutionContext& execution, const CpuOptions& options)
+      : ex_(execution), options_(options), has_bf16_(cpu_has_avx512_bf16()) {}
 
   std::string_view name() const override { return "cpu"; }
+  // Every group on f32; GEMMs on bf16 too where the CPU has AVX512-BF16 (gemm_bf16.cpp).
+  bool supports_op(BackendOp op, DType dtype) const override {
+    return dtype == DType::f32 || (dtype == DType::bf16 && op == BackendOp::gemm && has_bf16_);
+  }
 
   void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
   void gemm_batched(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                     int64_t ldc, int64_t stride_c, int64_t batch) override;
+  // AVX512-BF16 where the CPU has it (gemm_bf16.cpp), else Backend's default (rounded copies,
+  // float32 sgemm).
+  void gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
 
   void linear_forward(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                       int64_t lda, const float* b, int64_t ldb, float* pre, const float* bias, float* out,
@@ -113,6 +125,7 @@ class CpuBackend final : public Backend {
 
   ExecutionContext& ex_;
   CpuOptions options_;
+  bool has_bf16_;
   std::vector<float> scratch_;
 };
 
