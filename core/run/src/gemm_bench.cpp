@@ -75,7 +75,7 @@ std::vector<GemmShape> gpt2_small_gemm_shapes(int64_t tokens) {
   return {
       {"qkv", tokens, 3 * d, d, false, false},      {"attn_out", tokens, d, d, false, false},
       {"mlp_up", tokens, 4 * d, d, false, false},   {"mlp_down", tokens, d, 4 * d, false, false},
-      {"mlp_up dX", tokens, d, 4 * d, false, true}, {"mlp_up dW", d, 4 * d, tokens, true, false},
+      {"mlp_up_dX", tokens, d, 4 * d, false, true}, {"mlp_up_dW", d, 4 * d, tokens, true, false},
       {"lm_head", tokens, vocab, d, false, true},
   };
 }
@@ -206,8 +206,8 @@ std::string format_gemm_bench(const GemmBenchOptions& o, const std::vector<GemmB
   }
   s << "GFLOP/s: 2 m n k per run. vs library: this GFLOP/s over the library call's of the same dtype (openblas:\n"
        "one single-threaded cblas_sgemm, as the core holds OpenBLAS to one thread";
-  if (any_onednn) s << "; onednn: dnnl_gemm_bf16bf16f32 on bf16 operands, " << threads << " OpenMP threads";
-  s << "). vs f32: bf16 GFLOP/s over the same backend's f32.\n";
+  if (any_onednn) s << ";\nonednn: dnnl_gemm_bf16bf16f32 on operands already in bf16, " << threads << " OpenMP threads";
+  s << ").\nvs f32: bf16 GFLOP/s over the same backend's f32.\n";
   if (std::find_if(o.dtypes.begin(), o.dtypes.end(), [](DType t) { return t == DType::bf16; }) != o.dtypes.end() &&
       !any_onednn && o.libraries)
     s << "onednn: libdnnl.so.2 could not be loaded, so bf16 has no library baseline.\n";

@@ -1,14 +1,16 @@
 // bf16 GEMM with float32 accumulation on AVX512-BF16 (VDPBF16PS), chosen at run time.
 //
 // Why our own kernel rather than a library: Debian's OpenBLAS 0.3.21 is built without its bf16
-// routines (no cblas_sbgemm), and oneDNN's headers (libdnnl-dev) are not part of the build's
-// dependencies; this kernel is small, has no dependency and reads the float32 operands
+// routines (no cblas_sbgemm), and oneDNN's headers (libdnnl-dev) are not among the build's
+// dependencies; this kernel is small, depends on nothing and reads the float32 operands
 // directly, rounding them to bf16 while packing, so the float32 master weights need no bf16
-// copy. docs/writing-a-backend.md ("Mixed precision") has the rest of the reasoning.
+// copy. It is not yet the fastest: `loom bench gemm` measures oneDNN's bf16 GEMM in the same run
+// (docs/writing-a-backend.md, "Mixed precision", has the figures and the plan).
 //
 // Structure (GotoBLAS/BLIS): C is computed in blocks of kNc columns; for each block of kKc
-// k-pairs, B's block is packed into 32-column strips and A's rows into kMr-row strips; the
-// micro-kernel keeps a kMr x 32 tile of C in 24 zmm registers. VDPBF16PS computes, per float32
+// k-pairs, B's block is packed into kNr-column strips and A's rows into kMr-row strips; the
+// micro-kernel keeps a kMr x kNr tile of C in 24 zmm registers (6 x 64 measured faster than
+// 12 x 32 and 4 x 96 on Zen 5: fewer broadcasts per product). VDPBF16PS computes, per float32
 // lane j, acc[j] += a[2j] b[2j] + a[2j+1] b[2j+1]: the packed layout therefore holds, for each
 // pair p of k indices and each row r of a strip, the two bf16 values (X(r, 2p), X(r, 2p+1)) as
 // one 32-bit word (A's word is broadcast, B's 16 words are a vector over 16 columns).
@@ -27,10 +29,10 @@ namespace loom::cpu {
 
 namespace {
 
-constexpr int64_t kMr = 12;         // rows of the micro-tile
-constexpr int64_t kNr = 32;         // columns of the micro-tile (two zmm of float32)
-constexpr int64_t kKc = 256;        // k pairs per block (512 k): a packed 32-column B strip is 32 KiB
-constexpr int64_t kMc = 96;         // rows per packed A block (a multiple of kMr)
+constexpr int64_t kMr = 6;          // rows of the micro-tile
+constexpr int64_t kNr = 64;         // columns of the micro-tile (four zmm of float32)
+constexpr int64_t kKc = 128;        // k pairs per block (256 k): a packed B strip is 32 KiB
+constexpr int64_t kMc = 192;        // rows per packed A block (a multiple of kMr)
 constexpr int64_t kNc = 512;        // columns per packed B block (a multiple of kNr)
 constexpr int64_t kPanelRows = 48;  // row panels start at multiples of this (a multiple of kMr)
 
@@ -111,31 +113,35 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
 // beta == 0 with `first` does not read C.
 LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* b, int64_t pairs, float* c, int64_t ldc,
                                    int64_t rows, int64_t cols, float alpha, float beta, bool first) {
-  __m512 acc[kMr][2];
-#pragma GCC unroll 12
-  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  constexpr int kNv = static_cast<int>(kNr / 16);  // zmm per row of the tile
+  __m512 acc[kMr][kNv];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r)
+#pragma GCC unroll 4
+    for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kNr);
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kNr + 16);
+    __m512bh bv[kNv];
+#pragma GCC unroll 4
+    for (int h = 0; h < kNv; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * kNr + 16 * h);
     const std::uint32_t* ap = a + p * kMr;
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int r = 0; r < kMr; ++r) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+#pragma GCC unroll 4
+      for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
     }
   }
-  const __mmask16 m0 = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
-  const __mmask16 m1 = static_cast<__mmask16>(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   // Unrolled with constant indices, so that acc stays in registers.
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < kMr; ++r) {
     if (r >= rows) break;
     float* row = c + r * ldc;
-    for (int h = 0; h < 2; ++h) {
-      const __mmask16 mask = h == 0 ? m0 : m1;
-      if (mask == 0) continue;
+#pragma GCC unroll 4
+    for (int h = 0; h < kNv; ++h) {
+      const int64_t left = cols - 16 * h;
+      if (left <= 0) break;
+      const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
       __m512 v = _mm512_mul_ps(va, acc[r][h]);
       if (!first)
         v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, row + 16 * h), v);

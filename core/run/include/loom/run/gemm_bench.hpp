@@ -25,7 +25,7 @@
 namespace loom {
 
 struct GemmShape {
-  std::string name;  // "qkv", "mlp_up dW", ...
+  std::string name;  // "qkv", "mlp_up_dW", ...
   std::int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
 };
