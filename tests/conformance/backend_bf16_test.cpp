@@ -156,6 +156,47 @@ TEST(CpuBackendBf16, DeclaresBf16GemmWhereTheCpuHasAvx512Bf16) {
   EXPECT_TRUE(cpu->supports_op(BackendOp::layer_norm, DType::f32));
 }
 
+// cpu's matmul_precision: bf16 routes every float32 GEMM (gemm, gemm_batched, linear_forward)
+// through the bf16 product where the CPU has AVX512-BF16, and leaves them float32 elsewhere.
+TEST(CpuBackendBf16, MatmulPrecisionBf16MakesEveryGemmABf16Product) {
+  const auto names = registered("backend");
+  if (std::find(names.begin(), names.end(), "cpu") == names.end()) GTEST_SKIP() << "no cpu backend in this build";
+  Value options = Value::map();
+  options.set("matmul_precision", Value("bf16"));
+  Handle<Backend> mixed = make_backend("cpu", nullptr, options);
+  Handle<Backend> plain = make_backend("cpu");
+  const bool bf16 = plain->supports_op(BackendOp::gemm, DType::bf16);
+  const std::int64_t m = 150, n = 70, k = 300, batch = 3;
+  const auto a = random_vector(static_cast<std::size_t>(batch * m * k), 6);
+  const auto b = random_vector(static_cast<std::size_t>(batch * k * n), 7);
+  std::vector<float> want(static_cast<std::size_t>(batch * m * n)), got = want, got_batched = want;
+  for (std::int64_t i = 0; i < batch; ++i) {
+    const std::size_t ai = static_cast<std::size_t>(i * m * k), bi = static_cast<std::size_t>(i * k * n),
+                      ci = static_cast<std::size_t>(i * m * n);
+    if (bf16)
+      plain->gemm_bf16(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data() + ai, k, b.data() + bi, k, 0.0f,
+                       want.data() + ci, n);
+    else
+      plain->gemm(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data() + ai, k, b.data() + bi, k, 0.0f,
+                  want.data() + ci, n);
+    mixed->gemm(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data() + ai, k, b.data() + bi, k, 0.0f, got.data() + ci,
+                n);
+  }
+  EXPECT_TRUE(bitwise_equal(got, want));
+  mixed->gemm_batched(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data(), k, m * k, b.data(), k, k * n, 0.0f,
+                      got_batched.data(), n, m * n, batch);
+  EXPECT_TRUE(bitwise_equal(got_batched, want));
+  std::vector<float> pre(static_cast<std::size_t>(m * n));
+  mixed->linear_forward(Transpose::no, Transpose::yes, m, n, k, a.data(), k, b.data(), k, pre.data(), nullptr, nullptr,
+                        Activation::none);
+  EXPECT_TRUE(bitwise_equal(pre, std::vector<float>(want.begin(), want.begin() + m * n)));
+  if (bf16) {
+    std::vector<float> f32(static_cast<std::size_t>(m * n));
+    plain->gemm(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, f32.data(), n);
+    EXPECT_FALSE(all_close(f32, pre, 1e-5)) << "the products were not rounded to bf16";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registered, BackendBf16, ::testing::ValuesIn(host_backends()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -19,6 +19,11 @@ struct CpuOptions {
   // Elements per chunk of the elementwise kernels (a parallel loop smaller than this runs
   // inline, with no synchronisation).
   int64_t grain = 16384;
+  // Mixed precision (option matmul_precision: bf16): every float32 GEMM of this backend (gemm,
+  // gemm_batched, linear_forward, so every matrix product of the operations) rounds its
+  // operands to bf16 and accumulates in float32, as gemm_bf16 does. Only where the CPU has
+  // AVX512-BF16; elsewhere the products stay float32 (the factory warns).
+  bool bf16_matmuls = false;
 };
 
 // The bias + activation epilogue on rows [r0, r1) of a rows x cols matrix, on the calling
@@ -28,11 +33,17 @@ void bias_activation_rows(float* pre, const float* bias, float* out, int64_t r0,
 
 // Whether this CPU has the AVX512-BF16 instructions the bf16 GEMM uses (gemm_bf16.cpp).
 bool cpu_has_avx512_bf16();
+// gemm_bf16 on the calling thread (m, n, k > 0), on a CPU where cpu_has_avx512_bf16().
+void gemm_bf16_on_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 class CpuBackend final : public Backend {
  public:
   CpuBackend(ExecutionContext& execution, const CpuOptions& options)
-      : ex_(execution), options_(options), has_bf16_(cpu_has_avx512_bf16()) {}
+      : ex_(execution),
+        options_(options),
+        has_bf16_(cpu_has_avx512_bf16()),
+        bf16_matmuls_(options.bf16_matmuls && has_bf16_) {}
 
   std::string_view name() const override { return "cpu"; }
   // Every group on f32; GEMMs on bf16 too where the CPU has AVX512-BF16 (gemm_bf16.cpp).
@@ -126,6 +137,7 @@ class CpuBackend final : public Backend {
   ExecutionContext& ex_;
   CpuOptions options_;
   bool has_bf16_;
+  bool bf16_matmuls_;  // options_.bf16_matmuls, where the CPU can
   std::vector<float> scratch_;
 };
 

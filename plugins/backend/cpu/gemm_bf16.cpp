@@ -191,6 +191,11 @@ bool cpu_has_avx512_bf16() {
          __builtin_cpu_supports("avx512vl");
 }
 
+void gemm_bf16_on_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_bf16_single({a, ta ? 1 : lda, ta ? lda : 1}, {b, tb ? ldb : 1, tb ? 1 : ldb}, m, n, k, alpha, beta, c, ldc);
+}
+
 void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                            int64_t ldc) {
