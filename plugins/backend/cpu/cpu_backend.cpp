@@ -16,7 +16,8 @@ loom::OptionSchema options() {
             "Elements per parallel chunk of the elementwise kernels; smaller loops run inline on the calling thread.")
       .min(256);
   s.string("matmul_precision", "f32",
-           "Compute dtype of every matrix product: f32, or bf16 (operands rounded to bfloat16, float32 "
+           "Compute dtype of the backend's matrix products (gemm, linear layers, output layer; not the attention "
+           "kernels' own): f32, or bf16 (operands rounded to bfloat16, float32 "
            "accumulation: mixed precision with float32 weights, optimizer state and everything else; needs "
            "AVX512-BF16, else f32 with a warning). Levanter's mp c=bfloat16, MaxText's dtype: bfloat16.")
       .one_of({"f32", "bf16"});
