@@ -52,13 +52,15 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
                            int64_t k, std::uint32_t* out) {
   const int64_t k0 = 2 * p0;
   if (x.sk == 1) {
-    // Pairs are contiguous in memory: convert 32 floats of a row into 16 words at a time.
-    for (int64_t r = 0; r < width; ++r) {
-      if (r >= rows) {
-        for (int64_t p = 0; p < pairs; ++p) out[p * width + r] = 0;
-        continue;
-      }
-      const float* row = x.data + (r0 + r) * x.sr;
+    // Pairs are contiguous in memory: convert 32 floats of each of 16 rows into 16 words, then
+    // transpose the 16 x 16 block of words (gathers from L1) into 16 stores of 16 columns.
+    const __m512i columns = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(16));
+    alignas(64) std::uint32_t block[16][16];
+    for (int64_t r = 0; r < width; r += 16) {
+      const int64_t n_rows = std::max<int64_t>(0, std::min<int64_t>(16, rows - r));
+      const int64_t n_store = std::min<int64_t>(16, width - r);
+      const __mmask16 store_mask = static_cast<__mmask16>(n_store >= 16 ? 0xffff : (1u << n_store) - 1);
       for (int64_t p = 0; p < pairs; p += 16) {
         const int64_t kk = k0 + 2 * p;
         const int64_t left = std::max<int64_t>(0, std::min<int64_t>(32, k - kk));
@@ -66,12 +68,22 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
         const __mmask16 hi_mask = static_cast<__mmask16>(left >= 32   ? 0xffff
                                                          : left <= 16 ? 0
                                                                       : (1u << (left - 16)) - 1);
-        const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, row + kk);
-        const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, row + kk + 16);
-        alignas(64) std::uint32_t words[16];
-        _mm512_store_si512(reinterpret_cast<__m512i*>(words), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        const int64_t n = std::min<int64_t>(16, pairs - p);
-        for (int64_t q = 0; q < n; ++q) out[(p + q) * width + r] = words[q];
+        for (int64_t i = 0; i < 16; ++i) {
+          __m512i words = _mm512_setzero_si512();
+          if (i < n_rows) {
+            const float* row = x.data + (r0 + r + i) * x.sr + kk;
+            const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, row);
+            const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, row + 16);
+            words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+          }
+          _mm512_store_si512(reinterpret_cast<__m512i*>(block[i]), words);
+        }
+        const int64_t n_pairs = std::min<int64_t>(16, pairs - p);
+        for (int64_t q = 0; q < n_pairs; ++q) {
+          // Column q of the block: block[i][q] for i < 16.
+          const __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, columns, &block[0][q], 4);
+          _mm512_mask_storeu_epi32(out + (p + q) * width + r, store_mask, word);
+        }
       }
     }
     return;
