@@ -298,7 +298,8 @@ TEST(HfInterop, ConfigMismatchesAreAllNamed) {
   c["model_type"] = "gpt2";
   write_json(dir.path() / "hf" / "config.json", c);
   const std::string other = message_of([&] { import_hf(*model, dir.path() / "hf"); });
-  EXPECT_NE(other.find("model_type is \"gpt2\"; the llama model loads Llama, Mistral and Qwen2"), std::string::npos)
+  EXPECT_NE(other.find("model_type is \"gpt2\"; the llama model loads Llama, Mistral, Mixtral and Qwen2"),
+            std::string::npos)
       << other;
 }
 

@@ -162,11 +162,21 @@ Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   const detail::Matrix wm = detail::as_matrix(weight);
   const std::int64_t m = xm.rows;
 
-  Tensor pre = detail::empty(*this, x.shape().with_back(n));
-  Tensor out = options.activation == Activation::none ? pre : detail::empty(*this, pre.shape());
-  backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld, ptr(pre),
-                           detail::data_or_null(bias), options.activation == Activation::none ? nullptr : ptr(out),
-                           options.activation);
+  Tensor pre, out;
+  if (remat_replay_) {  // recomputing a save_dots segment: the product was kept
+    pre = (*remat_replay_).at(remat_next_++);
+    out = options.activation == Activation::none ? pre : (*remat_replay_).at(remat_next_++);
+  } else {
+    pre = detail::empty(*this, x.shape().with_back(n));
+    out = options.activation == Activation::none ? pre : detail::empty(*this, pre.shape());
+    backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld,
+                             ptr(pre), detail::data_or_null(bias),
+                             options.activation == Activation::none ? nullptr : ptr(out), options.activation);
+    if (remat_save_) {
+      remat_save_->push_back(pre);
+      if (options.activation != Activation::none) remat_save_->push_back(out);
+    }
+  }
 
   if (auto* rec = detail::recording_state(tape_, {&x, &weight, &bias}, op)) {
     auto* node = rec->record<LinearNode>(*backend_);
@@ -214,9 +224,15 @@ Tensor Ops::matmul(const Tensor& a_in, const Tensor& b_in, bool transpose_a, boo
   Shape out_shape = a.shape();
   out_shape[a.rank() - 2] = m;
   out_shape[a.rank() - 1] = n;
-  Tensor out = detail::empty(*this, out_shape);
-  backend_->gemm_batched(tr(transpose_a), tr(transpose_b), m, n, k, 1.0f, ptr(a), transpose_a ? m : k, m * k, ptr(b),
-                         transpose_b ? k : n, shared_b ? 0 : k * n, 0.0f, ptr(out), n, m * n, batch);
+  Tensor out;
+  if (remat_replay_) {  // recomputing a save_dots segment: the product was kept
+    out = (*remat_replay_).at(remat_next_++);
+  } else {
+    out = detail::empty(*this, out_shape);
+    backend_->gemm_batched(tr(transpose_a), tr(transpose_b), m, n, k, 1.0f, ptr(a), transpose_a ? m : k, m * k, ptr(b),
+                           transpose_b ? k : n, shared_b ? 0 : k * n, 0.0f, ptr(out), n, m * n, batch);
+    if (remat_save_) remat_save_->push_back(out);
+  }
   if (auto* rec = detail::recording_state(tape_, {&a, &b}, op)) {
     auto* node = rec->record<MatmulNode>(*backend_);
     node->da = rec->target(a);

@@ -1,6 +1,7 @@
 // Softmax cross-entropy over the vocabulary: on given logits, and fused with the output
 // projection so that the logits of all tokens never exist at once.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "numerics/ops_support.hpp"
@@ -119,6 +120,7 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
   detail::require_f32(*this, logits_in, op, "logits");
   detail::require_i32(*this, targets, op, "targets");
   if (logits_in.rank() < 1 || logits_in.shape().back() == 0) op_error(op, "logits need a vocabulary dimension");
+  if (options.logit_softcap != 0.0f) op_error(op, "logit_softcap is for linear_cross_entropy (use Ops::softcap here)");
   detail::require_op(*this, BackendOp::cross_entropy, DType::f32, op);
   const std::int64_t vocab = logits_in.shape().back();
   if (targets.numel() != logits_in.shape().rows())
@@ -161,6 +163,10 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   if (targets.numel() != x_in.shape().rows())
     op_error(op, "targets " + targets.shape().str() + " do not match x " + x_in.shape().str());
   if (options.chunk_tokens < 0) op_error(op, "chunk_tokens must be >= 0");
+  const float cap = options.logit_softcap;
+  if (!(cap >= 0.0f)) op_error(op, "logit_softcap must be >= 0");
+  if (cap > 0.0f && !(x_in.is_host_visible() && weight.is_host_visible()))
+    op_error(op, "logit_softcap computes on the host; x and weight must be host-visible");
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
   const detail::Matrix xm = detail::as_matrix(x);
   const detail::Matrix wm = detail::as_matrix(weight);
@@ -181,6 +187,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   Tensor losses = detail::empty(*this, Shape{rows});
   Tensor lse = detail::empty(*this, Shape{rows});
   Tensor logits = detail::empty(*this, Shape{chunk, vocab});
+  // With soft-capping: tanh(logit / cap) of the chunk, for the backward factor 1 - tanh^2.
+  Tensor capped = cap > 0.0f && rec ? detail::empty(*this, Shape{chunk, vocab}) : Tensor();
   Tensor dx = tx.active() ? detail::empty(*this, x.shape()) : Tensor();
   Tensor dweight = tw.active() ? detail::empty(*this, weight.shape()) : Tensor();
   const std::int32_t* t = detail::ids_ptr(targets);
@@ -189,9 +197,21 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     const std::int64_t n = std::min(chunk, rows - r0);
     const float* xr = xm.data + r0 * xm.ld;
     backend_->gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xr, xm.ld, wm.data, wm.ld, 0.0f, l, vocab);
+    if (cap > 0.0f) {
+      float* tanh_out = capped.defined() ? capped.data<float>() : nullptr;
+      for (std::int64_t i = 0; i < n * vocab; ++i) {
+        const float th = std::tanh(l[i] / cap);
+        l[i] = cap * th;
+        if (tanh_out) tanh_out[i] = th;
+      }
+    }
     backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab, options.ignore_index);
     if (!rec) continue;
     backend_->cross_entropy_backward(l, vocab, t + r0, ptr(lse) + r0, scale, n, vocab, options.ignore_index);
+    if (capped.defined()) {
+      const float* th = capped.data<float>();
+      for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
+    }
     if (dx.defined())  // dx[n, dim] = dlogits[n, vocab] * W[vocab, dim]
       backend_->gemm(Transpose::no, Transpose::no, n, dim, vocab, 1.0f, l, vocab, wm.data, wm.ld, 0.0f,
                      ptr(dx) + r0 * dim, dim);
@@ -200,6 +220,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
                      ptr(dweight), dim);
   }
   logits.reset();
+  capped.reset();
   if (rows == 0 && dweight.defined()) backend_->fill(ptr(dweight), 0.0f, dweight.numel());
   Tensor loss = detail::scalar(*buffers_, reduce(losses, scale));
   if (rec) {

@@ -227,7 +227,7 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
   clear();
 }
 
-void TapeState::note_inputs(std::initializer_list<const Tensor*> inputs) {
+void TapeState::note_inputs(std::span<const Tensor* const> inputs) {
   for (const Tensor* t : inputs) {
     if (!t || !t->defined()) continue;
     Parameter* p = TensorAccess::param(*t);
@@ -250,9 +250,19 @@ void TapeState::clear() {
 }
 
 TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inputs, const char* op) {
+  return recording_state(tape, std::span<const Tensor* const>(inputs.begin(), inputs.size()), op);
+}
+
+TapeState* recording_state(Tape* tape, std::span<const Tensor* const> inputs, const char* op) {
   if (!tape) return nullptr;
   TapeState& state = tape->state();
-  if (!state.enabled) return nullptr;
+  if (!state.enabled) {
+    if (state.parameter_collector)
+      for (const Tensor* t : inputs)
+        if (t && t->defined())
+          if (Parameter* p = TensorAccess::param(*t); p && p->requires_grad()) state.parameter_collector->push_back(p);
+    return nullptr;
+  }
   bool any = false;
   for (const Tensor* t : inputs)
     if (t && t->defined()) any |= state.requires_grad(*t, op);

@@ -127,8 +127,11 @@ class TapeState {
 
   // Notes the parameters among an operation's inputs before its node is recorded: a parameter's
   // gradient is complete once the backward pass has gone past the first node that used it.
-  void note_inputs(std::initializer_list<const Tensor*> inputs);
+  void note_inputs(std::span<const Tensor* const> inputs);
   std::function<void(Parameter&)> on_gradient_ready;
+  // While set (by Ops::checkpoint, with recording disabled), the parameters that operations
+  // take are collected here instead of recorded: the checkpoint's node is their first use.
+  std::vector<Parameter*>* parameter_collector = nullptr;
 
  private:
   std::uint32_t epoch_;
@@ -140,6 +143,7 @@ class TapeState {
 
 // The tape's state when operations on `inputs` must be recorded, else nullptr.
 TapeState* recording_state(Tape* tape, std::initializer_list<const Tensor*> inputs, const char* op);
+TapeState* recording_state(Tape* tape, std::span<const Tensor* const> inputs, const char* op);
 
 // Gradient plumbing for Node::backward.
 class BackwardPass {

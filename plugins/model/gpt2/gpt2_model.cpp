@@ -30,6 +30,7 @@ struct Gpt2Options {
   bool scale_attn_by_inverse_layer_idx, use_bias, tie_word_embeddings;
   std::int64_t vocab_size;  // 0: from the tokenizer
   std::string path;         // of the options in the config ("model"), for messages
+  loom::RematPolicy remat = loom::RematPolicy::none;
 };
 
 struct Block {
@@ -243,31 +244,34 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
     loom::LinearOptions in_out_gelu = in_out;
     in_out_gelu.activation = Activation::gelu_tanh;
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      const Block& b = blocks_[l];
-      // One GEMM for q, k and v; the three are column slices of its output, which the attention
-      // kernel reads in place (and whose gradients land in one buffer).
-      const Tensor qkv = ops.linear(x, b.c_attn_weight->tensor(), value(b.c_attn_bias), in_out)
-                             .view(Shape{batch, seq, 3 * heads, head_dim_});
-      const Tensor q = qkv.slice(2, 0, heads);
-      Tensor k = qkv.slice(2, heads, 2 * heads);
-      Tensor v = qkv.slice(2, 2 * heads, 3 * heads);
-      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-      loom::AttentionParams params;
-      params.causal = true;
-      if (o_.scale_attn_by_inverse_layer_idx)
-        params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
-      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, c});
-      const Tensor attn_out =
-          ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), resid_pdrop);
-      std::tie(h, x) = ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), eps);
-      const Tensor m = ops.linear(x, b.c_fc_weight->tensor(), value(b.c_fc_bias), in_out_gelu);
-      const Tensor mlp_out =
-          ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), resid_pdrop);
-      // The residual add fused with the next norm: the next block's ln_1, or ln_f after the last.
-      const bool last = l + 1 == blocks_.size();
-      const Parameter* norm_w = last ? ln_f_weight_ : blocks_[l + 1].ln_1_weight;
-      const Parameter* norm_b = last ? ln_f_bias_ : blocks_[l + 1].ln_1_bias;
-      std::tie(h, x) = ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), eps);
+      std::tie(h, x) = loom::models::run_layer(
+          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+            const Block& b = blocks_[l];
+            // One GEMM for q, k and v; the three are column slices of its output, which the attention
+            // kernel reads in place (and whose gradients land in one buffer).
+            const Tensor qkv = ops.linear(x, b.c_attn_weight->tensor(), value(b.c_attn_bias), in_out)
+                                   .view(Shape{batch, seq, 3 * heads, head_dim_});
+            const Tensor q = qkv.slice(2, 0, heads);
+            Tensor k = qkv.slice(2, heads, 2 * heads);
+            Tensor v = qkv.slice(2, 2 * heads, 3 * heads);
+            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            loom::AttentionParams params;
+            params.causal = true;
+            if (o_.scale_attn_by_inverse_layer_idx)
+              params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
+            const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, c});
+            const Tensor attn_out =
+                ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), resid_pdrop);
+            std::tie(h, x) = ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), eps);
+            const Tensor m = ops.linear(x, b.c_fc_weight->tensor(), value(b.c_fc_bias), in_out_gelu);
+            const Tensor mlp_out =
+                ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), resid_pdrop);
+            // The residual add fused with the next norm: the next block's ln_1, or ln_f after the last.
+            const bool last = l + 1 == blocks_.size();
+            const Parameter* norm_w = last ? ln_f_weight_ : blocks_[l + 1].ln_1_weight;
+            const Parameter* norm_b = last ? ln_f_bias_ : blocks_[l + 1].ln_1_bias;
+            return ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), eps);
+          });
     }
     if (cache) cache->advance(seq);
     return x;
@@ -303,6 +307,7 @@ loom::OptionSchema gpt2_schema() {
   s.boolean("tie_word_embeddings", true, "Use the token embedding (wte) as the output projection.");
   // required() then nullable(): no default value, so null (take the tokenizer's) unless given.
   s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
 }
@@ -327,6 +332,7 @@ void register_components(loom::Registrar& registrar) {
         o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
         const std::string at = options.path().empty() ? "model" : options.path();
         o.path = at;
+        o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
         if (o.hidden_dim % o.num_heads != 0)
           throw loom::UserError(at + ": num_heads (" + std::to_string(o.num_heads) + ") must divide hidden_dim (" +
                                 std::to_string(o.hidden_dim) + ")");

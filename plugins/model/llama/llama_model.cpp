@@ -2,9 +2,12 @@
 // LlamaConfig describes it. RMSNorm pre-norm blocks, rotary position embeddings (optionally with
 // Llama 3.1's frequency rescaling), SwiGLU MLP, grouped-query attention; `sliding_window` gives
 // Mistral's local attention, `qkv_bias` Qwen2's biases on q, k and v, and `use_qk_norm` Qwen3's
-// per-head RMSNorm of queries and keys. q, k and v come from one fused projection (qkv_proj, rows
+// per-head RMSNorm of queries and keys, and `moe` Mixtral's sparse mixture of SwiGLU experts in
+// place of the MLP (top-k routing, dropless, grouped matrix products over each expert's tokens,
+// load-balancing and z auxiliary losses). q, k and v come from one fused projection (qkv_proj, rows
 // [q heads | k heads | v heads]); the Hugging Face mapping (loom::HfModel) splits it into
 // q_proj, k_proj and v_proj and otherwise keeps transformers' names under "model.".
+#include <algorithm>
 #include <cmath>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
@@ -12,6 +15,7 @@
 #include <loom/model_support.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -32,6 +36,13 @@ struct RopeOptions {
   std::int64_t original_max_position_embeddings;
 };
 
+// The `moe` options: a sparse mixture of experts in place of each layer's MLP (num_experts > 0).
+struct MoeOptions {
+  std::int64_t num_experts = 0, experts_per_token = 2;
+  bool softmax_after_top_k = true;  // Mixtral; false: DeepSeek's probabilities of the full softmax
+  double aux_loss_coef = 0.0, z_loss_coef = 0.0;
+};
+
 struct LlamaOptions {
   std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
   double initializer_range, layer_norm_epsilon;
@@ -39,6 +50,8 @@ struct LlamaOptions {
   std::int64_t sliding_window;  // 0: none
   RopeOptions rope_options;
   loom::RopeConfig rope;
+  MoeOptions moe;
+  loom::RematPolicy remat = loom::RematPolicy::none;
   std::int64_t vocab_size;  // 0: from the tokenizer
   std::string path;         // of the options in the config ("model"), for messages
 };
@@ -52,6 +65,15 @@ struct Layer {
   Parameter *gate_weight = nullptr, *gate_bias = nullptr;
   Parameter *up_weight = nullptr, *up_bias = nullptr;
   Parameter *down_weight = nullptr, *down_bias = nullptr;
+  // Mixture of experts: the router [experts, hidden] and every expert's w1 (gate), w3 (up) and w2
+  // (down) stacked along rows: [experts * intermediate, hidden] and [experts * hidden, intermediate].
+  Parameter *router = nullptr, *w1 = nullptr, *w3 = nullptr, *w2 = nullptr;
+};
+
+// What one layer's router decided in the last forward pass, for the auxiliary losses.
+struct RouterRecord {
+  Tensor logits, probs;                // [tokens, experts], recorded
+  std::vector<std::int64_t> selected;  // tokens * experts_per_token expert ids
 };
 
 Tensor value(const Parameter* p) {
@@ -64,7 +86,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
 
   void build(const loom::ModelSetup& setup) override {
-    if (store_.allocated()) throw loom::InternalError("llama: build called twice");
+    if (declared_) throw loom::InternalError("llama: build called twice");
     vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (llama)");
     const std::int64_t c = o_.hidden_dim, d = o_.head_dim, q = o_.num_heads * d, kv = o_.num_kv_heads * d;
     const std::int64_t mlp = o_.intermediate_dim;
@@ -85,6 +107,15 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       store_.declare(p + "self_attn.o_proj.weight", Shape{c, q}, ParameterRole::weight, &y.o_weight);
       if (bias) store_.declare(p + "self_attn.o_proj.bias", Shape{c}, ParameterRole::bias, &y.o_bias);
       store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
+      if (o_.moe.num_experts > 0) {
+        const std::int64_t e = o_.moe.num_experts;
+        const std::string m = p + "block_sparse_moe.";
+        store_.declare(m + "gate.weight", Shape{e, c}, ParameterRole::weight, &y.router);
+        store_.declare(m + "experts.w1.weight", Shape{e * mlp, c}, ParameterRole::weight, &y.w1);
+        store_.declare(m + "experts.w3.weight", Shape{e * mlp, c}, ParameterRole::weight, &y.w3);
+        store_.declare(m + "experts.w2.weight", Shape{e * c, mlp}, ParameterRole::weight, &y.w2);
+        continue;
+      }
       store_.declare(p + "mlp.gate_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.gate_weight);
       if (bias) store_.declare(p + "mlp.gate_proj.bias", Shape{mlp}, ParameterRole::bias, &y.gate_bias);
       store_.declare(p + "mlp.up_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.up_weight);
@@ -94,6 +125,8 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
     if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    declared_ = true;
+    if (!setup.allocate) return;
     store_.allocate();
     rope_.emplace(o_.rope, d, o_.seq_len);
   }
@@ -126,7 +159,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   std::int64_t vocab_size() const override { return vocab_; }
   std::int64_t max_seq_len() const override { return o_.seq_len; }
   std::int64_t num_parameters() const override {
-    require_built("num_parameters");
+    if (!declared_) throw loom::InternalError("llama: num_parameters before build");
     return store_.num_elements();
   }
   double flops_per_token(std::int64_t seq_len) const override {
@@ -136,11 +169,14 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     s.num_heads = o_.num_heads;
     s.num_kv_heads = o_.num_kv_heads;
     s.head_dim = o_.head_dim;
-    s.intermediate_dim = o_.intermediate_dim;
+    // A mixture of experts runs experts_per_token experts per token, and its router.
+    const bool moe = o_.moe.num_experts > 0;
+    s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
     s.glu = true;
     s.vocab_size = vocab_;
     s.sliding_window = o_.sliding_window;
-    return loom::models::training_flops_per_token(s, seq_len);
+    const double router = moe ? 6.0 * static_cast<double>(o_.num_layers * o_.moe.num_experts * o_.hidden_dim) : 0.0;
+    return loom::models::training_flops_per_token(s, seq_len) + router;
   }
 
   // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) ----
@@ -151,6 +187,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     loom::Value c = loom::Value::map();
     const char* architecture = type == "llama"     ? "LlamaForCausalLM"
                                : type == "mistral" ? "MistralForCausalLM"
+                               : type == "mixtral" ? "MixtralForCausalLM"
                                                    : "Qwen2ForCausalLM";
     c.set("architectures", loom::Value::List{loom::Value(architecture)});
     c.set("model_type", type);
@@ -160,13 +197,13 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     c.set("num_hidden_layers", o_.num_layers);
     c.set("num_attention_heads", o_.num_heads);
     c.set("num_key_value_heads", o_.num_kv_heads);
-    if (type != "qwen2") c.set("head_dim", o_.head_dim);  // Qwen2 derives it: hidden_size / heads
+    if (type != "qwen2" && type != "mixtral") c.set("head_dim", o_.head_dim);  // the others derive it
     c.set("hidden_act", "silu");
     c.set("max_position_embeddings", o_.seq_len);
     c.set("initializer_range", o_.initializer_range);
     c.set("rms_norm_eps", o_.layer_norm_epsilon);
     c.set("rope_theta", o_.rope_options.theta);
-    if (type != "mistral") c.set("rope_scaling", hf_rope_scaling());
+    if (type != "mistral" && type != "mixtral") c.set("rope_scaling", hf_rope_scaling());
     c.set("tie_word_embeddings", o_.tie_word_embeddings);
     c.set("attention_dropout", 0.0);
     if (type == "llama") {
@@ -175,6 +212,13 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       c.set("pretraining_tp", 1);
     } else if (type == "mistral") {
       c.set("sliding_window", o_.sliding_window);
+    } else if (type == "mixtral") {
+      c.set("sliding_window", o_.sliding_window > 0 ? loom::Value(o_.sliding_window) : loom::Value());
+      c.set("num_local_experts", o_.moe.num_experts);
+      c.set("num_experts_per_tok", o_.moe.experts_per_token);
+      c.set("router_aux_loss_coef", o_.moe.aux_loss_coef);
+      c.set("output_router_logits", false);
+      c.set("router_jitter_noise", 0.0);
     } else {
       c.set("use_sliding_window", false);
     }
@@ -190,6 +234,16 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       const std::string& name = p.parameter->name();
       if (name == "lm_head.weight") {
         layout.tensors.push_back({name, name, 0, vocab_});
+        continue;
+      }
+      const auto experts = name.find("block_sparse_moe.experts.");
+      if (experts != std::string::npos) {
+        // Expert e's matrix is rows [e * n, (e + 1) * n) of the stacked parameter.
+        const std::string head = "model." + name.substr(0, experts) + "block_sparse_moe.experts.";
+        const std::string tail = name.substr(experts + std::string("block_sparse_moe.experts.").size());  // w1.weight
+        const std::int64_t n = p.parameter->data().size(0) / o_.moe.num_experts;
+        for (std::int64_t e = 0; e < o_.moe.num_experts; ++e)
+          layout.tensors.push_back({head + std::to_string(e) + "." + tail, name, e * n, (e + 1) * n});
         continue;
       }
       const auto fused = name.find("self_attn.qkv_proj.");
@@ -215,12 +269,16 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     loom::HfConfigCheck check(config, o_.path);
     const std::string& at = o_.path;
     const std::string type = check.string("model_type", "");
-    if (type != "llama" && type != "mistral" && type != "qwen2") {
+    if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral") {
       check.mismatch("model_type is " + loom::Value(type).describe() +
-                     "; the llama model loads Llama, Mistral and Qwen2 checkpoints (model_type \"llama\", "
-                     "\"mistral\" or \"qwen2\")");
+                     "; the llama model loads Llama, Mistral, Mixtral and Qwen2 checkpoints (model_type \"llama\", "
+                     "\"mistral\", \"mixtral\" or \"qwen2\")");
       return check.take();
     }
+    if (type == "mixtral") return mixtral_mismatches(config);
+    if (o_.moe.num_experts > 0)
+      check.mismatch(at + ".moe.num_experts is " + std::to_string(o_.moe.num_experts) + ", and " + type +
+                     " checkpoints have a dense MLP (a Mixtral checkpoint has model_type \"mixtral\")");
     // The config classes' defaults stand in for absent fields (LlamaConfig, MistralConfig and
     // Qwen2Config agree on those checked here unless noted).
     check.expect_integer("vocab_size", 32000, vocab_, "vocab_size");
@@ -291,6 +349,19 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   // The Hugging Face architecture that computes what this model computes.
   std::string hf_model_type() const {
     const std::string& at = o_.path;
+    if (o_.moe.num_experts > 0) {
+      if (o_.use_qk_norm || o_.use_bias || o_.qkv_bias)
+        throw loom::UserError(at +
+                              ".moe with biases or qk-norm has no Hugging Face architecture (Mixtral has neither)");
+      if (!o_.moe.softmax_after_top_k)
+        throw loom::UserError(at + ".moe.router_softmax is before_top_k; Mixtral's router is after_top_k");
+      if (o_.rope_options.type != "default" || o_.rope_options.factor != 1.0)
+        throw loom::UserError(at + ".rope scaling with " + at + ".moe has no Hugging Face architecture");
+      if (o_.head_dim * o_.num_heads != o_.hidden_dim)
+        throw loom::UserError(at + ".head_dim (" + std::to_string(o_.head_dim) +
+                              ") must be hidden_dim / num_heads to export a mixture of experts as Mixtral");
+      return "mixtral";
+    }
     if (o_.use_qk_norm)
       throw loom::UserError(at +
                             ".use_qk_norm is true (Qwen3's q/k norms): loom exports llama models as Hugging Face "
@@ -315,6 +386,118 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       return "mistral";
     }
     return "llama";
+  }
+
+  std::vector<std::string> mixtral_mismatches(const loom::Value& config) const {
+    loom::HfConfigCheck check(config, o_.path);
+    const std::string& at = o_.path;
+    check.expect_integer("vocab_size", 32000, vocab_, "vocab_size");
+    check.expect_integer("hidden_size", 4096, o_.hidden_dim, "hidden_dim");
+    check.expect_integer("intermediate_size", 14336, o_.intermediate_dim, "intermediate_dim");
+    check.expect_integer("num_hidden_layers", 32, o_.num_layers, "num_layers");
+    const std::int64_t heads = check.integer("num_attention_heads", 32);
+    check.expect_integer("num_attention_heads", 32, o_.num_heads, "num_heads");
+    check.expect_integer("num_key_value_heads", 8, o_.num_kv_heads, "num_kv_heads");
+    if (heads > 0 && o_.head_dim != check.integer("hidden_size", 4096) / heads)
+      check.mismatch("Mixtral's head width is hidden_size / num_attention_heads, " + at + ".head_dim is " +
+                     std::to_string(o_.head_dim));
+    check.expect_integer("num_local_experts", 8, o_.moe.num_experts, "moe.num_experts");
+    check.expect_integer("num_experts_per_tok", 2, o_.moe.experts_per_token, "moe.experts_per_token");
+    const std::string act = check.string("hidden_act", "silu");
+    if (act != "silu")
+      check.mismatch("hidden_act is " + loom::Value(act).describe() + "; loom's experts use SiLU (SwiGLU)");
+    check.expect_number("rms_norm_eps", 1e-5, o_.layer_norm_epsilon, "layer_norm_epsilon");
+    check.expect_number("rope_theta", 1e6, o_.rope_options.theta, "rope.theta");
+    check.expect_boolean("tie_word_embeddings", false, o_.tie_word_embeddings, "tie_word_embeddings");
+    if (o_.use_bias || o_.qkv_bias || o_.use_qk_norm)
+      check.mismatch("Mixtral checkpoints have no biases and no q/k norms; " + at + " has them");
+    if (!o_.moe.softmax_after_top_k)
+      check.mismatch(at + ".moe.router_softmax is before_top_k; Mixtral's router is after_top_k");
+    if (o_.rope_options.type != "default" || o_.rope_options.factor != 1.0)
+      check.mismatch(at + ".rope is scaled; Mixtral's RoPE is not");
+    const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
+    const std::int64_t window = !given || given->is_null() ? 0 : check.integer("sliding_window", 0);
+    if (window != o_.sliding_window)
+      check.mismatch("sliding_window is " + (window > 0 ? std::to_string(window) : std::string("null")) + ", " + at +
+                     ".sliding_window is " +
+                     (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
+    return check.take();
+  }
+
+  // The sparse mixture of experts of layer `y` over x [batch, seq, hidden] (normed):
+  //   router logits r = x W_r^T [tokens, experts]; each token's experts_per_token largest;
+  //   gate weights: softmax over the chosen logits (after_top_k: Mixtral's renormalised top-k)
+  //   or the full softmax's probabilities of the chosen (before_top_k: DeepSeek);
+  //   out = sum over the chosen experts of gate * w2(silu(w1 x) * w3 x).
+  // Dropless: every expert runs on exactly the tokens routed to it, gathered into one matrix
+  // (three matrix products per expert over those rows); the outputs are concatenated and each
+  // token's k rows combined with its gate weights in one batched product.
+  Tensor moe_block(Ops& ops, const Layer& y, const Tensor& x) {
+    const std::int64_t c = o_.hidden_dim, f = o_.intermediate_dim, e_count = o_.moe.num_experts;
+    const std::int64_t k = o_.moe.experts_per_token;
+    const std::int64_t tokens = x.numel() / c;
+    const Tensor xf = x.view(Shape{tokens, c});
+    const Tensor logits = ops.linear(xf, y.router->tensor());  // [tokens, experts]
+    const Tensor host_logits = logits.is_host_visible() ? logits : logits.to(loom::Device::host());
+    const float* r = host_logits.data<float>();
+
+    // Top-k per token (ties: the lower expert id), and each expert's tokens in token order.
+    RouterRecord record;
+    record.selected.resize(static_cast<std::size_t>(tokens * k));
+    std::vector<std::vector<std::int32_t>> routed(static_cast<std::size_t>(e_count));
+    std::vector<std::int64_t> order(static_cast<std::size_t>(e_count));
+    std::vector<std::int32_t> chosen_logit(static_cast<std::size_t>(tokens * k));
+    std::vector<std::int32_t> slot_of(static_cast<std::size_t>(tokens * k));  // (t, j) -> position in expert order
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const float* row = r + t * e_count;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](std::int64_t a, std::int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int64_t e = order[static_cast<std::size_t>(j)];
+        const auto tj = static_cast<std::size_t>(t * k + j);
+        record.selected[tj] = e;
+        chosen_logit[tj] = static_cast<std::int32_t>(t * e_count + e);
+        slot_of[tj] = static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
+        routed[static_cast<std::size_t>(e)].push_back(static_cast<std::int32_t>(t));
+      }
+    }
+    // slot_of counted within each expert; shift by the rows of the experts before it.
+    std::vector<std::int32_t> expert_begin(static_cast<std::size_t>(e_count + 1), 0);
+    for (std::int64_t e = 0; e < e_count; ++e)
+      expert_begin[static_cast<std::size_t>(e + 1)] =
+          expert_begin[static_cast<std::size_t>(e)] +
+          static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
+    for (std::size_t tj = 0; tj < slot_of.size(); ++tj)
+      slot_of[tj] += expert_begin[static_cast<std::size_t>(record.selected[tj])];
+
+    const auto ids = [](const std::vector<std::int32_t>& v, Shape shape) {
+      return Tensor::from(std::span<const std::int32_t>(v), shape);
+    };
+    const Tensor chosen = ids(chosen_logit, Shape{tokens, k});
+    const Tensor probs = ops.softmax(logits);
+    const Tensor gates =
+        o_.moe.softmax_after_top_k
+            ? ops.softmax(ops.embedding(logits.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k}))
+            : ops.embedding(probs.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k});
+
+    std::vector<Tensor> outputs;
+    for (std::int64_t e = 0; e < e_count; ++e) {
+      const auto& rows = routed[static_cast<std::size_t>(e)];
+      if (rows.empty()) continue;
+      const auto n = static_cast<std::int64_t>(rows.size());
+      const Tensor xe = ops.embedding(xf, ids(rows, Shape{n}));  // [n, hidden]
+      const Tensor gate = ops.linear(xe, y.w1->tensor().slice(0, e * f, (e + 1) * f));
+      const Tensor up = ops.linear(xe, y.w3->tensor().slice(0, e * f, (e + 1) * f));
+      outputs.push_back(ops.linear(ops.swiglu(gate, up), y.w2->tensor().slice(0, e * c, (e + 1) * c)));
+    }
+    const Tensor expert_out = ops.concat(outputs);                                  // [tokens * k, hidden]
+    const Tensor mine = ops.embedding(expert_out, ids(slot_of, Shape{tokens, k}));  // [tokens, k, hidden]
+    const Tensor out = ops.matmul(gates.view(Shape{tokens, 1, k}), mine);           // [tokens, 1, hidden]
+    record.logits = logits;
+    record.probs = probs;
+    routers_.push_back(std::move(record));
+    return out.view(x.shape());
   }
 
   // transformers' rope_scaling: null, {"rope_type": "linear", "factor"} or the llama3 rule.
@@ -387,46 +570,142 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     params.causal = true;
     params.window = o_.sliding_window;
 
+    routers_.clear();
     Tensor h = ops.embedding(embed_->tensor(), tokens);
     Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& y = layers_[l];
-      // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
-      const Tensor qkv =
-          ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias)).view(Shape{batch, seq, heads + 2 * kv_heads, d});
-      Tensor q = qkv.slice(2, 0, heads);
-      Tensor k = qkv.slice(2, heads, heads + kv_heads);
-      Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-      if (o_.use_qk_norm) {
-        q = ops.rms_norm(q, y.q_norm->tensor(), eps);
-        k = ops.rms_norm(k, y.k_norm->tensor(), eps);
-      }
-      q = ops.rope(q, *rope_, Tensor(), offset);
-      k = ops.rope(k, *rope_, Tensor(), offset);
-      if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-      const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
-      const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
-      std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
-      const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
-      const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
-      const Tensor mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
-      // The residual add fused with the next norm: the next layer's input norm, or the final one.
-      const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
-      std::tie(h, x) = ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+      std::tie(h, x) = loom::models::run_layer(
+          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+            const Layer& y = layers_[l];
+            // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
+            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias))
+                                   .view(Shape{batch, seq, heads + 2 * kv_heads, d});
+            Tensor q = qkv.slice(2, 0, heads);
+            Tensor k = qkv.slice(2, heads, heads + kv_heads);
+            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+            if (o_.use_qk_norm) {
+              q = ops.rms_norm(q, y.q_norm->tensor(), eps);
+              k = ops.rms_norm(k, y.k_norm->tensor(), eps);
+            }
+            q = ops.rope(q, *rope_, Tensor(), offset);
+            k = ops.rope(k, *rope_, Tensor(), offset);
+            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            const Tensor a =
+                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+            const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
+            std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
+            Tensor mlp_out;
+            if (y.router) {
+              mlp_out = moe_block(ops, y, x);
+            } else {
+              const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
+              const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
+              mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
+            }
+            // The residual add fused with the next norm: the next layer's input norm, or the final one.
+            const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+            return ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+          });
     }
     if (cache) cache->advance(seq);
     return x;
   }
 
+  // The routers' auxiliary losses of the last forward pass:
+  //   load balancing (Switch; transformers' load_balancing_loss_func over every layer's tokens
+  //   together): experts * sum_e f_e * P_e, f_e the share of the (token, choice) pairs routed to
+  //   expert e, P_e its mean router probability;
+  //   z-loss (ST-MoE): the mean over layers and tokens of logsumexp(router logits)^2.
+  Tensor auxiliary_loss(Ops& ops) override {
+    metrics_.clear();
+    if (routers_.empty()) return Tensor();
+    const std::int64_t e_count = o_.moe.num_experts, k = o_.moe.experts_per_token;
+    const std::int64_t tokens = routers_.front().probs.size(0);
+    const auto all = static_cast<double>(tokens * static_cast<std::int64_t>(routers_.size()));
+    // The values, on the host: selections per expert, summed probabilities, squared log-sum-exps.
+    std::vector<double> counts(static_cast<std::size_t>(e_count), 0.0), probs(counts);
+    double z_value = 0;
+    for (const auto& r : routers_) {
+      for (const std::int64_t e : r.selected) counts[static_cast<std::size_t>(e)] += 1.0;
+      const auto p = r.probs.to_vector(), l = r.logits.to_vector();
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        double m = -INFINITY, sum = 0;
+        for (std::int64_t e = 0; e < e_count; ++e) {
+          probs[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(t * e_count + e)];
+          m = std::max(m, static_cast<double>(l[static_cast<std::size_t>(t * e_count + e)]));
+        }
+        for (std::int64_t e = 0; e < e_count; ++e) sum += std::exp(l[static_cast<std::size_t>(t * e_count + e)] - m);
+        const double lse = m + std::log(sum);
+        z_value += lse * lse / all;
+      }
+    }
+    double balance_value = 0;
+    for (std::int64_t e = 0; e < e_count; ++e)
+      balance_value += static_cast<double>(e_count) * counts[static_cast<std::size_t>(e)] / all *
+                       probs[static_cast<std::size_t>(e)] / all;
+    metrics_.emplace_back("router_aux_loss", balance_value);
+    metrics_.emplace_back("router_z_loss", z_value);
+    // Per-expert load: the share of (token, choice) pairs routed to each expert (1 / experts when
+    // balanced).
+    for (std::int64_t e = 0; e < e_count; ++e)
+      metrics_.emplace_back("expert_load/" + std::to_string(e),
+                            counts[static_cast<std::size_t>(e)] / (all * static_cast<double>(k)));
+
+    // The weighted losses, recorded: the load-balancing loss is linear in the probabilities
+    // (the shares f_e are constants), so each layer contributes sum(probs * w) with
+    // w[t, e] = coef * experts * count_e / all^2.
+    Tensor total;
+    const auto add = [&](const Tensor& t) { total = total.defined() ? ops.add(total, t) : t; };
+    if (o_.moe.aux_loss_coef > 0.0) {
+      std::vector<float> w(static_cast<std::size_t>(tokens * e_count));
+      for (std::size_t i = 0; i < w.size(); ++i)
+        w[i] = static_cast<float>(o_.moe.aux_loss_coef * static_cast<double>(e_count) *
+                                  counts[i % static_cast<std::size_t>(e_count)] / (all * all));
+      const Tensor weights = Tensor::from(std::span<const float>(w), Shape{tokens, e_count});
+      for (const auto& r : routers_) add(ops.sum(ops.mul(r.probs, weights)));
+    }
+    if (o_.moe.z_loss_coef > 0.0) {
+      for (const auto& r : routers_) {
+        const Tensor lse = ops.logsumexp(r.logits);
+        add(ops.scale(ops.sum(ops.mul(lse, lse)), static_cast<float>(o_.moe.z_loss_coef / all)));
+      }
+    }
+    routers_.clear();
+    return total;
+  }
+
+ public:
+  std::vector<std::pair<std::string, double>> metrics() const override { return metrics_; }
+
+ private:
   LlamaOptions o_;
   loom::Handle<loom::AttentionKernel> kernel_;
   loom::ExecutionContext* execution_;
   std::int64_t vocab_ = 0;
+  bool declared_ = false;  // build() has declared the parameters (allocated or not)
   loom::models::ParameterStore store_;
   Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<Layer> layers_;
   std::optional<loom::RopeTable> rope_;
+  std::vector<RouterRecord> routers_;  // of the last forward pass, for auxiliary_loss
+  std::vector<std::pair<std::string, double>> metrics_;
 };
+
+loom::OptionSchema moe_schema() {
+  loom::OptionSchema s;
+  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.").min(0);
+  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).").min(1);
+  s.string("router_softmax", "after_top_k",
+           "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
+           "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "
+           "renormalised (DeepSeek).")
+      .one_of({"after_top_k", "before_top_k"});
+  s.number("router_aux_loss_coef", 0.001,
+           "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
+      .min(0.0);
+  s.number("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.").min(0.0);
+  return s;
+}
 
 loom::OptionSchema rope_schema() {
   loom::OptionSchema s;
@@ -472,6 +751,8 @@ loom::OptionSchema llama_schema() {
       .nullable()
       .min(1);
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
+  s.object("moe", moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
+  s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
   return s;
@@ -509,6 +790,25 @@ LlamaOptions read_options(const loom::Options& options) {
   if (o.head_dim % 2 != 0)
     throw loom::UserError(at + ": head_dim is " + std::to_string(o.head_dim) +
                           "; rotary embeddings rotate pairs of features, so it must be even");
+
+  const loom::Options moe = options.object("moe");
+  o.moe.num_experts = moe.get<std::int64_t>("num_experts");
+  o.moe.experts_per_token = moe.get<std::int64_t>("experts_per_token");
+  o.moe.softmax_after_top_k = moe.get<std::string>("router_softmax") == "after_top_k";
+  o.moe.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
+  o.moe.z_loss_coef = moe.get<double>("router_z_loss_coef");
+  o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
+  if (o.moe.num_experts > 0 && o.remat != loom::RematPolicy::none)
+    throw loom::UserError(at + ".remat with " + at +
+                          ".moe: the routers' auxiliary losses need the recorded router outputs; set remat: none");
+  if (o.moe.num_experts > 0) {
+    if (o.moe.experts_per_token > o.moe.num_experts)
+      throw loom::UserError(at + ".moe.experts_per_token (" + std::to_string(o.moe.experts_per_token) +
+                            ") exceeds moe.num_experts (" + std::to_string(o.moe.num_experts) + ")");
+    if (o.use_bias)
+      throw loom::UserError(at + ".use_bias with " + at +
+                            ".moe: the experts have no biases; use qkv_bias for attention biases");
+  }
 
   const loom::Options rope = options.object("rope");
   const bool llama3 = rope.get<std::string>("type") == "llama3";

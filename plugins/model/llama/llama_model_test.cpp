@@ -271,4 +271,124 @@ TEST_F(LlamaTest, BadOptionsAreUserErrors) {
   EXPECT_THROW(model->next_logits(ops, ids(2, 5, 50, 1), *cache), loom::UserError);  // too long
 }
 
+// ---- Mixture of experts (moe) ----
+
+Value moe(std::int64_t experts, std::int64_t k, const std::string& softmax, double aux, double z) {
+  Value m = Value::map();
+  m.set("num_experts", experts);
+  m.set("experts_per_token", k);
+  m.set("router_softmax", softmax);
+  m.set("router_aux_loss_coef", aux);
+  m.set("router_z_loss_coef", z);
+  return m;
+}
+
+double metric(const loom::Model& model, const std::string& name) {
+  for (const auto& [key, value] : model.metrics())
+    if (key == name) return value;
+  ADD_FAILURE() << "no metric " << name;
+  return NAN;
+}
+
+TEST_F(LlamaTest, MixtureOfExpertsNamesSizesAndFlops) {
+  Value o = tiny();
+  o.set("moe", moe(4, 2, "after_top_k", 0.01, 0.0));
+  const auto model = make(o);
+  std::map<std::string, Shape> shapes;
+  for (const auto& p : model->parameters()) shapes.emplace(p.parameter->name(), p.parameter->shape());
+  EXPECT_EQ(shapes.at("layers.0.block_sparse_moe.gate.weight"), (Shape{4, 32}));
+  EXPECT_EQ(shapes.at("layers.0.block_sparse_moe.experts.w1.weight"), (Shape{4 * 40, 32}));
+  EXPECT_EQ(shapes.at("layers.1.block_sparse_moe.experts.w2.weight"), (Shape{4 * 32, 40}));
+  EXPECT_EQ(shapes.count("layers.0.mlp.gate_proj.weight"), 0u);
+  // Per layer: qkv (48 + 32) x 32, o 32 x 48, router 4 x 32, 4 experts of 3 x 40 x 32, two norms.
+  const std::int64_t layer = 80 * 32 + 32 * 48 + 4 * 32 + 4 * 3 * 40 * 32 + 2 * 32;
+  EXPECT_EQ(model->num_parameters(), 2 * 50 * 32 + 2 * layer + 32);
+  // FLOPs count the 2 experts a token runs, and the router.
+  Value dense = tiny();
+  dense.set("intermediate_dim", 80);
+  EXPECT_DOUBLE_EQ(model->flops_per_token(16), make(dense)->flops_per_token(16) + 6.0 * 2 * 4 * 32);
+}
+
+TEST_F(LlamaTest, RoutingEveryExpertIsTheDenseMixture) {
+  // With experts_per_token = num_experts, both router modes weigh every expert by the full
+  // softmax: the same function.
+  Value a = tiny(), b = tiny();
+  a.set("moe", moe(3, 3, "after_top_k", 0.0, 0.0));
+  b.set("moe", moe(3, 3, "before_top_k", 0.0, 0.0));
+  const auto ma = make(a), mb = make(b);
+  ma->initialize(4);
+  mb->initialize(4);
+  loom::Ops ops(*backend_);
+  const auto la = ma->logits(ops, ids(2, 9, 50, 1), Tensor()).to_vector();
+  const auto lb = mb->logits(ops, ids(2, 9, 50, 1), Tensor()).to_vector();
+  ASSERT_EQ(la.size(), lb.size());
+  for (std::size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * max_abs(la));
+  // With 1 of 3, after_top_k gives the chosen expert weight 1, before_top_k its probability.
+  a.set("moe", moe(3, 1, "after_top_k", 0.0, 0.0));
+  b.set("moe", moe(3, 1, "before_top_k", 0.0, 0.0));
+  const auto sa = make(a), sb = make(b);
+  sa->initialize(4);
+  sb->initialize(4);
+  EXPECT_NE(sa->logits(ops, ids(2, 9, 50, 1), Tensor()).to_vector(),
+            sb->logits(ops, ids(2, 9, 50, 1), Tensor()).to_vector());
+}
+
+TEST_F(LlamaTest, RouterLossesAreAddedWithTheirCoefficientsAndReported) {
+  Value o = tiny();
+  o.set("moe", moe(4, 2, "after_top_k", 0.0, 0.0));
+  const auto plain = make(o);
+  plain->initialize(5);
+  o.set("moe", moe(4, 2, "after_top_k", 0.1, 0.01));
+  const auto weighted = make(o);
+  weighted->initialize(5);
+  loom::Tape tape;
+  loom::Ops ops(*backend_, &tape);
+  const Tensor tokens = ids(2, 12, 50, 2), targets = ids(2, 12, 50, 3);
+  const float base = plain->loss(ops, tokens, targets, Tensor()).item();
+  tape.clear();
+  const Tensor total = weighted->loss(ops, tokens, targets, Tensor());
+  const double aux = metric(*weighted, "router_aux_loss"), z = metric(*weighted, "router_z_loss");
+  EXPECT_NEAR(aux, 2.0, 0.5);  // experts * sum_e f_e P_e: k (= 2) when the load is balanced
+  EXPECT_GT(z, 0.0);
+  EXPECT_NEAR(total.item(), base + 0.1 * aux + 0.01 * z, 1e-5);
+  EXPECT_DOUBLE_EQ(metric(*plain, "router_aux_loss"), aux);  // reported whatever the coefficient
+  double load = 0;
+  for (int e = 0; e < 4; ++e) load += metric(*weighted, "expert_load/" + std::to_string(e));
+  EXPECT_NEAR(load, 1.0, 1e-12);  // dropless: every (token, choice) pair lands on an expert
+  tape.backward(total);
+  for (const auto& p : weighted->parameters()) EXPECT_TRUE(p.parameter->has_grad()) << p.parameter->name();
+}
+
+TEST_F(LlamaTest, MixtureOfExpertsCachedGenerationMatches) {
+  Value o = tiny();
+  o.set("moe", moe(4, 2, "before_top_k", 0.01, 0.0));
+  const auto model = make(o);
+  model->initialize(6);
+  loom::Ops ops(*backend_);
+  const Tensor tokens = ids(1, 10, 50, 4);
+  const Tensor full = model->logits(ops, tokens, Tensor());
+  auto cache = model->new_cache(1, 10);
+  model->next_logits(ops, tokens.slice(1, 0, 4).clone(), *cache);
+  for (std::int64_t t = 4; t < 10; ++t) {
+    const auto got = model->next_logits(ops, tokens.slice(1, t, t + 1).clone(), *cache).to_vector();
+    const auto want = full.select(1, t).clone().to_vector();
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * max_abs(want));
+  }
+}
+
+TEST_F(LlamaTest, BadMixtureOptionsAreUserErrors) {
+  Value o = tiny();
+  o.set("moe", moe(2, 3, "after_top_k", 0.0, 0.0));
+  try {
+    make(o);
+    FAIL() << "expected a UserError";
+  } catch (const loom::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("experts_per_token (3) exceeds moe.num_experts (2)"), std::string::npos)
+        << e.what();
+  }
+  o.set("moe", moe(2, 1, "after_top_k", 0.0, 0.0));
+  o.set("use_bias", true);
+  EXPECT_THROW(make(o), loom::UserError);
+}
+
 }  // namespace

@@ -39,6 +39,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
@@ -93,7 +94,8 @@ class Parameter {
 
 namespace detail {
 class TapeState;
-}
+struct CheckpointNode;
+}  // namespace detail
 
 // The record of one forward pass: nodes in an arena, replayed in reverse by backward.
 class Tape {
@@ -202,7 +204,23 @@ struct CrossEntropyOptions {
   // linear_cross_entropy only: tokens per chunk of logits; 0 chooses so that one chunk of
   // logits takes at most 256 MiB.
   std::int64_t chunk_tokens = 0;
+  // linear_cross_entropy only: when > 0, the logits are soft-capped (cap * tanh(logit / cap),
+  // Gemma 2's final_logit_softcapping) before the softmax; the backward pass includes the cap.
+  // Host memory only.
+  float logit_softcap = 0.0f;
 };
+
+// Activation checkpointing (remat): what a checkpointed segment keeps for its backward pass.
+enum class RematPolicy : std::uint8_t {
+  none,       // everything, as without checkpointing
+  full,       // its inputs only; the whole segment runs again in the backward pass
+  save_dots,  // its inputs and the outputs of its matrix products (linear, matmul); the rest
+              // (norms, activations, attention) runs again, the products are not recomputed
+};
+
+class Ops;
+// A segment of a forward pass for Ops::checkpoint: its outputs from its inputs.
+using Segment = std::function<std::vector<Tensor>(Ops& ops, std::span<const Tensor> inputs)>;
 
 // The operations. Each validates its inputs (an InternalError names the operation and the
 // mismatch), computes with the backend, and records a node when the tape is recording and an
@@ -252,6 +270,20 @@ class Ops {
   Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
   Tensor add(const Tensor& a, const Tensor& b);         // same shapes: the residual add
   Tensor scale(const Tensor& x, float alpha);
+  // a * b elementwise (same shapes): GeGLU's gate times up, a mixture of experts' gate weights.
+  Tensor mul(const Tensor& a, const Tensor& b);
+  // cap * tanh(x / cap), cap > 0: Gemma 2's soft-capping of logits.
+  Tensor softcap(const Tensor& x, float cap);
+  // Softmax over the last dimension (a mixture of experts' router).
+  Tensor softmax(const Tensor& x);
+  // log(sum(exp(x))) over the last dimension: x [..., n] -> [...] (a router's z-loss).
+  Tensor logsumexp(const Tensor& x);
+  // The parts (equal extents past the first dimension) one after another along the first.
+  Tensor concat(std::span<const Tensor> parts);
+  // The sum of every element: a scalar (auxiliary losses).
+  Tensor sum(const Tensor& x);
+  // mul, softcap, softmax, logsumexp, concat and sum compute on the host: their operands must
+  // be host-visible.
   // Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when
   // not training or p == 0. Deterministic: see set_dropout_seed.
   Tensor dropout(const Tensor& x, float p);
@@ -285,7 +317,23 @@ class Ops {
   // A contiguous copy when x is not contiguous (recorded, so gradients flow), else x itself.
   Tensor contiguous(const Tensor& x);
 
+  // ---- Activation checkpointing
+  // segment(ops, inputs). With policy full or save_dots while recording, the segment's
+  // operations are not recorded: one node keeps its inputs (and with save_dots the outputs of its
+  // matrix products), and in the backward pass runs the segment again on a tape of its own, with
+  // the same dropout masks, and back-propagates through it. Gradients equal those of the plain
+  // run (bit for bit, the operations being deterministic). The segment must compute the same
+  // operations each time from its inputs and parameters, and return new tensors (outputs of
+  // operations, not its inputs or views of them).
+  std::vector<Tensor> checkpoint(std::span<const Tensor> inputs, const Segment& segment, RematPolicy policy);
+
  private:
+  friend struct detail::CheckpointNode;
+  // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the
+  // recomputation takes them from instead of computing them.
+  std::vector<Tensor>* remat_save_ = nullptr;
+  const std::vector<Tensor>* remat_replay_ = nullptr;
+  std::size_t remat_next_ = 0;
   Backend* backend_;
   BufferType* buffers_;
   Tape* tape_;

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -228,13 +230,16 @@ class CausalLm : public Model {
     const Tensor x = forward(ops, tokens, segments, nullptr);
     CrossEntropyOptions ce;
     ce.ignore_index = -1;
-    return ops.linear_cross_entropy(x, head(), targets, ce);
+    ce.logit_softcap = final_logit_softcap();
+    const Tensor loss = ops.linear_cross_entropy(x, head(), targets, ce);
+    const Tensor extra = auxiliary_loss(ops);
+    return extra.defined() ? ops.add(loss, extra.view(loss.shape())) : loss;
   }
 
   Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
     require_built("logits");
     check_batch(tokens, Tensor(), segments, vocab_size(), max_seq_len(), label(), false);
-    return ops.linear(forward(ops, tokens, segments, nullptr), head());
+    return cap_logits(ops, ops.linear(forward(ops, tokens, segments, nullptr), head()));
   }
 
   std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) final {
@@ -250,9 +255,13 @@ class CausalLm : public Model {
   Tensor next_logits(Ops& ops, const Tensor& tokens, KvCache& cache) final {
     require_built("next_logits");
     LayerKvCache& c = check_cache(cache, this, tokens, vocab_size(), label());
-    InferenceScope scope(ops);
-    const Tensor x = forward(ops, tokens, Tensor(), &c);
-    return ops.linear(x.select(1, x.size(1) - 1), head());
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      const Tensor x = forward(ops, tokens, Tensor(), &c);
+      logits = ops.linear(x.select(1, x.size(1) - 1), head());
+    }
+    return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
   }
 
  protected:
@@ -267,6 +276,14 @@ class CausalLm : public Model {
   // The output projection's weight, [vocab, hidden] (the embedding table when tied).
   virtual Tensor head() const = 0;
   virtual CacheShape cache_shape() const = 0;
+  // The model's weighted auxiliary losses of the forward pass loss() just ran (a scalar, added to
+  // the cross-entropy), or undefined: none. A mixture of experts' load-balancing and z-losses.
+  virtual Tensor auxiliary_loss(Ops& ops) {
+    (void)ops;
+    return Tensor();
+  }
+  // When > 0, the logits are soft-capped: cap * tanh(logit / cap) (Gemma 2).
+  virtual float final_logit_softcap() const { return 0.0f; }
   // The final hidden states of `tokens` [batch, seq]. With a cache, the tokens follow the cached
   // positions and their keys and values are appended to it.
   virtual Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, LayerKvCache* cache) = 0;
@@ -276,8 +293,41 @@ class CausalLm : public Model {
   }
 
  private:
+  Tensor cap_logits(Ops& ops, const Tensor& logits) const {
+    const float cap = final_logit_softcap();
+    return cap > 0.0f ? ops.softcap(logits, cap) : logits;
+  }
   std::string label() const { return "model (" + std::string(name()) + ")"; }
 };
+
+// The `remat` option every built-in model has: "none", "full" or "save_dots" (RematPolicy).
+inline RematPolicy parse_remat(const std::string& value) {
+  if (value == "full") return RematPolicy::full;
+  if (value == "save_dots") return RematPolicy::save_dots;
+  return RematPolicy::none;
+}
+inline constexpr const char* remat_doc =
+    "Activation checkpointing per layer: none keeps every activation; full keeps each layer's inputs and recomputes "
+    "the layer in the backward pass; save_dots also keeps the outputs of its matrix products and recomputes the rest "
+    "(norms, activations, attention). Gradients are identical.";
+
+// One decoder layer, (residual stream h, normed input x) -> (h, x) for the next, run under
+// `policy` (Ops::checkpoint). `body` is kept until the backward pass: it must capture by value
+// (and the model by pointer), never a local by reference.
+using LayerBody = std::function<std::pair<Tensor, Tensor>(Ops& ops, const Tensor& h, const Tensor& x)>;
+inline std::pair<Tensor, Tensor> run_layer(Ops& ops, RematPolicy policy, const Tensor& h, const Tensor& x,
+                                           LayerBody body) {
+  if (policy == RematPolicy::none) return body(ops, h, x);
+  const Tensor inputs[2] = {h, x};
+  const auto out = ops.checkpoint(
+      inputs,
+      [body = std::move(body)](Ops& o, std::span<const Tensor> in) {
+        auto [h2, x2] = body(o, in[0], in[1]);
+        return std::vector<Tensor>{std::move(h2), std::move(x2)};
+      },
+      policy);
+  return {out[0], out[1]};
+}
 
 // What the FLOPs formula needs to know about a decoder-only transformer.
 struct TransformerShape {

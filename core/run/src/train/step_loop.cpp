@@ -160,6 +160,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
           scalars.emplace_back("throughput/communication_share",
                                parallel.take_communication_seconds() / interval.seconds);
         }
+        // The model's own scalars (a mixture of experts' router losses and expert loads).
+        for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);
         log(step + 1, scalars);
         progress.step(report);
         summary.final_train_loss = report.mean_loss;

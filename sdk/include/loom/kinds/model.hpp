@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/autograd.hpp"
@@ -26,6 +27,10 @@ namespace loom {
 // What the trainer knows that a model's own options may not.
 struct ModelSetup {
   std::int64_t vocab_size = 0;  // from the tokenizer; a model may round it up (padding)
+  // false: declare the parameters without allocating them, so that num_parameters() (and
+  // nothing else) answers for shapes too large for this machine (a model may ignore it and
+  // allocate anyway).
+  bool allocate = true;
 };
 
 // How a parameter is used, so the trainer can mask weight decay (none on norms, biases and
@@ -66,7 +71,7 @@ class Model : public Component {
   // The longest sequence it accepts (learned positions, or the RoPE table's length).
   // Valid from creation (before build): the trainer sizes the data with it.
   virtual std::int64_t max_seq_len() const = 0;
-  // Parameters counted once (tied embeddings once).
+  // Parameters counted once (tied embeddings once). Valid after build, allocated or not.
   virtual std::int64_t num_parameters() const = 0;
   // Training FLOPs per token at sequence length `seq_len`: forward and backward, matmuls and
   // attention as documented in docs/models.md. The trainer's MFU uses it.
@@ -79,6 +84,11 @@ class Model : public Component {
   virtual Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) = 0;
   // Logits [batch, seq, vocab] of every position: for evaluation tools and tests.
   virtual Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) = 0;
+
+  // Scalars about the last loss() (a mixture of experts' auxiliary losses and per-expert load),
+  // by name ("router_aux_loss", "expert_load/3"); the trainer logs them under "model/" with the
+  // step's loss. Default: none.
+  virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
 
   // A cache for `batch` sequences of up to `max_len` positions.
   virtual std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) = 0;

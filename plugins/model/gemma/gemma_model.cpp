@@ -1,0 +1,366 @@
+// The `gemma` model: Gemma 2 (Gemma Team 2024) as transformers' Gemma2ForCausalLM computes it.
+// RMSNorm with a (1 + weight) scale, the token embedding scaled by sqrt(hidden_dim), GeGLU MLP
+// (tanh GELU), norms before and after both attention and the MLP, soft-capping of the attention
+// scores (in the attention kernel) and of the final logits, sliding-window attention on the even
+// layers (0, 2, ...) and global attention on the odd ones, queries scaled by
+// query_pre_attn_scalar^-1/2, tied embeddings. Parameter names are transformers' under "model."
+// except q, k and v, which come from one fused projection (self_attn.qkv_proj, rows [q heads |
+// k heads | v heads]) that the Hugging Face mapping splits into q_proj, k_proj and v_proj.
+#include <cmath>
+#include <loom/hf_interop.hpp>
+#include <loom/kinds/attention.hpp>
+#include <loom/kinds/model.hpp>
+#include <loom/model_support.hpp>
+#include <loom/plugin.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using loom::Ops;
+using loom::Parameter;
+using loom::ParameterRole;
+using loom::Shape;
+using loom::Tensor;
+
+struct GemmaOptions {
+  std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
+  double query_pre_attn_scalar;
+  double attn_logit_softcapping, final_logit_softcapping;  // 0: off
+  std::int64_t sliding_window;                             // 0: none
+  double rope_theta, initializer_range, layer_norm_epsilon;
+  bool tie_word_embeddings;
+  std::int64_t vocab_size;  // 0: from the tokenizer
+  std::string path;
+  loom::RematPolicy remat = loom::RematPolicy::none;
+};
+
+struct Layer {
+  Parameter *input_norm = nullptr, *qkv_weight = nullptr, *o_weight = nullptr;
+  Parameter *post_attention_norm = nullptr, *pre_feedforward_norm = nullptr, *post_feedforward_norm = nullptr;
+  Parameter *gate_weight = nullptr, *up_weight = nullptr, *down_weight = nullptr;
+};
+
+class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
+ public:
+  GemmaModel(const GemmaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
+      : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
+
+  void build(const loom::ModelSetup& setup) override {
+    if (declared_) throw loom::InternalError("gemma: build called twice");
+    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (gemma)");
+    const std::int64_t c = o_.hidden_dim, q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
+    const std::int64_t mlp = o_.intermediate_dim;
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    layers_.resize(static_cast<std::size_t>(o_.num_layers));
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) {
+      Layer& y = layers_[static_cast<std::size_t>(l)];
+      const std::string p = "layers." + std::to_string(l) + ".";
+      store_.declare(p + "input_layernorm.weight", Shape{c}, ParameterRole::norm, &y.input_norm);
+      store_.declare(p + "self_attn.qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &y.qkv_weight);
+      store_.declare(p + "self_attn.o_proj.weight", Shape{c, q}, ParameterRole::weight, &y.o_weight);
+      store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
+      store_.declare(p + "pre_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.pre_feedforward_norm);
+      store_.declare(p + "mlp.gate_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.gate_weight);
+      store_.declare(p + "mlp.up_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.up_weight);
+      store_.declare(p + "mlp.down_proj.weight", Shape{c, mlp}, ParameterRole::weight, &y.down_weight);
+      store_.declare(p + "post_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_feedforward_norm);
+    }
+    store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
+    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    declared_ = true;
+    if (!setup.allocate) return;
+    store_.allocate();
+    ones_ = Tensor::zeros(Shape{c});
+    loom::models::fill_constant(ones_, 1.0f);
+    loom::RopeConfig rope;
+    rope.base = o_.rope_theta;
+    rope_.emplace(rope, o_.head_dim, o_.seq_len);
+  }
+
+  void initialize(std::uint64_t seed) override {
+    require_built("initialize");
+    // transformers' Gemma 2 initialisation: normal(0, initializer_range) for every matrix and the
+    // embedding; the norms' weights 0 (a scale of 1 + 0).
+    const auto& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor t = params[i].parameter->data();
+      if (params[i].role == ParameterRole::norm)
+        loom::models::fill_constant(t, 0.0f);
+      else
+        loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+    }
+  }
+
+  std::vector<loom::ModelParameter> parameters() override {
+    require_built("parameters");
+    return store_.parameters();
+  }
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::int64_t max_seq_len() const override { return o_.seq_len; }
+  std::int64_t num_parameters() const override {
+    if (!declared_) throw loom::InternalError("gemma: num_parameters before build");
+    return store_.num_elements();
+  }
+  double flops_per_token(std::int64_t seq_len) const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    s.intermediate_dim = o_.intermediate_dim;
+    s.glu = true;
+    s.vocab_size = vocab_;
+    // Each layer's keys per query: the window on sliding layers, the whole prefix on the others.
+    double keys = 0;
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) {
+      const bool sliding = is_sliding(l);
+      keys += static_cast<double>(sliding ? std::min(seq_len, o_.sliding_window) : seq_len);
+    }
+    return 6.0 * loom::models::matmul_weights(s) +
+           12.0 * static_cast<double>(o_.num_heads) * static_cast<double>(o_.head_dim) * keys;
+  }
+
+  // ---- Hugging Face (transformers' Gemma2ForCausalLM) ----
+
+  loom::Value hf_config() const override {
+    require_built("hf_config");
+    loom::Value c = loom::Value::map();
+    c.set("architectures", loom::Value::List{loom::Value("Gemma2ForCausalLM")});
+    c.set("model_type", "gemma2");
+    c.set("vocab_size", vocab_);
+    c.set("hidden_size", o_.hidden_dim);
+    c.set("intermediate_size", o_.intermediate_dim);
+    c.set("num_hidden_layers", o_.num_layers);
+    c.set("num_attention_heads", o_.num_heads);
+    c.set("num_key_value_heads", o_.num_kv_heads);
+    c.set("head_dim", o_.head_dim);
+    c.set("hidden_activation", "gelu_pytorch_tanh");
+    c.set("max_position_embeddings", o_.seq_len);
+    c.set("initializer_range", o_.initializer_range);
+    c.set("rms_norm_eps", o_.layer_norm_epsilon);
+    c.set("rope_theta", o_.rope_theta);
+    c.set("attention_bias", false);
+    c.set("attention_dropout", 0.0);
+    c.set("query_pre_attn_scalar", o_.query_pre_attn_scalar);
+    c.set("sliding_window", o_.sliding_window > 0 ? loom::Value(o_.sliding_window) : loom::Value());
+    c.set("attn_logit_softcapping",
+          o_.attn_logit_softcapping > 0 ? loom::Value(o_.attn_logit_softcapping) : loom::Value());
+    c.set("final_logit_softcapping",
+          o_.final_logit_softcapping > 0 ? loom::Value(o_.final_logit_softcapping) : loom::Value());
+    c.set("tie_word_embeddings", o_.tie_word_embeddings);
+    return c;
+  }
+
+  loom::HfTensorLayout hf_tensors() const override {
+    require_built("hf_tensors");
+    loom::HfTensorLayout layout;
+    layout.base_model_prefix = "model";
+    const std::int64_t q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
+    for (const auto& p : store_.parameters()) {
+      const std::string& name = p.parameter->name();
+      if (name == "lm_head.weight") {
+        layout.tensors.push_back({name, name, 0, vocab_});
+        continue;
+      }
+      const auto fused = name.find("self_attn.qkv_proj.");
+      if (fused == std::string::npos) {
+        layout.tensors.push_back({"model." + name, name, 0, p.parameter->data().size(0)});
+        continue;
+      }
+      const std::string head = "model." + name.substr(0, fused) + "self_attn.";
+      layout.tensors.push_back({head + "q_proj.weight", name, 0, q});
+      layout.tensors.push_back({head + "k_proj.weight", name, q, q + kv});
+      layout.tensors.push_back({head + "v_proj.weight", name, q + kv, q + 2 * kv});
+    }
+    if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
+    return layout;
+  }
+
+  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
+    require_built("hf_config_mismatches");
+    loom::HfConfigCheck check(config, o_.path);
+    const std::string type = check.string("model_type", "");
+    if (type != "gemma2") {
+      check.mismatch("model_type is " + loom::Value(type).describe() +
+                     "; the gemma model loads Gemma 2 checkpoints (model_type \"gemma2\")");
+      return check.take();
+    }
+    // Gemma2Config's defaults (Gemma 2 9B's shapes) stand in for absent fields.
+    check.expect_integer("vocab_size", 256000, vocab_, "vocab_size");
+    check.expect_integer("hidden_size", 3072, o_.hidden_dim, "hidden_dim");
+    check.expect_integer("intermediate_size", 24576, o_.intermediate_dim, "intermediate_dim");
+    check.expect_integer("num_hidden_layers", 28, o_.num_layers, "num_layers");
+    check.expect_integer("num_attention_heads", 16, o_.num_heads, "num_heads");
+    check.expect_integer("num_key_value_heads", 16, o_.num_kv_heads, "num_kv_heads");
+    check.expect_integer("head_dim", 256, o_.head_dim, "head_dim");
+    check.expect_number("rms_norm_eps", 1e-6, o_.layer_norm_epsilon, "layer_norm_epsilon");
+    check.expect_number("rope_theta", 10000.0, o_.rope_theta, "rope_theta");
+    check.expect_number("query_pre_attn_scalar", 256.0, o_.query_pre_attn_scalar, "query_pre_attn_scalar");
+    check_optional(check, config, "attn_logit_softcapping", 50.0, o_.attn_logit_softcapping);
+    check_optional(check, config, "final_logit_softcapping", 30.0, o_.final_logit_softcapping);
+    check_optional(check, config, "sliding_window", 4096.0, static_cast<double>(o_.sliding_window));
+    check.expect_boolean("tie_word_embeddings", true, o_.tie_word_embeddings, "tie_word_embeddings");
+    if (check.boolean("attention_bias", false)) check.mismatch("attention_bias is true; loom's gemma has no biases");
+    const std::string act = check.string("hidden_activation", "gelu_pytorch_tanh");
+    if (act != "gelu_pytorch_tanh")
+      check.mismatch("hidden_activation is " + loom::Value(act).describe() +
+                     "; loom's gemma uses the tanh GELU (gelu_pytorch_tanh)");
+    return check.take();
+  }
+
+ private:
+  // A field that is a number or null (off); `ours` is 0 when off.
+  void check_optional(loom::HfConfigCheck& check, const loom::Value& config, const char* key, double fallback,
+                      double ours) const {
+    const loom::Value* given = config.is_map() ? config.find(key) : nullptr;
+    const double theirs = !given ? fallback : given->is_null() ? 0.0 : check.number(key, fallback);
+    if (theirs != ours)
+      check.mismatch(std::string(key) + " is " + (theirs > 0 ? loom::Value(theirs).describe() : "null") + ", " +
+                     o_.path + "." + key + " is " + (ours > 0 ? loom::Value(ours).describe() : "null"));
+  }
+
+  bool is_sliding(std::int64_t layer) const { return o_.sliding_window > 0 && layer % 2 == 0; }
+
+  const char* name() const override { return "gemma"; }
+  bool built() const override { return store_.allocated(); }
+  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
+  Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
+  float final_logit_softcap() const override { return static_cast<float>(o_.final_logit_softcapping); }
+
+  // Gemma's RMSNorm scale: 1 + weight.
+  Tensor scale_of(Ops& ops, const Parameter* p) const { return ops.add(ones_, p->tensor()); }
+
+  Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) override {
+    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), d = o_.head_dim;
+    const std::int64_t heads = o_.num_heads, kv_heads = o_.num_kv_heads;
+    const std::int64_t offset = cache ? cache->length() : 0;
+    const auto eps = static_cast<float>(o_.layer_norm_epsilon);
+    loom::AttentionParams params;
+    params.causal = true;
+    params.softcap = static_cast<float>(o_.attn_logit_softcapping);
+    params.scale = static_cast<float>(1.0 / std::sqrt(o_.query_pre_attn_scalar));
+
+    Tensor h = ops.scale(ops.embedding(embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
+    Tensor x = ops.rms_norm(h, scale_of(ops, layers_.front().input_norm), eps);
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      params.window = is_sliding(static_cast<std::int64_t>(l)) ? o_.sliding_window : 0;
+      std::tie(h, x) = loom::models::run_layer(
+          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+            const Layer& y = layers_[l];
+            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor()).view(Shape{batch, seq, heads + 2 * kv_heads, d});
+            Tensor q = ops.rope(qkv.slice(2, 0, heads), *rope_, Tensor(), offset);
+            Tensor k = ops.rope(qkv.slice(2, heads, heads + kv_heads), *rope_, Tensor(), offset);
+            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            const Tensor a =
+                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+            const Tensor attn_out =
+                ops.rms_norm(ops.linear(a, y.o_weight->tensor()), scale_of(ops, y.post_attention_norm), eps);
+            std::tie(h, x) = ops.add_rms_norm(h, attn_out, scale_of(ops, y.pre_feedforward_norm), eps);
+            const Tensor gate =
+                ops.linear(x, y.gate_weight->tensor(), Tensor(), {.activation = loom::Activation::gelu_tanh});
+            const Tensor up = ops.linear(x, y.up_weight->tensor());
+            const Tensor mlp_out = ops.rms_norm(ops.linear(ops.mul(gate, up), y.down_weight->tensor()),
+                                                scale_of(ops, y.post_feedforward_norm), eps);
+            const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+            return ops.add_rms_norm(h, mlp_out, scale_of(ops, next), eps);
+          });
+    }
+    if (cache) cache->advance(seq);
+    return x;
+  }
+
+  GemmaOptions o_;
+  loom::Handle<loom::AttentionKernel> kernel_;
+  loom::ExecutionContext* execution_;
+  std::int64_t vocab_ = 0;
+  bool declared_ = false;
+  loom::models::ParameterStore store_;
+  Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
+  std::vector<Layer> layers_;
+  Tensor ones_;  // [hidden_dim] of 1: the norms scale by ones_ + weight
+  std::optional<loom::RopeTable> rope_;
+};
+
+loom::OptionSchema gemma_schema() {
+  loom::OptionSchema s;
+  s.integer("seq_len", 8192, "Longest sequence (the RoPE table's length).").min(1);
+  s.integer("hidden_dim", 2304, "Width of the residual stream.").min(1);
+  s.integer("intermediate_dim", 9216, "Width of the GeGLU MLP.").min(1);
+  s.integer("num_layers", 26, "Decoder layers; the even ones (0, 2, ...) use the sliding window.").min(1);
+  s.integer("num_heads", 8, "Query heads.").min(1);
+  s.integer("num_kv_heads", 4, "Key/value heads (grouped-query attention); divides num_heads.").min(1);
+  s.integer("head_dim", 256, "Width of one head (even).").min(2);
+  s.number("query_pre_attn_scalar", 0.0, "Attention scores are scaled by this^-1/2; null: head_dim.")
+      .required()
+      .nullable()
+      .min(0.0, false);
+  s.number("attn_logit_softcapping", 50.0, "Soft-cap of the attention scores (cap * tanh(s / cap)); null: none.")
+      .nullable()
+      .min(0.0, false);
+  s.number("final_logit_softcapping", 30.0, "Soft-cap of the output logits; null: none.").nullable().min(0.0, false);
+  s.integer("sliding_window", 4096, "Window of the even layers' local attention; null: every layer global.")
+      .nullable()
+      .min(1);
+  s.number("rope_theta", 10000.0, "Base of the rotary embedding's frequencies.").min(0.0, false);
+  s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
+  s.number("layer_norm_epsilon", 1e-6, "RMSNorm epsilon.").min(0.0);
+  s.boolean("tie_word_embeddings", true, "Use the token embedding as the output projection (Gemma always does).");
+  s.integer("vocab_size", 0, "Vocabulary size; null takes the tokenizer's.").required().nullable().min(1);
+  s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
+  s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
+  return s;
+}
+
+GemmaOptions read_options(const loom::Options& options) {
+  const std::string at = options.path().empty() ? "model" : options.path();
+  GemmaOptions o;
+  o.seq_len = options.get<std::int64_t>("seq_len");
+  o.hidden_dim = options.get<std::int64_t>("hidden_dim");
+  o.intermediate_dim = options.get<std::int64_t>("intermediate_dim");
+  o.num_layers = options.get<std::int64_t>("num_layers");
+  o.num_heads = options.get<std::int64_t>("num_heads");
+  o.num_kv_heads = options.get<std::int64_t>("num_kv_heads");
+  o.head_dim = options.get<std::int64_t>("head_dim");
+  o.query_pre_attn_scalar =
+      options.get_optional<double>("query_pre_attn_scalar").value_or(static_cast<double>(o.head_dim));
+  o.attn_logit_softcapping = options.get_optional<double>("attn_logit_softcapping").value_or(0.0);
+  o.final_logit_softcapping = options.get_optional<double>("final_logit_softcapping").value_or(0.0);
+  o.sliding_window = options.get_optional<std::int64_t>("sliding_window").value_or(0);
+  o.rope_theta = options.get<double>("rope_theta");
+  o.initializer_range = options.get<double>("initializer_range");
+  o.layer_norm_epsilon = options.get<double>("layer_norm_epsilon");
+  o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
+  o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
+  o.path = at;
+  o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
+  if (o.num_heads % o.num_kv_heads != 0)
+    throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +
+                          std::to_string(o.num_heads) + ")");
+  if (o.head_dim % 2 != 0)
+    throw loom::UserError(at + ": head_dim is " + std::to_string(o.head_dim) +
+                          "; rotary embeddings rotate pairs of features, so it must be even");
+  return o;
+}
+
+void register_components(loom::Registrar& registrar) {
+  registrar.add<loom::Model>(
+      {"gemma",
+       "Gemma 2: (1 + w) RMSNorm before and after attention and MLP, GeGLU, soft-capped attention and logits, "
+       "alternating sliding-window and global layers",
+       "1.0.0", gemma_schema()},
+      [](const loom::Options& options, const loom::CreateContext& ctx) {
+        const GemmaOptions o = read_options(options);
+        auto kernel = ctx.create<loom::AttentionKernel>(options.component("attention"));
+        return std::make_unique<GemmaModel>(o, std::move(kernel), ctx.execution());
+      });
+}
+
+}  // namespace
+
+LOOM_PLUGIN(register_components)
