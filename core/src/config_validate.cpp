@@ -95,8 +95,10 @@ Value validate_scalar(OptionType type, const Value& v, const std::string& path, 
 Value validate_impl(const OptionSchema& schema, const Value& node, const std::string& path, const std::string& owner,
                     const ComponentCatalog& catalog);
 
+// `section`: the options the section holding the component adds to the component's own (see
+// OptionSpec::section_options), or null.
 Value validate_component_impl(std::string_view kind, const Value& node, const std::string& path,
-                              const ComponentCatalog& catalog, const Value& default_name) {
+                              const ComponentCatalog& catalog, const Value& default_name, const OptionSchema* section) {
   std::string name;
   const Value* type_value = nullptr;
   Value options = Value::map();
@@ -124,7 +126,10 @@ Value validate_component_impl(std::string_view kind, const Value& node, const st
                     " or a map with `type`, got " + node.describe());
   }
   const SourceLocation where = type_value ? type_value->location() : node.location();
-  const OptionSchema& schema = catalog.component_schema(kind, name, path, where);
+  const OptionSchema& own = catalog.component_schema(kind, name, path, where);
+  const OptionSchema merged =
+      section ? section_schema(*section, own, path + ": " + std::string(kind) + " '" + name + "'") : OptionSchema();
+  const OptionSchema& schema = section ? merged : own;
   Value out = validate_impl(schema, options, path, std::string(kind) + " '" + name + "'", catalog);
   Value typed = Value::map();
   typed.set_location(node.location());
@@ -166,7 +171,8 @@ Value validate_option(const OptionSpec& spec, const Value& v, const std::string&
       return validate_impl(*spec.object_schema(), v, path, path, catalog);
     }
     case OptionType::component:
-      return validate_component_impl(spec.component_kind(), v, path, catalog, spec.default_value());
+      return validate_component_impl(spec.component_kind(), v, path, catalog, spec.default_value(),
+                                     spec.section_schema().get());
     case OptionType::any:
       return v;
   }
@@ -201,7 +207,7 @@ Value validate_impl(const OptionSchema& schema, const Value& node, const std::st
         out.set(spec.name(), validate_impl(*spec.object_schema(), Value(), key_path, key_path, catalog));
       } else if (spec.type() == OptionType::component && !spec.default_value().is_null()) {
         out.set(spec.name(), validate_component_impl(spec.component_kind(), spec.default_value(), key_path, catalog,
-                                                     spec.default_value()));
+                                                     spec.default_value(), spec.section_schema().get()));
       } else {
         out.set(spec.name(), spec.default_value());
       }
@@ -220,7 +226,7 @@ Value validate(const OptionSchema& schema, const Value& node, std::string_view p
 
 Value validate_component(std::string_view kind, const Value& node, std::string_view path,
                          const ComponentCatalog& catalog) {
-  return validate_component_impl(kind, node, std::string(path), catalog, Value());
+  return validate_component_impl(kind, node, std::string(path), catalog, Value(), nullptr);
 }
 
 }  // namespace loom::config

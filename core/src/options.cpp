@@ -55,6 +55,12 @@ OptionSpec& OptionSpec::required() {
   default_ = Value();
   return *this;
 }
+OptionSpec& OptionSpec::section_options(OptionSchema schema) {
+  if (type_ != OptionType::component)
+    throw InternalError("option '" + name_ + "': only a component option has section options");
+  section_ = std::make_shared<const OptionSchema>(std::move(schema));
+  return *this;
+}
 OptionSpec& OptionSpec::length(std::size_t lo, std::size_t hi) {
   min_length_ = lo;
   max_length_ = hi;
@@ -179,6 +185,54 @@ OptionSpec& OptionSchema::component(std::string name, std::string kind, std::str
 }
 OptionSpec& OptionSchema::any(std::string name, Value default_value, std::string doc) {
   return add(OptionSpec(std::move(name), OptionType::any, std::move(default_value), std::move(doc)));
+}
+
+OptionSchema& OptionSchema::append(const OptionSchema& more) {
+  for (const auto& o : more.options()) add(o);
+  return *this;
+}
+
+OptionSchema& OptionSchema::section_default(std::string name, Value value) {
+  section_defaults_.emplace_back(std::move(name), std::move(value));
+  return *this;
+}
+
+OptionSchema section_schema(const OptionSchema& section, const OptionSchema& component, std::string_view what) {
+  const std::string w(what);
+  for (const auto& o : component.options())
+    if (section.find(o.name()))
+      throw UserError(w + " declares the option '" + o.name() +
+                      "', which its section has already (loom reads it, not the component): the plugin must not "
+                      "declare it (it may suggest a default with OptionSchema::section_default)");
+  OptionSchema merged = section;
+  merged.section_defaults_.clear();
+  for (const auto& [name, value] : component.section_defaults()) {
+    OptionSpec* spec = nullptr;
+    for (auto& o : merged.options_)
+      if (o.name() == name) spec = &o;
+    if (!spec)
+      throw UserError(w + " suggests a default for '" + name + "', which is not an option of its section (" +
+                      (merged.empty() ? std::string("it has none")
+                                      : "it has " +
+                                            [&] {
+                                              std::string all;
+                                              for (const auto& n : merged.names()) all += (all.empty() ? "" : ", ") + n;
+                                              return all;
+                                            }()) +
+                      ")");
+    const bool number = spec->type() == OptionType::number || spec->type() == OptionType::integer;
+    const bool in_range =
+        !number || (value.is_number() &&
+                    (!spec->min_value() || (spec->min_inclusive() ? value.as_double() >= *spec->min_value()
+                                                                  : value.as_double() > *spec->min_value())) &&
+                    (!spec->max_value() || (spec->max_inclusive() ? value.as_double() <= *spec->max_value()
+                                                                  : value.as_double() < *spec->max_value())));
+    if (!in_range)
+      throw UserError(w + " suggests " + value.to_flow() + " as the default of '" + name + "', which expects " +
+                      spec->expectation());
+    spec->default_ = value;
+  }
+  return merged.append(component);
 }
 
 const OptionSpec* OptionSchema::find(std::string_view name) const {

@@ -206,6 +206,56 @@ TEST_F(ValidateTest, CreateGivesTheComponentItsOptions) {
   EXPECT_DOUBLE_EQ(schedule->learning_rate(0, 10, 2.0), 0.5);
 }
 
+// A section's own options (the run layer's optimizer.learning_rate): validated, defaulted and
+// listed with the component's options, with the component's suggested default; a typo among them
+// gets the closest key; a component that declares one itself is refused.
+TEST_F(ValidateTest, SectionOptionsJoinTheComponentsOptions) {
+  OptionSchema section;
+  section.number("peak", 1.0, "Peak, read by the owner of the section.").min(0.0);
+  OptionSchema root;
+  root.component("lr_schedule", "lr_schedule", "flat", "The schedule.").section_options(section);
+  auto load = [&](const std::string& yaml) {
+    file = dir.write("run.yaml", yaml);
+    return config::validate(root, config::load(file, {}), "", registry);
+  };
+  const Value v = load("lr_schedule:\n  type: flat\n  peak: 0.25\n");
+  std::vector<std::string> keys;
+  for (const auto& [k, x] : v.find("lr_schedule")->as_map()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"type", "peak", "scale", "warmup", "mode", "betas", "restart", "tokenizer",
+                                            "verbose"}));
+  EXPECT_EQ(v.at_path("lr_schedule.peak")->as_double(), 0.25);
+  EXPECT_EQ(load("lr_schedule: flat\n").at_path("lr_schedule.peak")->as_double(), 1.0);
+  try {
+    load("lr_schedule:\n  type: flat\n  peek: 0.25\n");
+    ADD_FAILURE() << "a typo was accepted";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("lr_schedule.peek: unknown option of lr_schedule 'flat'; did you mean 'peak'?"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("peak (float, default 1.0): Peak"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(load("lr_schedule:\n  type: flat\n  peak: -1\n"), UserError);
+  // Without the section (as the registry creates the component), the option is unknown.
+  EXPECT_THROW(validate("lr_schedule:\n  type: flat\n  peak: 0.25\n"), UserError);
+
+  OptionSchema component;
+  component.number("scale", 0.5, "Scale.");
+  component.section_default("peak", 0.125);
+  const OptionSchema merged = section_schema(section, component, "lr_schedule 'flat'");
+  EXPECT_EQ(merged.names(), (std::vector<std::string>{"peak", "scale"}));
+  EXPECT_EQ(merged.find("peak")->default_value().as_double(), 0.125);
+  OptionSchema clash;
+  clash.number("peak", 0.5, "Declared again.");
+  EXPECT_THROW(section_schema(section, clash, "x"), UserError);
+  OptionSchema unknown_default;
+  unknown_default.section_default("peek", 0.5);
+  EXPECT_THROW(section_schema(section, unknown_default, "x"), UserError);
+  OptionSchema bad_default;
+  bad_default.section_default("peak", -1.0);
+  EXPECT_THROW(section_schema(section, bad_default, "x"), UserError);
+}
+
 TEST(RegistryAdd, UnknownKindAndBadNamesAreRejected) {
   Registry r;
   auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };

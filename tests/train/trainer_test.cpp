@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -267,6 +268,32 @@ TEST(Sampling, TemperatureTopKAndTopP) {
   SamplingOptions plain;
   EXPECT_EQ(sample_token(logits, plain, 0.0), 1);
   EXPECT_EQ(sample_token(logits, plain, 0.999), 3);
+}
+
+// trainer.ema_decay: training is unchanged, the saved weights are the average. A decay too small
+// to register in float (1 - 1e-12 == 1) saves the weights themselves.
+TEST(Trainer, EmaDecaySavesTheAverageAndLeavesTrainingAlone) {
+  test::TempDir dir;
+  const TinyRun plain = train_tiny(dir, "plain");
+  const TinyRun averaged = train_tiny(dir, "averaged", {"trainer.ema_decay=0.9"});
+  const TinyRun instant = train_tiny(dir, "instant", {"trainer.ema_decay=1e-12"});
+  EXPECT_EQ(averaged.summary.final_train_loss, plain.summary.final_train_loss);
+  const auto w = all_weights(plain.run_dir / "model.safetensors");
+  const auto a = all_weights(averaged.run_dir / "model.safetensors");
+  EXPECT_EQ(all_weights(instant.run_dir / "model.safetensors"), w);
+  ASSERT_EQ(a.size(), w.size());
+  EXPECT_NE(a, w);
+  EXPECT_NE(averaged.summary.final_eval_loss, plain.summary.final_eval_loss);
+}
+
+// trainer.z_loss_weight adds weight * lse^2 to the training loss (its gradient is checked in
+// tests/numerics): a run with it reports a larger loss and still learns.
+TEST(Trainer, ZLossWeightAddsToTheTrainingLoss) {
+  test::TempDir dir;
+  const TinyRun plain = train_tiny(dir, "plain");
+  const TinyRun z = train_tiny(dir, "z", {"trainer.z_loss_weight=0.01"});
+  EXPECT_GT(z.summary.final_train_loss, plain.summary.final_train_loss);
+  EXPECT_TRUE(std::isfinite(z.summary.final_train_loss));
 }
 
 }  // namespace

@@ -160,6 +160,15 @@ void schema_lines(const OptionSchema& schema, const std::string& prefix, std::st
   }
 }
 
+// What a component's section accepts: its own options, after the options its section of the run
+// config adds for every component of its kind (the optimizer's learning_rate and max_grad_norm).
+OptionSchema section_options(const ComponentEntry& e) {
+  for (const auto& o : run_config_schema().options())
+    if (o.type() == OptionType::component && o.component_kind() == e.kind && o.section_schema())
+      return section_schema(*o.section_schema(), e.decl.options, e.kind + " '" + e.decl.name + "'");
+  return e.decl.options;
+}
+
 struct Selection {
   bool sections = false;
   std::vector<const ComponentEntry*> components;
@@ -209,7 +218,7 @@ std::string describe_schema(const Runtime& runtime, const std::string& selector)
   for (const auto* e : s.components) {
     if (!out.empty()) out += "\n";
     out += e->kind + "/" + e->decl.name + ": " + e->decl.description + "  (" + e->plugin_file + ")\n";
-    schema_lines(e->decl.options, "", out);
+    schema_lines(section_options(*e), "", out);
   }
   if (out.empty()) out = "no component of that kind is registered\n";
   return out;
@@ -271,7 +280,7 @@ std::string describe_schema_markdown(const Runtime& runtime, const std::string& 
     }
     out += "\n### " + kind + "/" + e->decl.name + "\n\n" + e->decl.description + " (plugin `" +
            std::filesystem::path(e->plugin_file).filename().string() + "`, version " + e->decl.version + ")\n\n";
-    markdown_table(e->decl.options, out);
+    markdown_table(section_options(*e), out);
   }
   return out;
 }
@@ -287,7 +296,7 @@ std::string describe_schema_json(const Runtime& runtime, const std::string& sele
                           {"description", e->decl.description},
                           {"version", e->decl.version},
                           {"plugin", e->plugin_file},
-                          {"options", schema_json(e->decl.options)}});
+                          {"options", schema_json(section_options(*e))}});
   doc["components"] = components;
   return doc.dump(2) + "\n";
 }

@@ -4,13 +4,27 @@
 
 namespace loom {
 
+// The options of the optimizer section that the run layer reads, whichever optimizer the section
+// names: the schedule shapes the peak rate, the trainer clips the gradients before the update.
+// Levanter's layout: they sit under `optimizer`, but no optimizer plugin declares or reads them.
+OptionSchema optimizer_section_options() {
+  OptionSchema s;
+  s.number("learning_rate", 6e-4, "Peak learning rate; the lr_schedule shapes it (read by the trainer).").min(0.0);
+  s.number("max_grad_norm", 1.0, "Global gradient-norm clip applied by the trainer before the update; 0 or null: none.")
+      .min(0.0)
+      .nullable();
+  return s;
+}
+
 const OptionSchema& run_config_schema() {
   static const OptionSchema schema = [] {
     OptionSchema s;
     s.object("plugins", plugins_section_schema(), "Where to find plugins.");
     s.component("backend", "backend", "cpu", "The backend that implements the tensor operations.");
     s.component("model", "model", "", "The model architecture (its `attention` option names the kernel).").nullable();
-    s.component("optimizer", "optimizer", "adamw", "The optimizer (its learning_rate is the schedule's peak).");
+    s.component("optimizer", "optimizer", "adamw",
+                "The optimizer, with the peak learning_rate and the max_grad_norm clip that the trainer applies.")
+        .section_options(optimizer_section_options());
     s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
     s.component("data", "dataset", "", "The training and validation data.").nullable();
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");

@@ -49,12 +49,42 @@ float reduce(const Tensor& losses, float scale) {
   return static_cast<float>(s * scale);
 }
 
+// z-loss: sum over counted rows of lse^2, in double, on the host.
+double z_loss_sum(const Tensor& lse, const std::int32_t* targets, std::int64_t rows, std::int32_t ignore) {
+  const Tensor host_lse = detail::host_readable(lse);
+  const float* z = host_lse.data<float>();
+  double s = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (targets[r] != ignore) s += static_cast<double>(z[r]) * z[r];
+  return s;
+}
+
+// Turns rows holding g (softmax - onehot) (cross_entropy_backward's output) into the gradient of
+// the loss plus z-loss, g (softmax (1 + 2 w lse) - onehot): each counted row is scaled by
+// 1 + 2 w lse and g 2 w lse is added at its target. On host-visible memory.
+void add_z_loss_gradient(float* rows, std::int64_t ld, const std::int32_t* targets, const float* lse, float g, float w,
+                         std::int64_t n, std::int64_t cols, std::int32_t ignore) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (targets[r] == ignore) continue;
+    const float twice = 2.0f * w * lse[r];
+    float* row = rows + r * ld;
+    const float factor = 1.0f + twice;
+    for (std::int64_t j = 0; j < cols; ++j) row[j] *= factor;
+    row[targets[r]] += g * twice;
+  }
+}
+
+void require_host_for_z_loss(const Tensor& t, const char* op) {
+  if (!t.is_host_visible()) op_error(op, "z-loss (z_loss_weight > 0) needs logits in host-visible memory");
+}
+
 struct CrossEntropyNode final : Node {
   using Node::Node;
   const char* name() const override { return "cross_entropy"; }
   Tensor logits, targets, lse;
   GradTarget dlogits;
   float scale = 1.0f;
+  float z_loss_weight = 0.0f;
   std::int32_t ignore = -100;
 
   void backward(BackwardPass& pass) override {
@@ -65,6 +95,8 @@ struct CrossEntropyNode final : Node {
     if (logits.storage_use_count() == 1) {
       // Nobody else can see the logits: they become their own gradient.
       be.cross_entropy_backward(l.data, l.ld, t, ptr(lse), g, l.rows, l.cols, ignore);
+      if (z_loss_weight != 0.0f)
+        add_z_loss_gradient(l.data, l.ld, t, ptr(lse), g, z_loss_weight, l.rows, l.cols, ignore);
       if (l.ld == l.cols)
         pass.give(dlogits, std::move(logits));
       else
@@ -89,6 +121,8 @@ struct CrossEntropyNode final : Node {
         scratch.slice(0, 0, n).copy_from(rows);
       }
       be.cross_entropy_backward(s, l.cols, t + r0, ptr(lse) + r0, g, n, l.cols, ignore);
+      if (z_loss_weight != 0.0f)
+        add_z_loss_gradient(s, l.cols, t + r0, ptr(lse) + r0, g, z_loss_weight, n, l.cols, ignore);
       for (std::int64_t r = 0; r < n; ++r)
         be.scale(s + r * l.cols, 1.0f, d.data + (r0 + r) * d.ld, l.cols, b.accumulate);
     }
@@ -134,7 +168,13 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
   Tensor lse = detail::empty(*this, Shape{l.rows});
   backend_->cross_entropy_forward(l.data, l.ld, detail::ids_ptr(targets), ptr(losses), ptr(lse), l.rows, vocab,
                                   options.ignore_index);
-  Tensor loss = detail::scalar(*buffers_, reduce(losses, scale));
+  float value = reduce(losses, scale);
+  if (z_loss_weight_ != 0.0f) {
+    require_host_for_z_loss(logits, op);
+    value += static_cast<float>(z_loss_weight_ *
+                                z_loss_sum(lse, detail::ids_ptr(targets), l.rows, options.ignore_index) * scale);
+  }
+  Tensor loss = detail::scalar(*buffers_, value);
   if (auto* rec = detail::recording_state(tape_, {&logits}, op)) {
     auto* node = rec->record<CrossEntropyNode>(*backend_);
     node->logits = logits.detach();
@@ -142,6 +182,7 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
     node->lse = lse;
     node->dlogits = rec->target(logits);
     node->scale = scale;
+    node->z_loss_weight = z_loss_weight_;
     node->ignore = options.ignore_index;
     rec->add_output(*node, loss);
   }
@@ -187,6 +228,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   Tensor losses = detail::empty(*this, Shape{rows});
   Tensor lse = detail::empty(*this, Shape{rows});
   Tensor logits = detail::empty(*this, Shape{chunk, vocab});
+  if (z_loss_weight_ != 0.0f) require_host_for_z_loss(logits, op);
   // With soft-capping: tanh(logit / cap) of the chunk, for the backward factor 1 - tanh^2.
   Tensor capped = cap > 0.0f && rec ? detail::empty(*this, Shape{chunk, vocab}) : Tensor();
   Tensor dx = tx.active() ? detail::empty(*this, x.shape()) : Tensor();
@@ -208,6 +250,10 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab, options.ignore_index);
     if (!rec) continue;
     backend_->cross_entropy_backward(l, vocab, t + r0, ptr(lse) + r0, scale, n, vocab, options.ignore_index);
+    // The z-loss term's gradient is with respect to the (capped) logits the loss saw: it joins
+    // before the soft-capping factor.
+    if (z_loss_weight_ != 0.0f)
+      add_z_loss_gradient(l, vocab, t + r0, ptr(lse) + r0, scale, z_loss_weight_, n, vocab, options.ignore_index);
     if (capped.defined()) {
       const float* th = capped.data<float>();
       for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
@@ -222,7 +268,10 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   logits.reset();
   capped.reset();
   if (rows == 0 && dweight.defined()) backend_->fill(ptr(dweight), 0.0f, dweight.numel());
-  Tensor loss = detail::scalar(*buffers_, reduce(losses, scale));
+  float value = reduce(losses, scale);
+  if (z_loss_weight_ != 0.0f)
+    value += static_cast<float>(z_loss_weight_ * z_loss_sum(lse, t, rows, options.ignore_index) * scale);
+  Tensor loss = detail::scalar(*buffers_, value);
   if (rec) {
     auto* node = rec->record<LinearCrossEntropyNode>(*backend_);
     node->tx = tx;

@@ -8,8 +8,7 @@
 // updated in one fused pass over its value, gradient and moment.
 #include <cmath>
 #include <cstdint>
-#include <loom/kinds/optimizer.hpp>
-#include <loom/optimizer_state.hpp>
+#include <loom/elementwise_optimizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
 #include <string>
@@ -17,8 +16,6 @@
 #include <vector>
 
 namespace {
-
-namespace opt = loom::optimizer_state;
 
 struct LionStep {
   float lr;
@@ -44,72 +41,33 @@ void lion_pass(float* __restrict p, const float* __restrict g, float* __restrict
   }
 }
 
-class Lion final : public loom::Optimizer {
+class Lion final : public loom::ElementwiseOptimizer {
  public:
   Lion(const loom::Options& options, loom::ExecutionContext& execution)
-      : execution_(execution),
-        learning_rate_(options.get<double>("learning_rate")),
+      : ElementwiseOptimizer("lion", execution, {"exp_avg"}),
         beta1_(options.get<double>("beta1")),
         beta2_(options.get<double>("beta2")),
-        weight_decay_(options.get<double>("weight_decay")),
-        max_grad_norm_(opt::read_max_grad_norm(options)) {}
-
-  double learning_rate() const override { return learning_rate_; }
-  double max_grad_norm() const override { return max_grad_norm_; }
-
-  void init(const std::vector<loom::OptimizerParameter>& parameters) override {
-    opt::check_init("lion", initialised_, parameters);
-    for (const auto& op : parameters) {
-      slots_.push_back({op.parameter, op.weight_decay, loom::Tensor::zeros(op.parameter->shape())});
-    }
-    initialised_ = true;
-  }
-
-  void step(double lr, std::int64_t step) override {
-    opt::check_step("lion", initialised_, lr, step);
-    opt::for_each_gradient("lion", slots_, [&](Slot& slot, const loom::Tensor& grad) {
-      const bool decay = slot.weight_decay && weight_decay_ != 0.0;
-      const LionStep s{static_cast<float>(lr),     static_cast<float>(decay ? weight_decay_ : 0.0),
-                       static_cast<float>(beta1_), static_cast<float>(1.0 - beta1_),
-                       static_cast<float>(beta2_), static_cast<float>(1.0 - beta2_)};
-      float* p = slot.parameter->data().data<float>();
-      const float* g = grad.data<float>();
-      float* m = slot.exp_avg.data<float>();
-      opt::parallel_chunks(execution_, grad.numel(), [&](std::int64_t begin, std::int64_t end) {
-        if (decay)
-          lion_pass<true>(p + begin, g + begin, m + begin, end - begin, s);
-        else
-          lion_pass<false>(p + begin, g + begin, m + begin, end - begin, s);
-      });
-    });
-  }
-
-  // The live moment tensors, not copies: write them out before the next step().
-  std::vector<std::pair<std::string, loom::Tensor>> state() const override {
-    std::vector<std::pair<std::string, loom::Tensor>> out;
-    out.reserve(slots_.size());
-    for (const Slot& slot : slots_) out.emplace_back(opt::key("exp_avg", *slot.parameter), slot.exp_avg);
-    return out;
-  }
-
-  // Checks everything before copying anything, so a bad checkpoint leaves the state untouched.
-  void load_state(const std::vector<std::pair<std::string, loom::Tensor>>& saved) override {
-    opt::StateMap expected;
-    for (const Slot& slot : slots_) expected.emplace(opt::key("exp_avg", *slot.parameter), &slot.exp_avg);
-    opt::load_all("lion", initialised_, expected, saved, "'exp_avg/<parameter>'");
-  }
+        weight_decay_(options.get<double>("weight_decay")) {}
 
  private:
-  struct Slot {
-    loom::Parameter* parameter;
-    bool weight_decay;
-    loom::Tensor exp_avg;  // the momentum m
-  };
+  void begin_step(double lr, std::int64_t) override { lr_ = static_cast<float>(lr); }
 
-  loom::ExecutionContext& execution_;
-  double learning_rate_, beta1_, beta2_, weight_decay_, max_grad_norm_;
-  std::vector<Slot> slots_;
-  bool initialised_ = false;
+  void update_chunk(const Chunk& c) const override {
+    const bool decay = c.weight_decay && weight_decay_ != 0.0;
+    const LionStep s{lr_,
+                     static_cast<float>(decay ? weight_decay_ : 0.0),
+                     static_cast<float>(beta1_),
+                     static_cast<float>(1.0 - beta1_),
+                     static_cast<float>(beta2_),
+                     static_cast<float>(1.0 - beta2_)};
+    if (decay)
+      lion_pass<true>(c.parameter, c.grad, c.slots[0], c.size, s);
+    else
+      lion_pass<false>(c.parameter, c.grad, c.slots[0], c.size, s);
+  }
+
+  double beta1_, beta2_, weight_decay_;
+  float lr_ = 0.0f;
 };
 
 // Defaults: the paper's betas, and its advice for moving from AdamW (Section 5: a learning rate
@@ -117,24 +75,24 @@ class Lion final : public loom::Optimizer {
 // AdamW defaults (6e-4, 0.1): lr 6e-5 and weight decay 1.0, the same lr * wd = 6e-5.
 loom::OptionSchema lion_options() {
   loom::OptionSchema s;
-  s.number("learning_rate", 6e-5, "Peak learning rate (every coordinate moves by lr); the lr_schedule shapes it.")
-      .min(0.0);
   s.number("beta1", 0.9, "Interpolation between momentum and gradient for the update's sign.").min(0.0).max(1.0, false);
   s.number("beta2", 0.99, "Decay rate of the momentum.").min(0.0).max(1.0, false);
   s.number("weight_decay", 1.0,
            "Decoupled weight decay: p -= lr * weight_decay * p each step, on parameters the weight-decay mask "
            "selects.")
       .min(0.0);
-  opt::declare_max_grad_norm(s);
+  s.section_default("learning_rate", 6e-5);  // every coordinate moves by lr
   return s;
 }
 
 void register_components(loom::Registrar& registrar) {
-  registrar.add<loom::Optimizer>(
-      {"lion", "Lion, the sign-momentum optimizer of Chen et al. (2023)", "1.0.0", lion_options()},
-      [](const loom::Options& options, const loom::CreateContext& context) {
-        return std::make_unique<Lion>(options, context.execution());
-      });
+  registrar.add<loom::Optimizer>({.name = "lion",
+                                  .description = "Lion, the sign-momentum optimizer of Chen et al. (2023)",
+                                  .version = "1.1.0",
+                                  .options = lion_options()},
+                                 [](const loom::Options& options, const loom::CreateContext& context) {
+                                   return std::make_unique<Lion>(options, context.execution());
+                                 });
 }
 
 }  // namespace

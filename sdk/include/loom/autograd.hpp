@@ -242,6 +242,12 @@ class Ops {
   // Starts the dropout stream of one step: the n-th dropout call after this uses
   // stream_key(seed, 3, step) mixed with n, so a step's masks depend only on seed and step.
   void set_dropout_seed(std::uint64_t seed, std::uint64_t step);
+  // z-loss (PaLM; MaxText's z_loss_multiplier): cross_entropy and linear_cross_entropy add
+  // weight * lse^2 per counted target to the loss they return (lse = log sum exp of the row's
+  // logits), with its gradient, pushing log Z towards 0. 0 (the default): none. The trainer sets
+  // trainer.z_loss_weight; a weight > 0 needs host-visible memory.
+  void set_z_loss_weight(float weight) { z_loss_weight_ = weight; }
+  float z_loss_weight() const { return z_loss_weight_; }
 
   // ---- Linear algebra
   // x [..., in] (any row stride), weight per options, bias [out] or undefined -> [..., out].
@@ -341,6 +347,7 @@ class Ops {
   std::uint64_t dropout_seed_ = 0;
   std::uint64_t dropout_step_ = 0;
   std::uint64_t dropout_calls_ = 0;
+  float z_loss_weight_ = 0.0f;
 };
 
 }  // namespace loom

@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/value.hpp"
@@ -61,6 +62,11 @@ class OptionSpec {
   OptionSpec& required();
   // Bounds on a list's length.
   OptionSpec& length(std::size_t lo, std::size_t hi);
+  // For components: options that the component's section takes besides the component's own,
+  // read by whoever declares the section, not by the component (the run layer's
+  // `optimizer.learning_rate`). They are validated, defaulted and documented with the
+  // component's options, whichever component the section names, and never reach its factory.
+  OptionSpec& section_options(OptionSchema schema);
 
   const std::string& name() const { return name_; }
   OptionType type() const { return type_; }
@@ -80,12 +86,15 @@ class OptionSpec {
   const std::string& component_kind() const { return component_kind_; }
   // For objects: the nested schema.
   const std::shared_ptr<const OptionSchema>& object_schema() const { return object_; }
+  // For components: the section's own options (null when it has none).
+  const std::shared_ptr<const OptionSchema>& section_schema() const { return section_; }
 
   // "a number in [0, 1]", "one of gelu, silu", "a list of 2 numbers": what a valid value is.
   std::string expectation() const;
 
  private:
   friend class OptionSchema;
+  friend OptionSchema section_schema(const OptionSchema&, const OptionSchema&, std::string_view);
   std::string name_;
   OptionType type_;
   Value default_;
@@ -98,6 +107,7 @@ class OptionSpec {
   OptionType element_ = OptionType::any;
   std::string component_kind_;
   std::shared_ptr<const OptionSchema> object_;
+  std::shared_ptr<const OptionSchema> section_;
 };
 
 // The ordered set of options a component (or a core section such as `trainer`) accepts.
@@ -117,15 +127,32 @@ class OptionSchema {
   // Any value, unvalidated.
   OptionSpec& any(std::string name, Value default_value, std::string doc);
 
+  // Adds `more`'s options after this schema's own. InternalError when a name is in both.
+  OptionSchema& append(const OptionSchema& more);
+
+  // A component's own default for an option of the section it sits in (see
+  // OptionSpec::section_options), which the component neither declares nor reads: Lion suggests a
+  // smaller `learning_rate` than the optimizer section's default.
+  OptionSchema& section_default(std::string name, Value value);
+  const std::vector<std::pair<std::string, Value>>& section_defaults() const { return section_defaults_; }
+
   const std::vector<OptionSpec>& options() const { return options_; }
   const OptionSpec* find(std::string_view name) const;
   std::vector<std::string> names() const;
   bool empty() const { return options_.empty(); }
 
  private:
+  friend OptionSchema section_schema(const OptionSchema&, const OptionSchema&, std::string_view);
   OptionSpec& add(OptionSpec spec);
   std::vector<OptionSpec> options_;
+  std::vector<std::pair<std::string, Value>> section_defaults_;
 };
+
+// What a component's section accepts: the `section` options (with the defaults `component`
+// suggests for them) followed by the component's own. UserError when the component (`what`,
+// "optimizer 'lion'") declares a section option itself, or suggests a default for an option the
+// section lacks or one outside its range.
+OptionSchema section_schema(const OptionSchema& section, const OptionSchema& component, std::string_view what);
 
 // A reference to a component, as given by a `component` option: its name and its own options
 // (still to be validated against that component's schema when it is created).

@@ -133,6 +133,12 @@ inline std::unique_ptr<Registry> load_plugins(const std::vector<std::filesystem:
   return registry;
 }
 
+// The cpu backend from `registry` (which must have loaded its plugin), for optimizers that compute
+// through a backend's GEMM (muon).
+inline Handle<Backend> create_cpu_backend(const Registry& registry) {
+  return registry.create<Backend>(ComponentRef{"backend", "cpu", Value("cpu"), "backend"});
+}
+
 // Creates optimizer `name` from {type: name, options...}.
 inline Handle<Optimizer> create_optimizer(const Registry& registry, const std::string& name,
                                           const Value::Map& options = {}) {
@@ -151,11 +157,17 @@ struct ParameterSet {
     parameters.emplace_back(std::move(name), Tensor::from(values, shape));
     weight_decay.push_back(decay);
   }
-  std::vector<OptimizerParameter> for_optimizer() {
-    std::vector<OptimizerParameter> out;
-    for (std::size_t i = 0; i < parameters.size(); ++i) out.push_back({&parameters[i], weight_decay[i]});
-    return out;
+  // What init() gets: these parameters (role weight) and `backend`, when a test sets one.
+  OptimizerSetup for_optimizer() {
+    OptimizerSetup setup;
+    for (std::size_t i = 0; i < parameters.size(); ++i)
+      setup.parameters.push_back({&parameters[i], weight_decay[i], ParameterRole::weight});
+    setup.backend = backend ? backend : default_backend;
+    return setup;
   }
+  Backend* backend = nullptr;
+  // The backend of every set that names none (a suite sets it to the cpu backend once).
+  static inline Backend* default_backend = nullptr;
 };
 
 inline std::vector<float> random_values(std::mt19937& rng, std::int64_t n, float scale) {

@@ -44,6 +44,300 @@ def lion_step(params, grads, moments, lr, beta1, beta2, weight_decays):
         m.mul_(beta2).add_(g, alpha=1.0 - beta2)
 
 
+# ---- Muon: Keller Jordan's muon.py (github.com/KellerJordan/Muon), transcribed ----
+# Differences, all on purpose: float32 instead of bfloat16 in the iteration; the scale reads the
+# shape of the matrix as flattened (rows = shape[0]); the step count of the auxiliary Adam is the
+# global one, as loom's trainer passes it; parameters without a gradient are skipped.
+
+
+def zeropower_via_newtonschulz5(G, steps):
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.float()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def muon_update(grad, momentum, beta, ns_steps, nesterov, moonlight):
+    momentum.lerp_(grad, 1 - beta)
+    update = grad.lerp_(momentum, beta) if nesterov else momentum
+    update = update.reshape(len(update), -1)
+    update = zeropower_via_newtonschulz5(update, steps=ns_steps)
+    if moonlight:
+        update *= 0.2 * max(update.size(-2), update.size(-1)) ** 0.5
+    else:
+        update *= max(1, update.size(-2) / update.size(-1)) ** 0.5
+    return update
+
+
+def adam_update(grad, buf1, buf2, step, betas, eps):
+    buf1.lerp_(grad, 1 - betas[0])
+    buf2.lerp_(grad.square(), 1 - betas[1])
+    buf1c = buf1 / (1 - betas[0] ** step)
+    buf2c = buf2 / (1 - betas[1] ** step)
+    return buf1c / (buf2c.sqrt() + eps)
+
+
+def muon_step(params, grads, state, lr, step, o, decays):
+    """MuonWithAuxAdam.step for one step: matrices (2-D and up) by Muon, the rest by Adam."""
+    for p, g, st, decay in zip(params, grads, state, decays):
+        if g is None:
+            continue
+        wd = o["weight_decay"] if decay else 0.0
+        if p.ndim >= 2:
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch_zeros_like(p)
+            update = muon_update(g.clone(), st["momentum_buffer"], o["momentum"], int(o["ns_steps"]),
+                                 o["nesterov"], o["moonlight_scaling"])
+            p.mul_(1 - lr * wd)
+            p.add_(update.reshape(p.shape), alpha=-lr)
+        else:
+            alr = lr * o["adam_lr_scale"]
+            if "exp_avg" not in st:
+                st["exp_avg"] = torch_zeros_like(p)
+                st["exp_avg_sq"] = torch_zeros_like(p)
+            update = adam_update(g, st["exp_avg"], st["exp_avg_sq"], step + 1, (o["beta1"], o["beta2"]),
+                                 o["epsilon"])
+            p.mul_(1 - alr * wd)
+            p.add_(update, alpha=-alr)
+
+
+def torch_zeros_like(p):
+    import torch
+
+    return torch.zeros_like(p)
+
+
+# ---- Adafactor: Shazeer & Stern (2018) as Hugging Face's transformers.optimization.Adafactor
+# writes it (torch 1.13 has none), transcribed; the step count is the global one and weight decay
+# follows the mask.
+
+
+def adafactor_rms(tensor):
+    return tensor.norm(2) / (tensor.numel() ** 0.5)
+
+
+def adafactor_approx_sq_grad(exp_avg_sq_row, exp_avg_sq_col):
+    r_factor = (exp_avg_sq_row / exp_avg_sq_row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+    c_factor = exp_avg_sq_col.unsqueeze(-2).rsqrt()
+    return torch_mul(r_factor, c_factor)
+
+
+def torch_mul(a, b):
+    import torch
+
+    return torch.mul(a, b)
+
+
+def adafactor_step(params, grads, state, lr, step, o, decays):
+    import math
+
+    t = step + 1
+    for p, grad, st, decay in zip(params, grads, state, decays):
+        if grad is None:
+            continue
+        factored = grad.ndim >= 2
+        use_first_moment = o["beta1"] is not None
+        if not st:
+            if use_first_moment:
+                st["exp_avg"] = torch_zeros_like(grad)
+            if factored:
+                st["exp_avg_sq_row"] = torch_zeros_like(grad.mean(dim=-1))
+                st["exp_avg_sq_col"] = torch_zeros_like(grad.mean(dim=-2))
+            else:
+                st["exp_avg_sq"] = torch_zeros_like(grad)
+        rms = adafactor_rms(p)
+        rel_step_sz = lr
+        if o["relative_step"]:
+            min_step = 1e-6 * t if o["warmup_init"] else 1e-2
+            rel_step_sz = min(min_step, 1.0 / math.sqrt(t))
+        param_scale = max(o["epsilon2"], float(rms)) if o["scale_parameter"] else 1.0
+        step_lr = param_scale * rel_step_sz
+        beta2t = 1.0 - math.pow(t, o["decay_rate"])
+        update = (grad ** 2) + o["epsilon1"]
+        if factored:
+            st["exp_avg_sq_row"].mul_(beta2t).add_(update.mean(dim=-1), alpha=(1.0 - beta2t))
+            st["exp_avg_sq_col"].mul_(beta2t).add_(update.mean(dim=-2), alpha=(1.0 - beta2t))
+            update = adafactor_approx_sq_grad(st["exp_avg_sq_row"], st["exp_avg_sq_col"])
+            update.mul_(grad)
+        else:
+            st["exp_avg_sq"].mul_(beta2t).add_(update, alpha=(1.0 - beta2t))
+            update = st["exp_avg_sq"].rsqrt().mul_(grad)
+        update.div_((adafactor_rms(update) / o["clip_threshold"]).clamp_(min=1.0))
+        update.mul_(step_lr)
+        if use_first_moment:
+            st["exp_avg"].mul_(o["beta1"]).add_(update, alpha=(1 - o["beta1"]))
+            update = st["exp_avg"]
+        if decay and o["weight_decay"] != 0:
+            p.add_(p, alpha=(-o["weight_decay"] * step_lr))
+        p.add_(-update)
+
+
+# ---- SOAP: the authors' soap.py (github.com/nikhilvyas/SOAP: project, project_back,
+# update_preconditioner, get_orthogonal_matrix, get_orthogonal_matrix_QR), transcribed for
+# matrices (flattened to [shape[0], rest]) and vectors (no precondition_1d, no merge_dims).
+# Differences, on purpose: eigh and QR in float64 (rounded to float32), and each basis column's
+# sign fixed (largest entry positive), which SOAP's update does not depend on but its state does;
+# weight decay follows the mask; the step lives in a tensor, 0 until the preconditioner is set up.
+
+
+def soap_canonical(q):
+    idx = q.abs().argmax(dim=0)
+    signs = torch_sign(q[idx, torch_arange(q.shape[1])])
+    return q * signs.unsqueeze(0)
+
+
+def torch_sign(x):
+    import torch
+
+    return torch.where(x < 0, -torch.ones_like(x), torch.ones_like(x))
+
+
+def torch_arange(n):
+    import torch
+
+    return torch.arange(n)
+
+
+def soap_project(grad, Q):
+    for mat in Q:
+        if mat is not None:
+            grad = torch_tensordot(grad, mat, [[0], [0]])
+        else:
+            grad = grad.permute(list(range(1, grad.ndim)) + [0])
+    return grad
+
+
+def soap_project_back(grad, Q):
+    for mat in Q:
+        if mat is not None:
+            grad = torch_tensordot(grad, mat, [[0], [1]])
+        else:
+            grad = grad.permute(list(range(1, grad.ndim)) + [0])
+    return grad
+
+
+def torch_tensordot(a, b, dims):
+    import torch
+
+    return torch.tensordot(a, b, dims=dims)
+
+
+def soap_eigenbasis(m):
+    import torch
+
+    md = m.double() + 1e-30 * torch.eye(m.shape[0], dtype=torch.float64)
+    _, Q = torch.linalg.eigh(md)
+    Q = torch.flip(Q, [1])
+    return soap_canonical(Q).float()
+
+
+def soap_refresh(st, o_):
+    """get_orthogonal_matrix_QR."""
+    import torch
+
+    final = []
+    exp_avg_sq = st["exp_avg_sq2d"]
+    for ind, (m, o) in enumerate(zip(st["GG"], st["Q"])):
+        if m is None:
+            final.append(None)
+            continue
+        md, od = m.double(), o.double()
+        est_eig = torch.diag(od.T @ md @ od)
+        sort_idx = torch.argsort(est_eig, descending=True)
+        exp_avg_sq = exp_avg_sq.index_select(ind, sort_idx)
+        od = od[:, sort_idx]
+        power_iter = md @ od
+        Q, _ = torch.linalg.qr(power_iter)
+        final.append(soap_canonical(Q).float())
+    st["exp_avg_sq2d"] = exp_avg_sq
+    return final
+
+
+def soap_step(params, grads, state, lr, step, o, decays):
+    import torch
+
+    shampoo_beta = o["shampoo_beta"] if o["shampoo_beta"] is not None else o["beta2"]
+    for p, grad, st, decay in zip(params, grads, state, decays):
+        if grad is None:
+            continue
+        g = grad.reshape(grad.shape[0], -1) if grad.ndim >= 2 else grad
+        if not st:
+            st["step"] = 0
+            st["exp_avg2d"] = torch.zeros_like(g)
+            st["exp_avg_sq2d"] = torch.zeros_like(g)
+            st["GG"] = []
+            if g.ndim >= 2:
+                for sh in g.shape:
+                    st["GG"].append(torch.zeros(sh, sh) if sh <= o["max_precond_dim"] else None)
+            else:
+                st["GG"].append(None)
+            st["Q"] = None
+            soap_update_preconditioner(g, st, shampoo_beta, o)
+            continue
+        grad_projected = soap_project(g, st["Q"])
+        exp_avg, exp_avg_sq = st["exp_avg2d"], st["exp_avg_sq2d"]
+        beta1, beta2 = o["beta1"], o["beta2"]
+        st["step"] += 1
+        exp_avg.mul_(beta1).add_(grad_projected, alpha=(1.0 - beta1))
+        exp_avg_sq.mul_(beta2).add_(grad_projected.square(), alpha=(1.0 - beta2))
+        denom = exp_avg_sq.sqrt().add_(o["epsilon"])
+        step_size = lr
+        if o["correct_bias"]:
+            bias_correction1 = 1.0 - beta1 ** (st["step"])
+            bias_correction2 = 1.0 - beta2 ** (st["step"])
+            step_size = step_size * (bias_correction2 ** .5) / bias_correction1
+        norm_grad = soap_project_back(exp_avg / denom, st["Q"])
+        p.add_(norm_grad.reshape(p.shape), alpha=-step_size)
+        if decay and o["weight_decay"] > 0.0:
+            p.add_(p, alpha=(-lr * o["weight_decay"]))
+        soap_update_preconditioner(g, st, shampoo_beta, o)
+
+
+def soap_update_preconditioner(g, st, shampoo_beta, o):
+    import torch
+
+    if st["Q"] is not None:
+        st["exp_avg2d"] = soap_project_back(st["exp_avg2d"], st["Q"])
+    if g.ndim >= 2:
+        for idx, sh in enumerate(g.shape):
+            if st["GG"][idx] is not None:
+                other = [i for i in range(g.ndim) if i != idx]
+                outer_product = torch.tensordot(g, g, dims=[other, other])
+                st["GG"][idx].lerp_(outer_product, 1 - shampoo_beta)
+    if st["Q"] is None:
+        st["Q"] = [None if m is None else soap_eigenbasis(m) for m in st["GG"]]
+    if st["step"] > 0 and st["step"] % int(o["precondition_frequency"]) == 0:
+        st["Q"] = soap_refresh(st, o)
+    if st["step"] > 0:
+        st["exp_avg2d"] = soap_project(st["exp_avg2d"], st["Q"])
+
+
+def soap_state(st, shape):
+    """The state under loom's names."""
+    import torch
+
+    out = {"exp_avg": st["exp_avg2d"].reshape(shape), "exp_avg_sq": st["exp_avg_sq2d"].reshape(shape),
+           "step": torch.tensor([float(st["step"] + 1)])}
+    for i, (gg, q) in enumerate(zip(st["GG"], st["Q"] or [])):
+        if gg is not None:
+            out["GG%d" % i] = gg
+            out["Q%d" % i] = q
+    return out
+
+
+# Optimizers written out here (not in torch.optim): name -> step(params, grads, state, lr, step,
+# options, decays), state being one dict of named tensors per parameter.
+CUSTOM = {"muon": muon_step, "adafactor": adafactor_step, "soap": soap_step}
+
+
 class Writer:
     def __init__(self):
         self.chunks = []
@@ -93,6 +387,10 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
     elif optimizer == "lion":
         moments = [torch.zeros_like(p) for p in params]
         lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in PARAMETERS]
+    elif optimizer in CUSTOM:
+        custom_state = [{} for _ in params]
+        decays = [pwd for (_, _, pwd) in PARAMETERS]
+        case["tolerance"] = 1e-5
     else:
         raise ValueError(optimizer)
 
@@ -122,6 +420,9 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
         if optimizer == "lion":
             with torch.no_grad():
                 lion_step(params, grads, moments, lr, options["beta1"], options["beta2"], lion_wd)
+        elif optimizer in CUSTOM:
+            with torch.no_grad():
+                CUSTOM[optimizer](params, grads, custom_state, lr, step, options, decays)
         else:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.clone()
@@ -134,6 +435,14 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
     for i, (pname, _, _) in enumerate(PARAMETERS):
         if optimizer == "lion":
             state["exp_avg/" + pname] = writer.add(moments[i])
+            continue
+        if optimizer == "soap":
+            for key, tensor in soap_state(custom_state[i], params[i].shape).items():
+                state[key + "/" + pname] = writer.add(tensor)
+            continue
+        if optimizer in CUSTOM:
+            for key, tensor in custom_state[i].items():
+                state[key + "/" + pname] = writer.add(tensor)
             continue
         s = opt.state.get(params[i], {})
         for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
@@ -179,6 +488,38 @@ def main():
                  {"beta1": 0.9, "beta2": 0.99, "weight_decay": 1.0}, 1e-3, 7, {(2, 3)}),
         run_case(torch, writer, "lion_other_betas", "lion",
                  {"beta1": 0.95, "beta2": 0.98, "weight_decay": 0.1}, 3e-3, 8, {(0, 1), (6, 4)}),
+        run_case(torch, writer, "muon_jordan", "muon",
+                 {"momentum": 0.95, "nesterov": True, "ns_steps": 5.0, "moonlight_scaling": False,
+                  "weight_decay": 0.1, "adam_lr_scale": 0.03, "beta1": 0.9, "beta2": 0.95, "epsilon": 1e-8},
+                 0.02, 9, {(0, 1), (3, 2)}),
+        run_case(torch, writer, "muon_moonlight_heavy_ball", "muon",
+                 {"momentum": 0.9, "nesterov": False, "ns_steps": 5.0, "moonlight_scaling": True,
+                  "weight_decay": 0.0, "adam_lr_scale": 1.0, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-8},
+                 3e-3, 10, {(2, 4)}),
+        run_case(torch, writer, "adafactor_defaults", "adafactor",
+                 {"decay_rate": -0.8, "clip_threshold": 1.0, "beta1": None, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": False, "warmup_init": False, "scale_parameter": True, "weight_decay": 0.0},
+                 1e-2, 11, {(0, 1), (4, 2)}),
+        run_case(torch, writer, "adafactor_relative_step_first_moment", "adafactor",
+                 {"decay_rate": -0.8, "clip_threshold": 1.0, "beta1": 0.9, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": True, "warmup_init": True, "scale_parameter": True, "weight_decay": 0.01},
+                 1.0, 12, {(1, 3)}),
+        run_case(torch, writer, "adafactor_unscaled_clipped", "adafactor",
+                 {"decay_rate": -0.5, "clip_threshold": 0.5, "beta1": None, "epsilon1": 1e-30, "epsilon2": 1e-3,
+                  "relative_step": False, "warmup_init": False, "scale_parameter": False, "weight_decay": 0.1},
+                 3e-3, 13, set()),
+        # max_precond_dim 32: every preconditioned side then has full-rank statistics from the first
+        # gradient on (a rank-deficient one has a degenerate eigenspace, whose basis any two
+        # eigensolvers may choose differently): [37, 19] is preconditioned on the right only,
+        # [3, 5, 7] (as [3, 35]) on the left only, [101, 693] not at all.
+        run_case(torch, writer, "soap_authors_defaults", "soap",
+                 {"beta1": 0.95, "beta2": 0.95, "shampoo_beta": None, "epsilon": 1e-8, "weight_decay": 0.01,
+                  "precondition_frequency": 3.0, "max_precond_dim": 32.0, "correct_bias": True},
+                 3e-3, 14, {(0, 1), (4, 2)}),
+        run_case(torch, writer, "soap_other_betas", "soap",
+                 {"beta1": 0.9, "beta2": 0.99, "shampoo_beta": 0.9, "epsilon": 1e-8, "weight_decay": 0.0,
+                  "precondition_frequency": 2.0, "max_precond_dim": 32.0, "correct_bias": False},
+                 1e-3, 15, set()),
     ]
     with open(os.path.join(out_dir, "data.bin"), "wb") as f:
         for chunk in writer.chunks:

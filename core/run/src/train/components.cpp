@@ -1,15 +1,19 @@
 #include "train/components.hpp"
 
 #include <string>
+#include <utility>
 
 #include "loom/error.hpp"
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
+#include "loom/run/run_config.hpp"
 
 namespace loom::training {
 
 namespace {
 
+// The component of `section`, created from that section of the resolved config less the options
+// the run config adds to the section (OptionSpec::section_options), which the run layer reads.
 template <class T>
 Handle<T> create(const Registry& registry, const Value& config, const char* section) {
   const Value* node = config.find(section);
@@ -17,7 +21,10 @@ Handle<T> create(const Registry& registry, const Value& config, const char* sect
     throw UserError("the config has no `" + std::string(section) +
                     "` section: `loom train` needs one (see `loom config schema " + std::string(T::kind) +
                     "` for what is available)");
-  return registry.create<T>(ComponentRef{std::string(T::kind), "", *node, section});
+  Value own = *node;
+  if (const OptionSpec* spec = run_config_schema().find(section); spec && spec->section_schema() && own.is_map())
+    for (const auto& name : spec->section_schema()->names()) own.erase(name);
+  return registry.create<T>(ComponentRef{std::string(T::kind), "", own, section});
 }
 
 }  // namespace
@@ -30,6 +37,9 @@ RunComponents create_components(const Registry& registry, const Value& config) {
   c.dataset = create<Dataset>(registry, config, "data");
   c.model = create<Model>(registry, config, "model");
   c.optimizer = create<Optimizer>(registry, config, "optimizer");
+  const Options optimizer(*config.find("optimizer"), "optimizer");
+  c.peak_learning_rate = optimizer.get<double>("learning_rate");
+  c.max_grad_norm = optimizer.get_optional<double>("max_grad_norm").value_or(0.0);
   c.schedule = create<LrSchedule>(registry, config, "lr_schedule");
   return c;
 }
@@ -79,9 +89,9 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
         decay = decay_emb;
         break;
     }
-    opt_params.push_back({p.parameter, decay});
+    opt_params.push_back({p.parameter, decay, p.role});
   }
-  c.optimizer->init(opt_params);
+  c.optimizer->init(OptimizerSetup{std::move(opt_params), c.backend.get()});
   return notes;
 }
 

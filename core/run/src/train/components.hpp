@@ -28,6 +28,9 @@ struct RunComponents {
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
   std::vector<ModelParameter> parameters;  // the model's, once it is initialised
+  // The optimizer section's options that the trainer applies (not the optimizer plugin's).
+  double peak_learning_rate = 0;  // optimizer.learning_rate, which the schedule shapes
+  double max_grad_norm = 0;       // optimizer.max_grad_norm; 0 (or null in the config): no clip
 };
 
 // Backend, tokenizer, dataset, model, optimizer and lr_schedule from their sections of the

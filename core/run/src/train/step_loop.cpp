@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -62,11 +63,29 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   DataParallel& parallel = *run.parallel;
   TrainStep train_step(c, parallel,
                        StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("overlap_grad_reduce"),
-                                    trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf")});
+                                    trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf"),
+                                    trainer.get<float>("z_loss_weight")});
+  if (const double decay = trainer.get<double>("ema_decay"); decay > 0 && !run.state.ema) {
+    run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
+    // Checkpoints do not hold the average yet (TrainState::ema->state() has its tensors for them).
+    if (run.resumed_from >= 0)
+      progress.say("note: trainer.ema_decay: the weight average starts again from the weights of step " +
+                   std::to_string(run.resumed_from) + " (checkpoints do not save it yet)");
+  }
+  // Evaluation and the final save see the weight average when there is one.
+  auto with_average = [&](auto&& body) {
+    if (run.state.ema) run.state.ema->swap();
+    auto result = body();
+    if (run.state.ema) run.state.ema->swap();
+    return result;
+  };
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   auto evaluate_now = [&] {
-    return parallel.is_primary() ? evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size) : -1.0;
+    return parallel.is_primary() ? with_average([&] {
+      return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
+    })
+                                 : -1.0;
   };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
@@ -127,6 +146,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                             std::to_string(run.seq_len) + " run");
       const auto t0 = Clock::now();
       const StepResult result = train_step.run(batch, state);
+      if (state.ema) state.ema->update();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       interval.train_seconds += dt;
       interval.seconds += dt;
@@ -226,7 +246,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
   }
-  if (trainer.get<bool>("save_final") && parallel.is_primary()) run.directory.save_weights(c.parameters, num_steps);
+  if (trainer.get<bool>("save_final") && parallel.is_primary())
+    with_average([&] {
+      run.directory.save_weights(c.parameters, num_steps);
+      return 0;
+    });
   if (sample_length > 0 && parallel.is_primary()) {
     summary.final_sample = sampler.sample(sample_length);
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);

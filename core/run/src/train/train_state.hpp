@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "loom/run/trainer.hpp"
+#include "train/ema.hpp"
 
 namespace loom::training {
 
@@ -26,6 +28,9 @@ struct TrainState {
   std::int64_t skipped_steps = 0;         // steps whose update was skipped (a bad step or a non-finite gradient norm)
   std::optional<SkipStepRule> skip_rule;  // with its window of past losses and norms, under trainer.skip_bad_steps
   LogInterval interval;
+  // The weight average under trainer.ema_decay > 0 (null otherwise): ema->state() is its named
+  // tensors ("ema/<parameter>"), training state for the checkpoint.
+  std::shared_ptr<ParameterEma> ema;
 };
 
 }  // namespace loom::training

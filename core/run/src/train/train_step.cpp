@@ -27,7 +27,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
-  result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.optimizer->learning_rate());
+  result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.peak_learning_rate);
   result.skipped = state.skip_rule && state.skip_rule->should_skip(result.loss, result.grad_norm);
   if (result.skipped || !std::isfinite(result.grad_norm)) {
     ++state.skipped_steps;
@@ -35,7 +35,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
     return result;
   }
 
-  clip_gradients(result.grad_norm, components_.optimizer->max_grad_norm());
+  clip_gradients(result.grad_norm, components_.max_grad_norm);
   components_.optimizer->step(result.lr, step - state.skipped_steps);
   parallel_.gather_parameters();
   ++state.step;
@@ -70,6 +70,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
           });
         Ops ops(*components_.backend, &tape);
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
+        ops.set_z_loss_weight(settings_.z_loss_weight);
         Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
         const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
         loss_sum += static_cast<double>(loss.item()) * weight;

@@ -21,6 +21,7 @@ struct StepSettings {
   bool overlap_reduce = true;   // data parallel: reduce gradient buckets during backward
   bool crash_on_nan = true;     // a NaN loss or gradient norm is a UserError
   bool crash_on_inf = true;     // an infinite one too
+  float z_loss_weight = 0;      // trainer.z_loss_weight, for every micro-batch's loss
 };
 
 struct StepResult {

@@ -56,6 +56,15 @@ OptionSchema trainer_schema() {
            "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
            "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
            "to the current directory. Ignored when the run resumes from a checkpoint.");
+  s.number("z_loss_weight", 0.0,
+           "z-loss (PaLM, MaxText): adds z_loss_weight * log(Z)^2 per target to the training loss, Z being the "
+           "softmax normaliser of the output logits; 0: none (1e-4 is PaLM's).")
+      .min(0.0);
+  s.number("ema_decay", 0.0,
+           "Keep an exponential moving average of the weights, ema = ema_decay * ema + (1 - ema_decay) * w after every "
+           "step, and evaluate and save it instead of the weights; 0: none (0.999 is usual).")
+      .min(0.0)
+      .max(1.0, false);
   s.boolean("save_final", true, "Write the final weights (model.safetensors) into the run directory.");
   s.number("grad_bucket_mb", 25.0,
            "Data parallel: gradients are summed across ranks in buckets of about this many megabytes (PyTorch DDP's "

@@ -4,7 +4,18 @@
 // norm, then calls step() with the scheduled learning rate. The optimizer updates each
 // parameter's data in place (Parameter::data()) and keeps its own state (moments) in tensors
 // from the core's allocator. Calls come from the thread running the step; an optimizer may
-// parallelise through the ExecutionContext it was created with.
+// parallelise through the ExecutionContext it was created with, and compute through the backend
+// init() hands it.
+//
+// The peak learning rate and the gradient clip are options of every optimizer section
+// (`optimizer.learning_rate`, `optimizer.max_grad_norm`), but they belong to the run layer: the
+// schedule shapes the rate and the trainer clips. An optimizer plugin neither declares nor reads
+// them; it receives the scheduled rate in step(), and may suggest its own default peak rate with
+// OptionSchema::section_default("learning_rate", ...) (Lion wants a smaller one than AdamW).
+//
+// Most optimizers derive from loom::OptimizerBase or loom::ElementwiseOptimizer
+// (optimizer_base.hpp, elementwise_optimizer.hpp), which implement this interface's checks,
+// state naming and checkpoint matching once.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +26,23 @@
 
 #include "loom/autograd.hpp"
 #include "loom/component.hpp"
+#include "loom/kinds/backend.hpp"
+#include "loom/kinds/model.hpp"
 
 namespace loom {
 
 struct OptimizerParameter {
   Parameter* parameter = nullptr;
-  bool weight_decay = true;  // false for norms, biases and embeddings unless configured
+  bool weight_decay = true;                    // false for norms, biases and embeddings unless configured
+  ParameterRole role = ParameterRole::weight;  // as the model declared it (Muon treats embeddings apart)
+};
+
+// What init() receives.
+struct OptimizerSetup {
+  std::vector<OptimizerParameter> parameters;
+  // The run's backend, for optimizers that compute more than elementwise updates (Muon's
+  // Newton-Schulz products go through its GEMM). Not owned; outlives the optimizer's use of it.
+  Backend* backend = nullptr;
 };
 
 class Optimizer : public Component {
@@ -28,19 +50,15 @@ class Optimizer : public Component {
   static constexpr std::string_view kind = "optimizer";
   ~Optimizer() override;
 
-  // The peak learning rate (`learning_rate`), which the schedule shapes.
-  virtual double learning_rate() const = 0;
-  // The global gradient-norm clip the trainer applies before step() (`max_grad_norm`); 0: none.
-  virtual double max_grad_norm() const = 0;
-
   // Takes the parameters it will update and allocates its state (zeroed). Called once.
-  virtual void init(const std::vector<OptimizerParameter>& parameters) = 0;
+  virtual void init(const OptimizerSetup& setup) = 0;
   // Applies one update with learning rate `lr`. `step` counts the updates applied before this
   // one (0 for the first), for bias corrections. Parameters without a gradient are skipped.
   virtual void step(double lr, std::int64_t step) = 0;
 
   // The state, as named tensors ("exp_avg/h.0.attn.c_attn.weight"), for checkpoints.
-  // load_state() of what state() returned restores the optimizer bit for bit.
+  // load_state() of what state() returned restores the optimizer bit for bit; a state it refuses
+  // (UserError: a name of no parameter, a wrong shape) leaves the optimizer unchanged.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
 };

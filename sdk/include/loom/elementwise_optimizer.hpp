@@ -1,0 +1,59 @@
+// The base of an optimizer whose update treats every element on its own (AdamW, SGD, Lion): each
+// parameter has the same named slots, shaped like it ("exp_avg", "exp_avg_sq"), and the update
+// is one pass over a chunk of the parameter, its gradient and its slots. The plugin writes its
+// options, its per-step constants (begin_step) and update_chunk(); OptimizerBase does the rest.
+//
+//   class Sgd final : public loom::ElementwiseOptimizer {
+//    public:
+//     Sgd(const loom::Options& o, loom::ExecutionContext& e)
+//         : ElementwiseOptimizer("sgd", e, {"momentum_buffer"}), ... {}
+//    private:
+//     void begin_step(double lr, std::int64_t) override { lr_ = static_cast<float>(lr); }
+//     void update_chunk(const Chunk& c) const override { /* c.parameter[i], c.grad[i], c.slots[0][i] */ }
+//   };
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/optimizer_base.hpp"
+
+namespace loom {
+
+class ElementwiseOptimizer : public OptimizerBase {
+ public:
+  static constexpr std::size_t kMaxSlots = 4;
+  ~ElementwiseOptimizer() override;
+
+ protected:
+  // Elements [0, size) of one chunk of one parameter.
+  struct Chunk {
+    float* parameter;
+    const float* grad;
+    std::array<float*, kMaxSlots> slots;  // in the order the constructor named them; unused: null
+    std::int64_t size;
+    bool weight_decay;  // the parameter's weight-decay mask
+    bool first;         // the parameter's first update (see ParameterState::started)
+  };
+
+  // `slots`: the names of each parameter's state tensors (at most kMaxSlots), each shaped like the
+  // parameter; `lazy_state` as in OptimizerBase.
+  ElementwiseOptimizer(std::string name, ExecutionContext& execution, std::vector<std::string> slots,
+                       bool lazy_state = false);
+
+  // Updates the chunk's elements in place. Called concurrently for disjoint chunks of a parameter
+  // (boundaries independent of the thread count), after begin_step(): read members, write only
+  // the chunk.
+  virtual void update_chunk(const Chunk& chunk) const = 0;
+
+ private:
+  std::vector<StateTensorSpec> state_tensors(const OptimizerParameter& parameter) const final;
+  void update(ParameterState& state, const Tensor& grad) final;
+
+  std::vector<std::string> slots_;
+};
+
+}  // namespace loom
