@@ -1,7 +1,10 @@
-// loom bench TARGET ...: measurements of components. Targets: attention.
+// loom bench TARGET ...: measurements of components. Targets: attention, gemm.
 //
 //   loom bench attention --kernels naive,flash [--seq-lens 256,512,1024,2048] [--batch 4]
 //                        [--heads 12] [--head-dim 64] [--repeats 3] [--threads N] [CONFIG]
+//   loom bench gemm [--backends cpu] [--dtypes f32,bf16] [--tokens 1024] [--shapes qkv,...]
+//                   [--no-libraries] [--repeats 3] [--threads N]
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -10,6 +13,7 @@
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/run/attention_bench.hpp"
+#include "loom/run/gemm_bench.hpp"
 
 namespace loom::app {
 
@@ -112,21 +116,99 @@ int run_bench_attention(const std::vector<std::string>& args) {
   return 0;
 }
 
+int run_bench_gemm(const std::vector<std::string>& args) {
+  CommonOptions common;
+  GemmBenchOptions bench;
+  std::string backends = "cpu", dtypes = "f32,bf16", shapes;
+  std::int64_t tokens = 1024;
+  int threads = 0;
+  bool no_libraries = false;
+  po::options_description options("options");
+  add_common_options(options, common);
+  options.add_options()("backends", po::value(&backends)->default_value(backends),
+                        "backends to compare, comma-separated")(
+      "dtypes", po::value(&dtypes)->default_value(dtypes),
+      "compute dtypes, comma-separated: f32 (Backend::gemm), bf16 (Backend::gemm_bf16: bf16 products, "
+      "float32 accumulation)")("tokens", po::value(&tokens)->default_value(tokens),
+                               "tokens per step (batch x sequence length): the m of GPT-2 small's products")(
+      "shapes", po::value(&shapes),
+      "only these of GPT-2 small's products, comma-separated (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, "
+      "mlp_up_dW, lm_head); default all")("no-libraries", po::bool_switch(&no_libraries),
+                                          "skip the raw library calls (openblas, onednn)")(
+      "repeats", po::value(&bench.repeats)->default_value(bench.repeats), "timed runs per measurement (median)")(
+      "threads", po::value(&threads)->default_value(0), "threads of the pool; 0: LOOM_NUM_THREADS or every core");
+  po::positional_options_description positional;
+  po::variables_map vm;
+  if (!parse(args, options, positional, vm,
+             "usage: loom bench gemm [--backends cpu,...] [--dtypes f32,bf16] [options]\n\n"
+             "Times the matrix products of a GPT-2 small training step (width 768, vocabulary 50257, --tokens\n"
+             "tokens) on each backend in each compute dtype, and the raw library calls in the same run: one\n"
+             "single-threaded OpenBLAS sgemm for f32, oneDNN's bf16 GEMM for bf16 (when libdnnl.so.2 is\n"
+             "installed). Prints GFLOP/s, the ratio to the library call and bf16's speed-up over f32."))
+    return 0;
+  if (tokens <= 0) throw UserError("--tokens must be positive, not " + std::to_string(tokens));
+  Runtime runtime(runtime_options(common, {}, false));
+  std::unique_ptr<ExecutionContext> pool;
+  if (threads < 0) throw UserError("--threads must be positive (or 0 for the default), not " + std::to_string(threads));
+  if (threads > 0) {
+    pool = make_execution_context(threads);
+    runtime.registry().set_execution_context(pool.get());
+  }
+  for (const std::string& name : split_list(backends)) {
+    Value map = Value::map();
+    map.set("type", Value(name));
+    bench.backends.push_back({"backend", name, map, "--backends"});
+  }
+  bench.dtypes.clear();
+  for (const std::string& name : split_list(dtypes)) bench.dtypes.push_back(parse_compute_dtype(name, "--dtypes"));
+  bench.libraries = !no_libraries;
+  bench.shapes = gpt2_small_gemm_shapes(tokens);
+  if (!shapes.empty()) {
+    std::vector<GemmShape> chosen;
+    std::vector<std::string> known;
+    for (const GemmShape& s : bench.shapes) known.push_back(s.name);
+    for (const std::string& name : split_list(shapes)) {
+      const auto it = std::find(known.begin(), known.end(), name);
+      if (it == known.end()) {
+        const std::string guess = closest_match(name, known);
+        throw UserError("--shapes: unknown GEMM '" + name + "'" +
+                        (guess.empty() ? "" : "; did you mean '" + guess + "'?") +
+                        " (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, mlp_up_dW, lm_head)");
+      }
+      chosen.push_back(bench.shapes[static_cast<std::size_t>(it - known.begin())]);
+    }
+    bench.shapes = chosen;
+  }
+  const int pool_threads = runtime.registry().execution().num_threads();
+  bool started = false;
+  const auto results = run_gemm_bench(runtime.registry(), bench, [&started](const GemmBenchResult& r) {
+    std::cerr << (started ? " " : "measured ") << r.shape << ":" << r.backend << "/" << dtype_name(r.dtype)
+              << std::flush;
+    started = true;
+  });
+  if (started) std::cerr << "\n";
+  std::cout << format_gemm_bench(bench, results, pool_threads);
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
-  static const std::vector<std::string> targets = {"attention"};
+  static const std::vector<std::string> targets = {"attention", "gemm"};
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     (args.empty() ? std::cerr : std::cout)
         << "usage: loom bench TARGET [ARGS...]\n\ntargets:\n  attention  time and memory of attention kernels "
-           "(`loom bench attention --help`)\n";
+           "(`loom bench attention --help`)\n"
+           "  gemm       GFLOP/s of backends' matrix products, f32 and bf16, against raw library calls "
+           "(`loom bench gemm --help`)\n";
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "attention") return run_bench_attention(rest);
+  if (args[0] == "gemm") return run_bench_gemm(rest);
   const std::string guess = closest_match(args[0], targets);
   throw UserError("unknown bench target '" + args[0] + "'" + (guess.empty() ? "" : "; did you mean '" + guess + "'?") +
-                  " (targets: attention)");
+                  " (targets: attention, gemm)");
 }
 
 }  // namespace loom::app

@@ -14,7 +14,9 @@ const std::vector<Command>& commands() {
       {"checkpoints", "list a run's checkpoints: step, time, size, and whether each verifies", run_checkpoints},
       {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
       {"config", "show a resolved config, or the options every component declares", run_config},
-      {"bench", "measure components: `loom bench attention` times attention kernels", run_bench},
+      {"bench",
+       "measure components: `loom bench attention` (attention kernels), `loom bench gemm` (GEMMs, f32 and bf16)",
+       run_bench},
       {"tokenize", "turn text or JSON-lines files into token shards for the tokens dataset", run_tokenize},
       {"conformance", "run loom's conformance suites on a plugin: `loom conformance PLUGIN.so`", run_conformance},
   };

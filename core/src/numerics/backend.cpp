@@ -1,5 +1,8 @@
-// The backend kind's helpers that live in the core: kernel group names and the host-memory check.
+// The backend kind's helpers that live in the core: kernel group names, the host-memory check and
+// the default (round, then float32 gemm) bf16 GEMM.
 #include "loom/kinds/backend.hpp"
+
+#include <vector>
 
 #include "loom/error.hpp"
 
@@ -35,6 +38,35 @@ std::string_view backend_op_name(BackendOp op) {
       return "cross_entropy";
   }
   return "unknown";
+}
+
+namespace {
+
+// The elements of a rows x cols matrix with row stride ld, rounded to bfloat16 and widened back.
+std::vector<float> rounded_to_bf16(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  if (rows <= 0 || cols <= 0) return {};
+  std::vector<float> out(static_cast<std::size_t>((rows - 1) * ld + cols), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j)
+      out[static_cast<std::size_t>(r * ld + j)] = to_float(to_bfloat16(x[r * ld + j]));
+  return out;
+}
+
+}  // namespace
+
+void Backend::gemm_bf16(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                        float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                        float* c, std::int64_t ldc) {
+  if (m <= 0 || n <= 0 || k <= 0) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // The rounded copies are host memory: this default serves backends whose memory the host can
+  // read (a device backend overrides gemm_bf16 or declines bf16 in supports_op).
+  const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
+  const std::vector<float> ra = rounded_to_bf16(a, ta ? k : m, ta ? m : k, lda);
+  const std::vector<float> rb = rounded_to_bf16(b, tb ? n : k, tb ? k : n, ldb);
+  gemm(trans_a, trans_b, m, n, k, alpha, ra.data(), lda, rb.data(), ldb, beta, c, ldc);
 }
 
 void require_host_memory(const Backend& backend, std::string_view user) {

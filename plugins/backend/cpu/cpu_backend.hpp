@@ -19,6 +19,12 @@ struct CpuOptions {
   // Elements per chunk of the elementwise kernels (a parallel loop smaller than this runs
   // inline, with no synchronisation).
   int64_t grain = 16384;
+  // Mixed precision (option matmul_precision: bf16): every float32 GEMM of this backend (gemm,
+  // gemm_batched, linear_forward: every matrix product of the operations; the attention kernels
+  // call BLAS themselves) rounds its operands to bf16 and accumulates in float32, as gemm_bf16
+  // does. Only where the CPU has AVX512-BF16; elsewhere the products stay float32 (the factory
+  // warns).
+  bool bf16_matmuls = false;
 };
 
 // The bias + activation epilogue on rows [r0, r1) of a rows x cols matrix, on the calling
@@ -26,17 +32,35 @@ struct CpuOptions {
 void bias_activation_rows(float* pre, const float* bias, float* out, int64_t r0, int64_t r1, int64_t cols,
                           Activation act);
 
+// Whether this CPU has the AVX512-BF16 instructions the bf16 GEMM uses (gemm_bf16.cpp).
+bool cpu_has_avx512_bf16();
+// gemm_bf16 on the calling thread (m, n, k > 0), on a CPU where cpu_has_avx512_bf16().
+void gemm_bf16_on_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(ExecutionContext& execution, const CpuOptions& options) : ex_(execution), options_(options) {}
+  CpuBackend(ExecutionContext& execution, const CpuOptions& options)
+      : ex_(execution),
+        options_(options),
+        has_bf16_(cpu_has_avx512_bf16()),
+        bf16_matmuls_(options.bf16_matmuls && has_bf16_) {}
 
   std::string_view name() const override { return "cpu"; }
+  // Every group on f32; GEMMs on bf16 too where the CPU has AVX512-BF16 (gemm_bf16.cpp).
+  bool supports_op(BackendOp op, DType dtype) const override {
+    return dtype == DType::f32 || (dtype == DType::bf16 && op == BackendOp::gemm && has_bf16_);
+  }
 
   void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
   void gemm_batched(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                     int64_t ldc, int64_t stride_c, int64_t batch) override;
+  // AVX512-BF16 where the CPU has it (gemm_bf16.cpp), else Backend's default (rounded copies,
+  // float32 sgemm).
+  void gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
 
   void linear_forward(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                       int64_t lda, const float* b, int64_t ldb, float* pre, const float* bias, float* out,
@@ -113,6 +137,8 @@ class CpuBackend final : public Backend {
 
   ExecutionContext& ex_;
   CpuOptions options_;
+  bool has_bf16_;
+  bool bf16_matmuls_;  // options_.bf16_matmuls, where the CPU can
   std::vector<float> scratch_;
 };
 

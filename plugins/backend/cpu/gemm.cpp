@@ -16,6 +16,9 @@
 // Zen), so the tiles of a panel are those of the unsplit product. Products are never cut along
 // n: on Zen 3 column panels changed results however they were aligned. GEMM results do not
 // depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
+//
+// With matmul_precision: bf16 every panel is a bf16 product instead (gemm_bf16.cpp), which is
+// thread-count independent whatever the panels.
 #include <cblas.h>
 
 #include "cpu_backend.hpp"
@@ -44,6 +47,10 @@ void CpuBackend::gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  if (bf16_matmuls_) {
+    gemm_bf16_on_thread(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), static_cast<blasint>(m), static_cast<blasint>(n),

@@ -101,6 +101,9 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
   for (const auto& p : c.parameters) snap.model.emplace_back(p.parameter->name(), p.parameter->data());
   snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
   snap.optimizer = c.optimizer->state();
+  // The weight average (trainer.ema_decay) is training state too: beside the optimizer's.
+  if (run.state.ema)
+    for (auto& entry : run.state.ema->state()) snap.optimizer.push_back(std::move(entry));
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   snap.files.emplace_back("state.json", checkpoint::to_json(record));
   snap.files.emplace_back("config.yaml", config_file_text(run.directory.run_id(), run.config));

@@ -202,8 +202,9 @@ std::vector<std::string> check_resume_config(const ResumePoint& point, const std
   return warnings;
 }
 
-void load_checkpoint_tensors(const ResumePoint& point, RunComponents& c, const std::string& config_yaml,
-                             const std::function<bool(const std::string&)>& keeps) {
+std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
+    const ResumePoint& point, RunComponents& c, const std::string& config_yaml,
+    const std::function<bool(const std::string&)>& keeps) {
   const std::vector<ConfigChange> changes = diff_configs(point.config_text, config_yaml);
   const std::string where = "cannot resume from '" + point.dir.string() + "': ";
 
@@ -247,8 +248,13 @@ void load_checkpoint_tensors(const ResumePoint& point, RunComponents& c, const s
   // The optimizer state, checked by name and shape against the live state before anything loads.
   const safetensors::Reader optimizer_reader(point.dir / "optimizer.safetensors");
   std::vector<std::pair<std::string, Tensor>> saved;
-  for (const auto& info : optimizer_reader.tensors())
-    if (!keeps || keeps(info.name)) saved.emplace_back(info.name, optimizer_reader.read(info.name));
+  std::vector<std::pair<std::string, Tensor>> average;
+  for (const auto& info : optimizer_reader.tensors()) {
+    if (info.name.starts_with("ema/"))
+      average.emplace_back(info.name, optimizer_reader.read(info.name));
+    else if (!keeps || keeps(info.name))
+      saved.emplace_back(info.name, optimizer_reader.read(info.name));
+  }
   {
     std::map<std::string, Shape> live;
     for (const auto& [name, t] : c.optimizer->state()) live.emplace(name, t.shape());
@@ -275,6 +281,7 @@ void load_checkpoint_tensors(const ResumePoint& point, RunComponents& c, const s
   with_context("while loading " + weights.string(), [&] { safetensors::load_parameters(weights, c.parameters); });
   with_context("while loading " + (point.dir / "optimizer.safetensors").string(),
                [&] { c.optimizer->load_state(saved); });
+  return average;
 }
 
 }  // namespace loom::training

@@ -69,7 +69,10 @@ std::vector<std::string> check_resume_config(const ResumePoint& point, const std
 // `keeps`, when given, picks the optimizer state entries ("slot/parameter") this process's
 // optimizer holds: a rank's shard of a run with trainer.shard_optimizer_state, which resumes from
 // the whole state whatever number of ranks wrote it.
-void load_checkpoint_tensors(const ResumePoint& point, RunComponents& components, const std::string& config_yaml,
-                             const std::function<bool(const std::string&)>& keeps = {});
+// Returns the checkpoint's weight average ("ema/<parameter>" entries of optimizer.safetensors,
+// under trainer.ema_decay), which the caller restores once it has made the average.
+std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
+    const ResumePoint& point, RunComponents& components, const std::string& config_yaml,
+    const std::function<bool(const std::string&)>& keeps = {});
 
 }  // namespace loom::training

@@ -135,12 +135,13 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     progress.say("init_from: " + note);
   if (trainer.get<bool>("skip_bad_steps"))
     run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
+  std::vector<std::pair<std::string, Tensor>> saved_average;
   if (resume) {
     // A sharded rank loads its shard's entries ("slot/parameter") of the whole saved state.
     std::unordered_set<std::string> owned;
     for (const auto& p : c.parameters)
       if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
-    load_checkpoint_tensors(
+    saved_average = load_checkpoint_tensors(
         *resume, c, config_file_text(run.directory.run_id(), run.config), [&](const std::string& entry) {
           const auto slash = entry.find('/');
           return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
@@ -151,6 +152,16 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   }
 
   parallel.check_same_parameters(c.parameters);
+  // The weight average (trainer.ema_decay) starts at the weights, or continues the checkpoint's.
+  if (const double decay = trainer.get<double>("ema_decay"); decay > 0) {
+    run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
+    if (!saved_average.empty())
+      with_context("while loading the weight average of " + resume->dir.string(),
+                   [&] { run.state.ema->load_state(saved_average); });
+    else if (resume)
+      progress.say("note: trainer.ema_decay: checkpoint " + resume->dir.string() +
+                   " holds no weight average (its run had none); the average starts from its weights");
+  }
 
   // The run directory changes only now, once a checkpoint to resume from has loaded: a refused
   // resume leaves the run as it was. Rank 0's alone.

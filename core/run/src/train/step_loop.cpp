@@ -65,13 +65,6 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                        StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("overlap_grad_reduce"),
                                     trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf"),
                                     trainer.get<float>("z_loss_weight")});
-  if (const double decay = trainer.get<double>("ema_decay"); decay > 0 && !run.state.ema) {
-    run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
-    // Checkpoints do not hold the average yet (TrainState::ema->state() has its tensors for them).
-    if (run.resumed_from >= 0)
-      progress.say("note: trainer.ema_decay: the weight average starts again from the weights of step " +
-                   std::to_string(run.resumed_from) + " (checkpoints do not save it yet)");
-  }
   // Evaluation and the final save see the weight average when there is one.
   auto with_average = [&](auto&& body) {
     if (run.state.ema) run.state.ema->swap();
@@ -117,7 +110,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!writer) return;
     for (auto& t : c.trackers) t->flush();
     checkpoint::Snapshot snapshot = live_snapshot(run, train_record(run, elapsed()));
-    if (parallel.sharded()) snapshot.optimizer = std::move(gathered);
+    if (parallel.sharded()) {
+      snapshot.optimizer = std::move(gathered);
+      if (state.ema)  // every rank holds the whole average: rank 0's
+        for (auto& entry : state.ema->state()) snapshot.optimizer.push_back(std::move(entry));
+    }
     writer->save(std::move(snapshot));
     if (wait) writer->wait();
     report_writes();

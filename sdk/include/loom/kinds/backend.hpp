@@ -94,7 +94,7 @@ class Backend : public Component {
   // before computing and refuse what a backend does not support with a UserError naming the
   // operation, the backend and the dtype. Every kernel is mandatory for f32, so the default
   // says f32 for all; a backend may decline a group it cannot run (its kernels are then never
-  // called), and will list the dtypes it adds (bf16).
+  // called), and will list the dtypes it adds (bf16: for BackendOp::gemm, gemm_bf16 below).
   virtual bool supports_op(BackendOp op, DType dtype) const {
     (void)op;
     return dtype == DType::f32;
@@ -115,6 +115,23 @@ class Backend : public Component {
                             float alpha, const float* a, std::int64_t lda, std::int64_t stride_a, const float* b,
                             std::int64_t ldb, std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
                             std::int64_t stride_c, std::int64_t batch) = 0;
+
+  // Mixed precision: bfloat16 products with float32 accumulation. C[m, n] = alpha * op(A) op(B) +
+  // beta * C with gemm's semantics (transposes, strides, beta == 0 not reading C, k == 0),
+  // except that every element of A and B is first rounded to bfloat16 (to_bfloat16 in tensor.hpp:
+  // nearest, ties to even). A and B stay float32 in memory (the float32 master weights and
+  // activations); where a backend rounds them (typically while packing them for its kernel) is
+  // its business. The product of two bfloat16 values is exact in float32 (8-bit significands),
+  // and the sums are float32: the result is within float32 summation rounding of the float64
+  // product of the rounded inputs, the same bound as gemm (tests/conformance checks 1e-5 relative
+  // to the result's scale), and about 2^-8 relative per input away from the unrounded product.
+  // Denormal inputs may be flushed to zero (the x86 bf16 instructions do).
+  // A backend whose kernels compute it with bf16 units says supports_op(BackendOp::gemm,
+  // DType::bf16). This default rounds copies of A and B and calls gemm: the same mathematical
+  // product (the oracle on `reference`, and the float32-speed fallback elsewhere).
+  virtual void gemm_bf16(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                         float* c, std::int64_t ldc);
 
   // ---------------------------------------------------------------------------------------------
   // GEMM epilogues: the bias and activation of a linear layer, fused into one pass.
