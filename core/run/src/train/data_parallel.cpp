@@ -297,7 +297,7 @@ std::vector<std::pair<std::string, Tensor>> DataParallel::gather_state(
   return all;
 }
 
-int DataParallel::agree_on_stop(int signal) {
+int DataParallel::max_over_ranks(int signal) {
   if (size_ == 1) return signal;
   double s = signal;
   collective_->all_reduce(std::span<double>(&s, 1), ReduceOp::max);

@@ -72,8 +72,9 @@ class DataParallel {
   // A sharded run's optimizer state for a checkpoint: every rank's entries (`mine`, this rank's
   // shard), in rank order, on rank 0; nothing elsewhere. Every rank must call it.
   std::vector<std::pair<std::string, Tensor>> gather_state(const std::vector<std::pair<std::string, Tensor>>& mine);
-  // The stop signal (0: none) any rank has received, the same on every rank.
-  int agree_on_stop(int signal);
+  // The largest `value` of any rank, on every rank: a stop signal or a decision (0 or 1) that one
+  // rank's clock or signal handler made and all must follow.
+  int max_over_ranks(int signal);
   // Seconds spent in reduce_gradients() since the last call (for the throughput metrics).
   double take_communication_seconds();
 

@@ -100,7 +100,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     parallel.broadcast(run_id);
     parallel.broadcast(run_dir);
     parallel.broadcast(from);
-    finished = parallel.agree_on_stop(finished ? 1 : 0) != 0;
+    finished = parallel.max_over_ranks(finished ? 1 : 0) != 0;
     if (!parallel.is_primary()) {
       // No directory of their own: the run's id and paths, for the config text a checkpoint is
       // compared with and for the messages.

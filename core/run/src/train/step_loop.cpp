@@ -204,13 +204,13 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       if (last) break;
       // mpirun hands a signal to every rank, not necessarily between the same steps: the ranks
       // stop together, at the first step boundary where any of them has one.
-      if ((stopped_by = parallel.agree_on_stop(signals.requested())) != 0) {
+      if ((stopped_by = parallel.max_over_ranks(signals.requested())) != 0) {
         if (last_saved != state.step) save_checkpoint(/*wait=*/true);
         break;
       }
       // A sharded save is collective: the ranks agree on it (the time policy reads each one's clock).
       bool due = policy.due(state.step, Clock::now());
-      if (parallel.sharded()) due = parallel.agree_on_stop(due ? 1 : 0) != 0;
+      if (parallel.sharded()) due = parallel.max_over_ranks(due ? 1 : 0) != 0;
       if (due) save_checkpoint(/*wait=*/!run.checkpoint.async);
       reserve_if_soon();
     }
