@@ -315,6 +315,10 @@ CASES = {
 
 PACKED = {"gpt2_packed_untied", "mistral_window"}
 
+# Cases also run under torch.autocast("cpu", dtype=torch.bfloat16) (matrix products in bf16,
+# parameters and their gradients in float32): the references of loom's matmul_precision: bf16.
+BF16 = {"gpt2", "llama"}
+
 
 def make_batch(name, gen, B=2, T=13):
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen, dtype=torch.int32)
@@ -352,6 +356,18 @@ def run_case(name, cfg, out_dir, seed):
     data.append(("expected.loss", loss.detach().reshape(())))
     data.append(("expected.logits", logits.detach()))
     data += [("grad." + n, g) for n, g in sorted(grads.items())]
+    if name in BF16:
+        for t in weights.values():
+            t.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits16 = (gpt2_logits if is_gpt2 else llama_logits)(weights, cfg, tokens, segments)
+        loss16 = loss_of(logits16.float(), targets)
+        loss16.backward()
+        grads16 = {n: t.grad for n, t in weights.items()}
+        grads16 = grads16 if is_gpt2 else llama_to_loom(grads16, cfg)
+        data.append(("bf16.expected.loss", loss16.detach().reshape(())))
+        data.append(("bf16.expected.logits", logits16.detach().float()))
+        data += [("bf16.grad." + n, g) for n, g in sorted(grads16.items())]
     write_safetensors(os.path.join(out_dir, name + ".data.safetensors"), data, {"case": name})
 
 

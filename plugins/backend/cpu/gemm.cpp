@@ -17,8 +17,9 @@
 // n: on Zen 3 column panels changed results however they were aligned. GEMM results do not
 // depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
 //
-// With matmul_precision: bf16 every panel is a bf16 product instead (gemm_bf16.cpp), which is
-// thread-count independent whatever the panels.
+// With matmul_precision: bf16 every product is a bf16 one instead (gemm_bf16.cpp), cut its own
+// way (rows or columns, whichever is longer) and thread-count independent whatever the cut; the
+// linear layer's epilogue then runs as a pass of its own after the product.
 #include <cblas.h>
 
 #include "cpu_backend.hpp"
@@ -67,6 +68,11 @@ CpuBackend::Split CpuBackend::gemm_split(int64_t m, int64_t n, int64_t k) const 
 
 void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (bf16_matmuls_) {
+    // The bf16 product has its own cut (rows or columns, gemm_bf16.cpp).
+    gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
   const Split split = gemm_split(m, n, k);
   if (split.panels == 1) {
@@ -88,7 +94,7 @@ void CpuBackend::linear_forward(Transpose trans_a, Transpose trans_b, int64_t m,
                                 Activation act) {
   const Split split = gemm_split(m, n, k);
   const bool epilogue = bias || act != Activation::none;
-  if (split.panels == 1 || !epilogue) {
+  if (split.panels == 1 || !epilogue || bf16_matmuls_) {
     Backend::linear_forward(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, bias, out, act);
     return;
   }

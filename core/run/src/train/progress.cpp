@@ -51,7 +51,9 @@ void ProgressPrinter::header(const RunHeader& run) {
      << "batch " << run.batch_size << " x " << run.seq_len << " tokens";
   if (run.micro_size != run.batch_size) os << " in micro-batches of " << run.micro_size;
   os << ", " << run.num_steps << " steps; peak " << std::setprecision(1) << run.peak_flops / 1e9 << " GFLOP/s"
-     << (run.peak_flops_probed ? " (sgemm probe" : " (trainer.peak_flops") << (run.ranks > 1 ? ", all ranks)" : ")");
+     << (run.peak_flops_probed ? " (GEMM probe" : " (trainer.peak_flops") << (run.ranks > 1 ? ", all ranks" : "");
+  if (run.bf16_peak_flops > 0) os << "; bf16 GEMM roof " << run.bf16_peak_flops / 1e9 << " GFLOP/s";
+  os << ")";
   // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
   if (run.ranks > 1) interactive_ = false;
   if (run.ranks > 1)

@@ -22,7 +22,8 @@ struct RunHeader {
   std::int64_t train_tokens = 0, validation_tokens = 0;
   std::int64_t batch_size = 0, micro_size = 0, num_steps = 0;
   double peak_flops = 0;
-  bool peak_flops_probed = false;          // measured by the sgemm probe, not trainer.peak_flops
+  bool peak_flops_probed = false;          // measured by the GEMM probe, not trainer.peak_flops
+  double bf16_peak_flops = 0;              // the probe's bf16 GEMM roof (0: none, or not probed)
   int ranks = 1;                           // of a data-parallel run
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state

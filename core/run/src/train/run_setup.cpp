@@ -186,7 +186,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = trainer.get<double>("peak_flops");
   const bool probed = run.peak_flops <= 0;
-  if (probed) run.peak_flops = probe_peak_flops(*c.backend);
+  double bf16_roof = 0;
+  if (probed) {
+    const PeakFlops peak = probe_peak_flops(*c.backend);
+    run.peak_flops = peak.matmul;
+    bf16_roof = parallel.sum(peak.bf16);
+  }
   // MFU of a data-parallel run is against every rank's roof together.
   run.peak_flops = parallel.sum(run.peak_flops);
 
@@ -205,6 +210,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.num_steps = run.num_steps;
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
+  header.bf16_peak_flops = bf16_roof;
   header.ranks = parallel.size();
   header.sharded = parallel.sharded();
   header.collective = parallel.collective().describe();

@@ -36,7 +36,9 @@ OptionSchema trainer_schema() {
            "Keep only the most likely tokens whose probabilities add up to p when sampling; 1: all.")
       .min(0.0, false)
       .max(1.0);
-  s.number("peak_flops", 0.0, "FLOP/s that MFU is measured against; 0: measure with a short sgemm probe at start-up.")
+  s.number("peak_flops", 0.0,
+           "FLOP/s that MFU is measured against; 0: measure with a short GEMM probe at start-up (in the precision of "
+           "the backend's matrix products: the bf16 roof under matmul_precision: bf16).")
       .min(0.0);
   s.string("run_dir", "", "Directory of this run's files; empty: runs/<run_id>.");
   s.string("run_id", "", "Name of the run; empty: the config file's name and the start time.");

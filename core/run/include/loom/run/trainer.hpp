@@ -92,8 +92,15 @@ class SkipStepRule {
   std::deque<double> losses_, norms_;
 };
 
-// Model FLOPs the machine can do per second, measured by a short single-precision GEMM probe
-// on `backend` (what the MFU figure is relative to when trainer.peak_flops is unset).
-double probe_peak_flops(class Backend& backend);
+// Model FLOPs the machine can do per second, measured by a short GEMM probe on `backend` (what
+// the MFU figure is relative to when trainer.peak_flops is unset).
+struct PeakFlops {
+  // Backend::gemm's: the roof of the run's own matrix products, in whatever precision the
+  // backend computes them (float32, or bf16 with the cpu backend's matmul_precision: bf16).
+  double matmul = 0;
+  // Backend::gemm_bf16's where the backend has bf16 kernels (supports_op(gemm, bf16)), else 0.
+  double bf16 = 0;
+};
+PeakFlops probe_peak_flops(class Backend& backend);
 
 }  // namespace loom
