@@ -133,8 +133,8 @@ int run_bench_gemm(const std::vector<std::string>& args) {
                                "tokens per step (batch x sequence length): the m of GPT-2 small's products")(
       "shapes", po::value(&shapes),
       "only these of GPT-2 small's products, comma-separated (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, "
-      "mlp_up_dW, lm_head); default all")("no-libraries", po::bool_switch(&no_libraries),
-                                          "skip the raw library calls (openblas, onednn)")(
+      "mlp_up_dW, lm_head, lm_head_dW); default all")("no-libraries", po::bool_switch(&no_libraries),
+                                                      "skip the raw library calls (openblas, onednn)")(
       "repeats", po::value(&bench.repeats)->default_value(bench.repeats), "timed runs per measurement (median)")(
       "threads", po::value(&threads)->default_value(0), "threads of the pool; 0: LOOM_NUM_THREADS or every core");
   po::positional_options_description positional;
@@ -173,7 +173,7 @@ int run_bench_gemm(const std::vector<std::string>& args) {
         const std::string guess = closest_match(name, known);
         throw UserError("--shapes: unknown GEMM '" + name + "'" +
                         (guess.empty() ? "" : "; did you mean '" + guess + "'?") +
-                        " (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, mlp_up_dW, lm_head)");
+                        " (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, mlp_up_dW, lm_head, lm_head_dW)");
       }
       chosen.push_back(bench.shapes[static_cast<std::size_t>(it - known.begin())]);
     }

@@ -57,7 +57,7 @@ class BackendBf16 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BackendBf16, GemmBf16IsTheProductOfTheRoundedInputs) {
   Handle<Backend> backend = make_backend(GetParam());
-  // Small ones; odd k; ones past the cpu kernel's blocks (96 rows, 512 columns, 512 k) and its
+  // Small ones; odd k; ones past the cpu kernel's blocks (192 rows, 256 columns, 768 k) and its
   // threshold for splitting into row panels.
   for (Gemm g : {Gemm{7, 9, 11, false, false, 0.7f, 0.0f}, Gemm{1, 13, 5, false, false, 1.0f, 0.3f},
                  Gemm{301, 67, 129, false, false, 0.7f, 0.0f}, Gemm{33, 517, 131, false, false, 1.0f, 0.3f},

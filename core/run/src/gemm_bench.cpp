@@ -76,7 +76,7 @@ std::vector<GemmShape> gpt2_small_gemm_shapes(int64_t tokens) {
       {"qkv", tokens, 3 * d, d, false, false},      {"attn_out", tokens, d, d, false, false},
       {"mlp_up", tokens, 4 * d, d, false, false},   {"mlp_down", tokens, d, 4 * d, false, false},
       {"mlp_up_dX", tokens, d, 4 * d, false, true}, {"mlp_up_dW", d, 4 * d, tokens, true, false},
-      {"lm_head", tokens, vocab, d, false, true},
+      {"lm_head", tokens, vocab, d, false, true},   {"lm_head_dW", vocab, d, tokens, true, false},
   };
 }
 

@@ -230,13 +230,50 @@ LOOM_BF16_TARGET void pack_a_rows(const Operand& x, int64_t r0, int64_t rows, in
   }
 }
 
-// One strip of A (kMr words per pair), by the fastest route for its layout.
-LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t r0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
+// Packs up to 8 strips of A (rows r0 .. r0 + rows, rows <= 8 kMr) over pairs p0 .. p0 + pairs,
+// strip s at out + s * strip_stride, for A whose rows are contiguous in memory (x.sr == 1: the
+// weight gradients' A = X^T). Each k row is read 48 floats at a time, whole cache lines, rather
+// than 6 floats per strip (which read every line of A's k rows once per strip).
+LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
+                                     int64_t strip_stride, std::uint32_t* out) {
+  constexpr int64_t kRows = 8 * kMr;
+  const int64_t strips = (rows + kMr - 1) / kMr;
+  alignas(64) std::uint32_t words[kRows];
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t kk = 2 * (p0 + p);
+    const float* even = x.data + kk * x.sk + r0;
+    const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    for (int64_t r = 0; r < strips * kMr; r += 16) {
+      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, rows - r));
+      const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+      const __m512 e = _mm512_maskz_loadu_ps(mask, even + r);
+      const __m512 o = odd ? _mm512_maskz_loadu_ps(mask, odd + r) : _mm512_setzero_ps();
+      const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
+      const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
+      _mm512_store_si512(reinterpret_cast<__m512i*>(words + r),
+                         _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16)));
+    }
+    for (int64_t st = 0; st < strips; ++st)
+      _mm256_mask_storeu_epi32(out + st * strip_stride + p * kMr, 0x3f,
+                               _mm256_maskz_loadu_epi32(0x3f, words + st * kMr));
+  }
+}
+
+// Strips ir0 .. ir0 + rows of A (kMr words per pair; strip ir at out + ir * pairs), by the
+// fastest route for A's layout.
+LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t ir0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
                              std::uint32_t* out) {
-  if (a.sk == 1)
-    pack_a_rows(a, r0, rows, p0, pairs, k, out);
-  else
-    pack(a, r0, rows, kMr, p0, pairs, k, out);
+  if (a.sr == 1 && a.sk != 1) {
+    for (int64_t ir = ir0; ir < ir0 + rows; ir += 8 * kMr)
+      pack_a_columns(a, ir, std::min(8 * kMr, ir0 + rows - ir), p0, pairs, k, kMr * pairs, out + ir * pairs);
+    return;
+  }
+  for (int64_t ir = ir0; ir < ir0 + rows; ir += kMr) {
+    if (a.sk == 1)
+      pack_a_rows(a, ir, std::min(kMr, ir0 + rows - ir), p0, pairs, k, out + ir * pairs);
+    else
+      pack(a, ir, std::min(kMr, ir0 + rows - ir), kMr, p0, pairs, k, out + ir * pairs);
+  }
 }
 
 // The product of A's rows [0, m) and B's columns [0, n) on the calling thread, with scratch of
@@ -253,8 +290,7 @@ LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64
   packed_b.resize(static_cast<std::size_t>(kNc * kKc));
   for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
     const int64_t kc = std::min(kKc, k_pairs - pc);
-    for (int64_t ir = 0; ir < m; ir += kMr)
-      pack_a(a, ir, std::min(kMr, m - ir), pc, kc, k, packed_a.data() + m_pad * pc + ir * kc);
+    pack_a(a, 0, m, pc, kc, k, packed_a.data() + m_pad * pc);
   }
   for (int64_t jc = 0; jc < n; jc += kNc) {
     const int64_t nc = std::min(kNc, n - jc);
