@@ -230,6 +230,31 @@ LOOM_BF16_TARGET void pack_a_rows(const Operand& x, int64_t r0, int64_t rows, in
   }
 }
 
+// Packs the block of B's columns c0 .. c0 + cols over pairs p0 .. p0 + pairs into kNr-column
+// strips (strip s at out + s * kNr * pairs, as pack with width kNr lays it out), for B whose
+// columns are contiguous in memory (x.sr == 1: the weights in the forward pass). Pair by pair
+// across the whole block, so that each k row is read as one contiguous run of the block's width
+// (strip by strip, the rows were revisited once per strip, a quarter of a KiB at a time).
+LOOM_BF16_TARGET void pack_b_columns(const Operand& x, int64_t c0, int64_t cols, int64_t p0, int64_t pairs, int64_t k,
+                                     std::uint32_t* out) {
+  const int64_t width = (cols + kNr - 1) / kNr * kNr;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t kk = 2 * (p0 + p);
+    const float* even = x.data + kk * x.sk + c0;
+    const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    for (int64_t r = 0; r < width; r += 16) {
+      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - r));
+      const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+      const __m512 e = _mm512_maskz_loadu_ps(mask, even + r);
+      const __m512 o = odd ? _mm512_maskz_loadu_ps(mask, odd + r) : _mm512_setzero_ps();
+      const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
+      const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
+      _mm512_storeu_si512(out + (r / kNr) * kNr * pairs + p * kNr + r % kNr,
+                          _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16)));
+    }
+  }
+}
+
 // Packs up to 8 strips of A (rows r0 .. r0 + rows, rows <= 8 kMr) over pairs p0 .. p0 + pairs,
 // strip s at out + s * strip_stride, for A whose rows are contiguous in memory (x.sr == 1: the
 // weight gradients' A = X^T). Each k row is read 48 floats at a time, whole cache lines, rather
@@ -296,8 +321,11 @@ LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64
     const int64_t nc = std::min(kNc, n - jc);
     for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
       const int64_t kc = std::min(kKc, k_pairs - pc);
-      for (int64_t jr = 0; jr < nc; jr += kNr)
-        pack(b, jc + jr, std::min(kNr, nc - jr), kNr, pc, kc, k, packed_b.data() + jr * kc);
+      if (b.sr == 1 && b.sk != 1)
+        pack_b_columns(b, jc, nc, pc, kc, k, packed_b.data());
+      else
+        for (int64_t jr = 0; jr < nc; jr += kNr)
+          pack(b, jc + jr, std::min(kNr, nc - jr), kNr, pc, kc, k, packed_b.data() + jr * kc);
       const std::uint32_t* block_a = packed_a.data() + m_pad * pc;
       for (int64_t ic = 0; ic < m; ic += kMc) {
         const int64_t mc = std::min(kMc, m - ic);
