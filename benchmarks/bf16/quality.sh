@@ -47,6 +47,15 @@ worst, at = max(diff)
 late = max(d for d, s in diff if s > steps[-1] // 2)
 print("gpt2-small 4 x %s, %d steps: final loss f32 %.4f, bf16 %.4f; largest |f32 - bf16| %.4f (step %d), "
       "over the second half %.4f" % (sys.argv[3], steps[-1], f32[steps[-1]], bf16[steps[-1]], worst, at, late))
+# One step's loss is that of a few hundred tokens: compare the curves' 20-step moving averages too,
+# and say how much one run's loss moves from step to step.
+w = 20
+def average(c, s):
+    return sum(c[t] for t in range(s - w + 1, s + 1)) / w
+smooth = max((abs(average(f32, s) - average(bf16, s)), s) for s in steps if s >= w and all(t in f32 for t in range(s - w + 1, s + 1)))
+noise = sorted(abs(f32[s] - f32[s - 1]) for s in steps if s - 1 in f32)[len(steps) // 2]
+print("  20-step moving averages: largest |f32 - bf16| %.4f (step %d); f32's own step-to-step change, median %.4f"
+      % (smooth[0], smooth[1], noise))
 for s in steps:
     if s in (1, 2, 5) or s % 25 == 0:
         print("  step %4d  f32 %.4f  bf16 %.4f  diff %+.4f" % (s, f32[s], bf16[s], bf16[s] - f32[s]))
