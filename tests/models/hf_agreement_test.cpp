@@ -177,6 +177,15 @@ TEST_F(HfAgreement, Qwen2) {
   check("qwen2");
 }
 
+// Qwen2's sliding window: on every layer (max_window_layers 0), and from layer 2 of 3 on.
+TEST_F(HfAgreement, Qwen2SlidingWindow) {
+  check("qwen2_window");
+}
+
+TEST_F(HfAgreement, Qwen2SlidingWindowFromMaxWindowLayers) {
+  check("qwen2_window_layers");
+}
+
 TEST_F(HfAgreement, Gemma2) {
   check("gemma2");
 }
