@@ -264,7 +264,8 @@ OptionSchema options() {
       .nullable();
   s.boolean("recognize_special_tokens", true,
             "Encode special tokens written in the text (<|endoftext|>, a tokenizer.json's added tokens) as their "
-            "ids; when false they are encoded as ordinary text.");
+            "ids; when false those marked special are encoded as ordinary text (the other added tokens still "
+            "match).");
   s.integer("cache_size", 100000, "How many distinct pieces (words) to remember the encoding of; 0 turns it off.")
       .range(0, 10000000);
   return s;
