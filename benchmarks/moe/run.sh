@@ -38,19 +38,16 @@ done
 python3 - "$out" $presets <<'PY'
 import glob, json, os, statistics, sys
 out, presets = sys.argv[1], sys.argv[2:]
-print("%-14s %12s %10s   %s" % ("preset", "tokens/s", "MFU", "per round"))
+print("%-14s %12s   %s" % ("preset", "tokens/s", "per round"))
 for p in presets:
     per_round = []
-    mfu = []
     for path in sorted(glob.glob(os.path.join(out, p + "-*", "metrics.jsonl"))):
         rows = [json.loads(l) for l in open(path) if l.strip()]
         rows = [r for r in rows if "throughput/tokens_per_second" in r and r["step"] > 10]
         if rows:
             per_round.append(statistics.mean(r["throughput/tokens_per_second"] for r in rows))
-            mfu.append(statistics.mean(r.get("throughput/mfu", 0.0) for r in rows))
     if per_round:
-        print("%-14s %12.0f %10.3f   %s" % (p, statistics.median(per_round), statistics.median(mfu),
-                                          " ".join("%.0f" % x for x in per_round)))
+        print("%-14s %12.0f   %s" % (p, statistics.median(per_round), " ".join("%.0f" % x for x in per_round)))
 PY
 echo
 "$build/bin/loom_bench_moe" --rounds 21
