@@ -7,6 +7,7 @@
 #include <cmath>
 #include <loom/core/plugin_host.hpp>
 #include <loom/core/registry.hpp>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/model.hpp>
 #include <map>
 #include <numeric>
@@ -250,6 +251,36 @@ TEST_F(LlamaTest, MaxWindowLayersWindowsOnlyTheUpperLayers) {
   EXPECT_DOUBLE_EQ(flops[0] - flops[1], per_key * 2 * (12 - 3));
   EXPECT_DOUBLE_EQ(flops[0] - flops[2], per_key * (12 - 3));
   EXPECT_DOUBLE_EQ(flops[3], flops[0]);
+}
+
+// The window travels to Hugging Face as Qwen2Config's use_sliding_window, sliding_window and
+// max_window_layers, and a config that differs in them is named.
+TEST_F(LlamaTest, Qwen2WindowIsExportedAndChecked) {
+  Value o = tiny();
+  o.set("head_dim", Value());
+  o.set("num_heads", 4);
+  o.set("qkv_bias", true);
+  o.set("sliding_window", 4);
+  o.set("max_window_layers", 1);
+  const auto model = make(o);
+  const auto* hf = dynamic_cast<const loom::HfModel*>(model.get());
+  ASSERT_NE(hf, nullptr);
+  Value config = hf->hf_config();
+  EXPECT_EQ(config.find("model_type")->as_string(), "qwen2");
+  EXPECT_TRUE(config.find("use_sliding_window")->as_bool());
+  EXPECT_EQ(config.find("sliding_window")->as_int(), 4);
+  EXPECT_EQ(config.find("max_window_layers")->as_int(), 1);
+  EXPECT_TRUE(hf->hf_config_mismatches(config).empty());
+  config.set("max_window_layers", 2);
+  const auto mismatches = hf->hf_config_mismatches(config);
+  ASSERT_EQ(mismatches.size(), 1u);
+  EXPECT_NE(mismatches[0].find("max_window_layers"), std::string::npos) << mismatches[0];
+  config.set("use_sliding_window", false);  // no window at all: the other keys are ignored
+  EXPECT_EQ(hf->hf_config_mismatches(config).size(), 1u);
+
+  Value mistral = o;
+  mistral.set("qkv_bias", false);  // a window from layer 1 on without Qwen2's biases: no architecture
+  EXPECT_THROW(dynamic_cast<const loom::HfModel*>(make(mistral).get())->hf_config(), loom::UserError);
 }
 
 TEST_F(LlamaTest, RopeScalingChangesTheModel) {
