@@ -106,9 +106,13 @@ class PreTokenizer {
       return;
     }
     const Stage& s = stages_[stage];
+    const bool last = stage + 1 == stages_.size();
     const auto piece = [&](std::string_view p, bool matched) {
       if (p.empty() || (s.behavior == SplitRule::Behavior::removed && matched != s.invert)) return;
-      split_stage(stage + 1, p, scratch, emit);
+      if (last)
+        emit(p);  // the common case (GPT-2: one stage) without a call per piece
+      else
+        split_stage(stage + 1, p, scratch, emit);
     };
     std::size_t pos = 0;
     while (pos < text.size()) {
