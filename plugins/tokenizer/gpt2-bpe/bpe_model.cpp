@@ -328,7 +328,9 @@ BpeModel BpeModel::from_tokenizer_json(const std::string& tokenizer_json, const 
     return !object.contains(key) || object[key].is_null();
   };
   if (!absent(root, "normalizer")) model.nfc_ = read_normalizer(root["normalizer"], builder);
-  if (!absent(root, "pre_tokenizer")) model.split_rules_ = read_pre_tokenizer(root["pre_tokenizer"], builder);
+  // No pre_tokenizer key: GPT-2's. A null one would hand raw text (not byte symbols) to the
+  // vocabulary, and is refused with the others.
+  if (root.contains("pre_tokenizer")) model.split_rules_ = read_pre_tokenizer(root["pre_tokenizer"], builder);
   if (!root.contains("model") || !root["model"].is_object()) builder.fail("it has no \"model\" object");
   const json& bpe = root["model"];
   if (bpe.contains("type") && bpe["type"] != "BPE")

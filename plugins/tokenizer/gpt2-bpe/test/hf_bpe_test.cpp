@@ -172,6 +172,8 @@ TEST_F(HfBpeTest, RefusesPipelinesItDoesNotImplement) {
       variant("merged", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithPrevious"; })
           .find("\"MergedWithPrevious\""),
       std::string::npos);
+  EXPECT_NE(variant("null", [](json& j) { j["pre_tokenizer"] = nullptr; }).find("its pre_tokenizer is null"),
+            std::string::npos);
   EXPECT_NE(variant("fallback", [](json& j) { j["model"]["byte_fallback"] = true; }).find("byte_fallback"),
             std::string::npos);
   EXPECT_NE(variant("hex",
