@@ -93,21 +93,6 @@ class GemmaModel final : public loom::models::TransformerLm {
   }
 
   std::int64_t max_seq_len() const override { return o_.seq_len; }
-  loom::models::TransformerShape transformer_shape() const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = o_.num_heads;
-    s.num_kv_heads = o_.num_kv_heads;
-    s.head_dim = o_.head_dim;
-    s.intermediate_dim = o_.intermediate_dim;
-    s.glu = true;
-    s.vocab_size = vocab_;
-    // The window on sliding layers, the whole prefix on the others.
-    for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(is_sliding(l) ? o_.sliding_window : 0);
-    return s;
-  }
-
   // ---- Hugging Face (transformers' Gemma2ForCausalLM) ----
 
   loom::Value hf_config() const override {
@@ -164,6 +149,22 @@ class GemmaModel final : public loom::models::TransformerLm {
     return layout;
   }
 
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    s.intermediate_dim = o_.intermediate_dim;
+    s.glu = true;
+    s.vocab_size = vocab_;
+    // The window on sliding layers, the whole prefix on the others.
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(is_sliding(l) ? o_.sliding_window : 0);
+    return s;
+  }
+
   void check_hf_config(loom::HfConfigCheck& check, const std::string&, const loom::Value& config) const override {
     // Gemma2Config's defaults (Gemma 2 9B's shapes) stand in for absent fields.
     check.expect_integer("vocab_size", 256000, vocab_, "vocab_size");
@@ -187,7 +188,6 @@ class GemmaModel final : public loom::models::TransformerLm {
                      "; loom's gemma uses the tanh GELU (gelu_pytorch_tanh)");
   }
 
- private:
   // A field that is a number or null (off); `ours` is 0 when off.
   void check_optional(loom::HfConfigCheck& check, const loom::Value& config, const char* key, double fallback,
                       double ours) const {

@@ -109,17 +109,6 @@ class Gpt2Model final : public loom::models::TransformerLm {
 
   std::int64_t max_seq_len() const override { return o_.seq_len; }
 
-  loom::models::TransformerShape transformer_shape() const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = s.num_kv_heads = o_.num_heads;
-    s.head_dim = head_dim_;
-    s.intermediate_dim = o_.hidden_dim * o_.mlp_scale;
-    s.vocab_size = vocab_;
-    return s;
-  }
-
   // ---- Hugging Face (transformers' GPT2LMHeadModel, GPT2Config) ----
 
   loom::Value hf_config() const override {
@@ -166,6 +155,18 @@ class Gpt2Model final : public loom::models::TransformerLm {
     return layout;
   }
 
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = s.num_kv_heads = o_.num_heads;
+    s.head_dim = head_dim_;
+    s.intermediate_dim = o_.hidden_dim * o_.mlp_scale;
+    s.vocab_size = vocab_;
+    return s;
+  }
+
   void check_hf_config(loom::HfConfigCheck& check, const std::string&, const loom::Value&) const override {
     // GPT2Config's defaults stand in for absent fields.
     check.expect_integer("vocab_size", 50257, vocab_, "vocab_size");
@@ -194,7 +195,6 @@ class Gpt2Model final : public loom::models::TransformerLm {
                      "LayerNorm");
   }
 
- private:
   const char* name() const override { return "gpt2"; }
   CacheShape cache_shape() const override { return {o_.num_layers, o_.num_heads, head_dim_}; }
 

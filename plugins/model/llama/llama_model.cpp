@@ -155,29 +155,6 @@ class LlamaModel final : public loom::models::TransformerLm {
 
   std::int64_t max_seq_len() const override { return o_.seq_len; }
 
-  loom::models::TransformerShape transformer_shape() const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = o_.num_heads;
-    s.num_kv_heads = o_.num_kv_heads;
-    s.head_dim = o_.head_dim;
-    // A mixture of experts runs experts_per_token experts per token, and its router.
-    const bool moe = o_.moe.num_experts > 0;
-    s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
-    s.glu = true;
-    s.vocab_size = vocab_;
-    s.sliding_window = o_.sliding_window;
-    if (o_.sliding_window > 0 && o_.max_window_layers > 0)
-      for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(window_of(l));
-    return s;
-  }
-  // The router's matrix product, [hidden] x [hidden, experts] per layer.
-  double extra_flops_per_token() const override {
-    const bool moe = o_.moe.num_experts > 0;
-    return moe ? 6.0 * static_cast<double>(o_.num_layers * o_.moe.num_experts * o_.hidden_dim) : 0.0;
-  }
-
   // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) ----
 
   loom::Value hf_config() const override {
@@ -268,6 +245,30 @@ class LlamaModel final : public loom::models::TransformerLm {
     return layout;
   }
 
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    // A mixture of experts runs experts_per_token experts per token, and its router.
+    const bool moe = o_.moe.num_experts > 0;
+    s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
+    s.glu = true;
+    s.vocab_size = vocab_;
+    s.sliding_window = o_.sliding_window;
+    if (o_.sliding_window > 0 && o_.max_window_layers > 0)
+      for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(window_of(l));
+    return s;
+  }
+  // The router's matrix product, [hidden] x [hidden, experts] per layer.
+  double extra_flops_per_token() const override {
+    const bool moe = o_.moe.num_experts > 0;
+    return moe ? 6.0 * static_cast<double>(o_.num_layers * o_.moe.num_experts * o_.hidden_dim) : 0.0;
+  }
+
   void check_hf_config(loom::HfConfigCheck& check, const std::string& type, const loom::Value& config) const override {
     const std::string& at = o_.path;
     if (type == "mixtral") return check_mixtral_config(check, config);
@@ -342,7 +343,6 @@ class LlamaModel final : public loom::models::TransformerLm {
                      (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
   }
 
- private:
   // The Hugging Face architecture that computes what this model computes.
   std::string hf_model_type() const {
     const std::string& at = o_.path;
