@@ -12,6 +12,7 @@
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/run/run_config.hpp"
+#include "loom/run/tokenize.hpp"
 #include "loom/run/trainer.hpp"
 #include "train/mixture.hpp"
 
@@ -187,6 +188,13 @@ TEST(Mixture, ConfigErrorsSayWhatIsWrong) {
   const Loaded l = load(tmp, with_data(two + "    c: {type: synthetic}\n"));
   EXPECT_EQ(l.config.at_path("data.weights.c")->as_double(), 1.0);
   EXPECT_EQ(l.config.at_path("data.mixture.a.validation_fraction")->as_double(), 0.1);  // a default
+  // `loom tokenize CONFIG` takes one dataset's files.
+  try {
+    tokenize_request_from_config(*l.runtime);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("data is a mixture of datasets"), std::string::npos) << e.what();
+  }
 }
 
 std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
@@ -229,6 +237,12 @@ TEST(Mixture, TrainsLogsEachDatasetsLossAndResumesExactly) {
     }
   EXPECT_EQ(parts.size(), 3u);
   EXPECT_EQ(final_eval, s.final_eval_loss);
+  // Text data masks no target: every token is trained, and the log line says nothing more.
+  for (const auto& r : read_metrics(full))
+    if (r.contains("train/loss")) {
+      EXPECT_EQ(r["throughput/trained_tokens_per_second"], r["throughput/tokens_per_second"]);
+    }
+  EXPECT_EQ(log.find(" trained)"), std::string::npos) << log;
 
   const fs::path resumed = tmp.path() / "resumed";
   train_with(tmp, mixture_config,
