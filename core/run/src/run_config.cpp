@@ -17,50 +17,43 @@ OptionSchema optimizer_section_options() {
   return s;
 }
 
-namespace {
-
-// `mixture_data`: the `data` section is a mixture of datasets (train/mixture.hpp), which the run
-// layer validates itself.
-OptionSchema make_run_config_schema(bool mixture_data) {
-  OptionSchema s;
-  s.object("plugins", plugins_section_schema(), "Where to find plugins.");
-  s.component("backend", "backend", "cpu", "The backend that implements the tensor operations.");
-  s.component("model", "model", std::nullopt, "The model architecture (its `attention` option names the kernel).");
-  s.component("optimizer", "optimizer", "adamw",
-              "The optimizer, with the peak learning_rate and the max_grad_norm clip that the trainer applies.")
-      .section_options(optimizer_section_options());
-  s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
-  if (mixture_data)
-    s.any("data", Value(), "A mixture of datasets (docs/datasets.md, \"Mixtures\").");
-  else
+const OptionSchema& run_config_schema() {
+  static const OptionSchema schema = [] {
+    OptionSchema s;
+    s.object("plugins", plugins_section_schema(), "Where to find plugins.");
+    s.component("backend", "backend", "cpu", "The backend that implements the tensor operations.");
+    s.component("model", "model", std::nullopt, "The model architecture (its `attention` option names the kernel).");
+    s.component("optimizer", "optimizer", "adamw",
+                "The optimizer, with the peak learning_rate and the max_grad_norm clip that the trainer applies.")
+        .section_options(optimizer_section_options());
+    s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
     s.component("data", "dataset", std::nullopt,
                 "The training and validation data: one dataset, or a `mixture` of several with `weights` "
                 "(docs/datasets.md, \"Mixtures\").");
-  s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
-  s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
-  s.component("collective", "collective", std::nullopt,
-              "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");
+    s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+    s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
+    s.component("collective", "collective", std::nullopt,
+                "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");
 
-  return s;
-}
-
-}  // namespace
-
-const OptionSchema& run_config_schema() {
-  static const OptionSchema schema = make_run_config_schema(false);
+    return s;
+  }();
   return schema;
 }
 
 Value resolved_run_config(const Runtime& runtime) {
   const Value* data = runtime.raw_config().find("data");
   if (!data || !training::is_mixture(*data)) return runtime.resolved_config(run_config_schema());
-  static const OptionSchema mixture_schema = make_run_config_schema(true);
-  Value resolved = runtime.resolved_config(mixture_schema);
+  // A mixture of datasets (train/mixture.hpp): the run layer validates `data` itself, the rest as usual.
   const Value& raw = runtime.raw_config();
   const std::string what =
       raw.location().known() ? "while validating " + raw.location().file : std::string("while validating the config");
-  resolved.set("data", with_context(what, [&] { return training::validate_mixture(*data, runtime.registry()); }));
-  return resolved;
+  return with_context(what, [&] {
+    Value others = raw;
+    others.erase("data");
+    Value resolved = config::validate(run_config_schema(), others, "", runtime.registry());
+    resolved.set("data", training::validate_mixture(*data, runtime.registry()));
+    return resolved;
+  });
 }
 
 }  // namespace loom

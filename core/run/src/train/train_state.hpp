@@ -12,12 +12,13 @@ namespace loom::training {
 
 // The log interval in progress and the run's clocks: what the next log line is computed from.
 struct LogInterval {
-  std::int64_t steps = 0;           // steps since the last log line
-  double loss_sum = 0;              // of their losses
-  std::int64_t trained_tokens = 0;  // their targets that count toward the loss (not -1)
-  double seconds = 0;               // in their steps
-  double train_seconds = 0;         // in every step of the run, evaluation and checkpoints excluded
-  double elapsed_before = 0;        // wall time of the run's earlier parts (before a resume)
+  std::int64_t steps = 0;     // steps since the last log line
+  double loss_sum = 0;        // of their losses
+  double seconds = 0;         // in their steps
+  double train_seconds = 0;   // in every step of the run, evaluation and checkpoints excluded
+  double elapsed_before = 0;  // wall time of the run's earlier parts (before a resume)
+  // Of the interval's targets, those that count toward the loss (not -1): its trained tokens.
+  std::int64_t trained_tokens = 0;
 };
 
 // What the next step depends on beyond the components' own state (the model's parameters, the
