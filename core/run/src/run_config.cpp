@@ -1,5 +1,6 @@
 #include "loom/run/run_config.hpp"
 
+#include "loom/run/lora.hpp"
 #include "loom/run/trainer.hpp"
 
 namespace loom {
@@ -29,6 +30,9 @@ const OptionSchema& run_config_schema() {
     s.component("data", "dataset", std::nullopt, "The training and validation data.");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
+    s.object(
+        "lora", lora_schema(),
+        "Low-rank adapters (LoRA) on the model's linear weights; the base weights are frozen (docs/fine-tuning.md).");
     s.component("collective", "collective", std::nullopt,
                 "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");
 

@@ -38,6 +38,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,18 @@ class NoGradGuard {
   bool previous_;
 };
 
+// A low-rank adapter (LoRA, Hu et al. 2021) on the weight of a linear operation: Ops::linear with
+// that weight adds scale * dropout(x) A^T B^T to x W^T (before the bias's activation), whatever
+// the weight's layout. The model does not know: the run layer attaches adapters to an Ops.
+struct LinearAdapter {
+  Parameter* a = nullptr;  // [rank, in]
+  Parameter* b = nullptr;  // [out, rank]
+  float scale = 1.0f;      // alpha / rank
+  float dropout = 0.0f;    // on the adapter's input, from the Ops' dropout stream
+};
+// Adapters by the parameter whose whole value is the weight.
+using LinearAdapters = std::unordered_map<const Parameter*, LinearAdapter>;
+
 struct LinearOptions {
   // false: weight is [out, in] (PyTorch nn.Linear, y = x W^T); true: weight is [in, out] (y = x W).
   bool weight_in_out = false;
@@ -249,6 +262,15 @@ class Ops {
   void set_z_loss_weight(float weight) { z_loss_weight_ = weight; }
   float z_loss_weight() const { return z_loss_weight_; }
 
+  // Low-rank adapters: linear() with a weight that is a whole parameter listed in `adapters` adds
+  // that adapter's product. The table must outlive this Ops; null (the default): none.
+  void set_linear_adapters(const LinearAdapters* adapters) { adapters_ = adapters; }
+  // Called by linear() for each weight that is a whole parameter, with its layout: how the run
+  // layer finds the weights a model multiplies (the targets of adapters) without the model's help.
+  void set_linear_observer(std::function<void(Parameter& weight, bool weight_in_out)> observer) {
+    linear_observer_ = std::move(observer);
+  }
+
   // ---- Linear algebra
   // x [..., in] (any row stride), weight per options, bias [out] or undefined -> [..., out].
   Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const LinearOptions& options = {});
@@ -335,6 +357,11 @@ class Ops {
 
  private:
   friend struct detail::CheckpointNode;
+  Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options);
+  Tensor adapted_linear(const LinearAdapter& adapter, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const LinearOptions& options);
+  const LinearAdapters* adapters_ = nullptr;
+  std::function<void(Parameter&, bool)> linear_observer_;
   // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the
   // recomputation takes them from instead of computing them.
   std::vector<Tensor>* remat_save_ = nullptr;

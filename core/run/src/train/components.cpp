@@ -1,5 +1,6 @@
 #include "train/components.hpp"
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -60,6 +61,30 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
   }
 }
 
+std::string choose_trained_parameters(RunComponents& c, const Value& config, const Options& trainer) {
+  const LoraSettings lora = lora_settings(config);
+  if (lora.enabled())
+    c.lora = with_context("while attaching the LoRA adapters (lora)",
+                          [&] { return std::make_shared<LoraAdapters>(*c.model, *c.backend, lora); });
+  const std::vector<ModelParameter> all = c.model->parameters();
+  c.parameters = select_trainable(all, trainer.get<std::vector<std::string>>("trainable"),
+                                  trainer.get<std::vector<std::string>>("frozen"), lora.enabled());
+  if (!c.lora && c.parameters.size() == all.size()) return {};
+  std::int64_t total = 0, trained = 0;
+  for (const auto& p : all) total += p.parameter->shape().numel();
+  if (c.lora)
+    for (const auto& p : c.lora->parameters()) c.parameters.push_back(p);
+  for (const auto& p : c.parameters) trained += p.parameter->shape().numel();
+  std::string line = c.lora ? "lora: rank " + std::to_string(lora.rank) + " adapters on " +
+                                  std::to_string(c.lora->target_names().size()) + " weights, "
+                            : "frozen: " + std::to_string(all.size() - c.parameters.size()) + " of " +
+                                  std::to_string(all.size()) + " parameters, ";
+  char share[32];
+  std::snprintf(share, sizeof share, "%.2f%%", 100.0 * static_cast<double>(trained) / static_cast<double>(total));
+  return line + std::to_string(trained) + " trained values (" + share + " of the model's " + std::to_string(total) +
+         ")";
+}
+
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
                                                bool init_from, const std::function<bool(const Parameter*)>& optimizes) {
   c.model->initialize(seed);
@@ -67,7 +92,8 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'",
                          [&] { return load_initial_weights(*c.model, from); });
-  c.parameters = c.model->parameters();
+  if (c.lora) c.lora->initialize(seed);
+  if (c.parameters.empty()) c.parameters = c.model->parameters();
 
   std::vector<OptimizerParameter> opt_params;
   const bool decay_emb = trainer.get<bool>("decay_embeddings"), decay_norm = trainer.get<bool>("decay_norms"),

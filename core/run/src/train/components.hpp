@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/kinds/tracker.hpp"
 #include "loom/options.hpp"
+#include "loom/run/lora.hpp"
 
 namespace loom::training {
 
@@ -27,7 +29,13 @@ struct RunComponents {
   Handle<Optimizer> optimizer;
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
-  std::vector<ModelParameter> parameters;  // the model's, once it is initialised
+  // The trained parameters: the model's (less those trainer.frozen / trainable freeze), or under
+  // LoRA the adapters. Set by choose_trained_parameters (or initialize_parameters: all).
+  std::vector<ModelParameter> parameters;
+  std::shared_ptr<LoraAdapters> lora;  // under lora.rank > 0
+  // What checkpoints and the final weights hold: every parameter of the model, or under LoRA the
+  // adapters alone (the base comes from trainer.init_from).
+  std::vector<ModelParameter> saved_parameters() const { return lora ? parameters : model->parameters(); }
   // The optimizer section's options that the trainer applies (not the optimizer plugin's).
   double peak_learning_rate = 0;  // optimizer.learning_rate, which the schedule shapes
   double max_grad_norm = 0;       // optimizer.max_grad_norm; 0 (or null in the config): no clip
@@ -43,6 +51,11 @@ RunComponents create_components(const Registry& registry, const Value& config);
 // comes first; otherwise the model is built first and the dataset checks every id against the
 // model's vocabulary.
 void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed);
+
+// Applies the `lora` section and trainer.trainable / trainer.frozen to the built model: the
+// adapters are created, the frozen parameters stop requiring gradients, and `parameters` lists
+// the trained ones. Returns a line for the log when anything is frozen (empty otherwise).
+std::string choose_trained_parameters(RunComponents& components, const Value& config, const Options& trainer);
 
 // Initialises the model's weights from `seed`, then (when `init_from` and trainer.init_from is
 // set) loads them from there, and hands the optimizer its parameters, each with the weight decay

@@ -123,14 +123,18 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
-  if (resume && !trainer.get<std::string>("init_from").empty())
+  // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
+  if (const std::string line = choose_trained_parameters(c, run.config, trainer); !line.empty()) progress.say(line);
+  // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
+  const bool base_from_init = !resume || c.lora;
+  if (!base_from_init && !trainer.get<std::string>("init_from").empty())
     progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
   // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
   if (trainer.get<bool>("shard_optimizer_state"))
-    parallel.shard(c.model->parameters());
+    parallel.shard(c.parameters);
   else
-    parallel.attach(c.model->parameters());
-  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/!resume,
+    parallel.attach(c.parameters);
+  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
                                                 [&](const Parameter* p) { return parallel.owns(p); }))
     progress.say("init_from: " + note);
   if (trainer.get<bool>("skip_bad_steps"))

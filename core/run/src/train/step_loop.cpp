@@ -72,11 +72,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (run.state.ema) run.state.ema->swap();
     return result;
   };
+  // Evaluation and samples see the adapters (merged for the while: any code path of the model).
+  auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   auto evaluate_now = [&] {
     return parallel.is_primary() ? with_average([&] {
-      return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
+      return with_adapters(
+          [&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); });
     })
                                  : -1.0;
   };
@@ -194,7 +197,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
-        const std::string text = sampler.sample(sample_length);
+        const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
       }
@@ -245,11 +248,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
-      run.directory.save_weights(c.parameters, num_steps);
+      if (c.lora)  // the adapters alone, in PEFT's layout
+        c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
+      else
+        run.directory.save_weights(c.saved_parameters(), num_steps);
       return 0;
     });
   if (sample_length > 0 && parallel.is_primary()) {
-    summary.final_sample = sampler.sample(sample_length);
+    summary.final_sample = with_adapters([&] { return sampler.sample(sample_length); });
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);
   }

@@ -71,6 +71,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
         Ops ops(*components_.backend, &tape);
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         ops.set_z_loss_weight(settings_.z_loss_weight);
+        if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
         Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
         const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
         loss_sum += static_cast<double>(loss.item()) * weight;
