@@ -318,13 +318,17 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
 
 void LoraAdapters::keep_base() {
   for (const auto& e : entries_) {
-    if (!e->base.defined()) e->base = Tensor::empty(e->weight->shape(), DType::f32, e->weight->tensor().device());
+    e->base = Tensor::empty(e->weight->shape(), DType::f32, e->weight->tensor().device());
     e->base.copy_from(e->weight->data());
   }
 }
 
+// The copies go back to the allocator: between evaluations a LoRA run holds no second base.
 void LoraAdapters::restore_base() {
-  for (const auto& e : entries_) e->weight->data().copy_from(e->base);
+  for (const auto& e : entries_) {
+    e->weight->data().copy_from(e->base);
+    e->base = Tensor();
+  }
 }
 
 std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& parameters,
