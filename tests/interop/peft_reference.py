@@ -5,7 +5,8 @@ For each case directory under WORK (gpt2, llama): base/ is the base model export
 adapter_model.safetensors and adapter_config.json), merged/ the model with the adapters merged
 (`loom export --merge-lora`). Loads base + adapters with peft.PeftModel.from_pretrained and the
 merged model with transformers, computes the logits of tokens.safetensors' "tokens" with each,
-and writes them to peft.safetensors ("peft_logits", "merged_logits"), with peft.json reporting
+and writes them to peft.safetensors ("peft_logits", "merged_logits", and the base model's
+"base_logits"), with peft.json reporting
 how many LoRA modules PEFT built and whether every adapter tensor of the file reached them.
 
 Exits 77 when peft or transformers cannot be imported.
@@ -27,6 +28,9 @@ except Exception as e:  # noqa: BLE001
 def run(case):
     tokens = load_file(os.path.join(case, "tokens.safetensors"))["tokens"].long()
     base = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(case, "base"), torch_dtype=torch.float32)
+    base.eval()
+    with torch.no_grad():
+        base_logits = base(tokens).logits
     model = peft.PeftModel.from_pretrained(base, os.path.join(case, "adapters"))
     model.eval()
     saved = load_file(os.path.join(case, "adapters", "adapter_model.safetensors"))
@@ -47,7 +51,8 @@ def run(case):
     merged.eval()
     with torch.no_grad():
         merged_logits = merged(tokens).logits
-    save_file({"peft_logits": peft_logits.contiguous(), "merged_logits": merged_logits.contiguous()},
+    save_file({"peft_logits": peft_logits.contiguous(), "merged_logits": merged_logits.contiguous(),
+               "base_logits": base_logits.contiguous()},
               os.path.join(case, "peft.safetensors"))
     with open(os.path.join(case, "peft.json"), "w") as f:
         json.dump({"lora_modules": modules, "tensors": len(saved), "reached": reached}, f)

@@ -123,7 +123,9 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
     if (!merge) ops.set_linear_adapters(&run.lora->table());
     return run.model->logits(ops, tokens, Tensor()).to_vector();
   };
-  const double adapted = relative_error(logits(false), reference.read("peft_logits"));
+  const std::vector<float> loom_adapted = logits(false);
+  EXPECT_GT(relative_error(loom_adapted, reference.read("base_logits")), 1e-3) << "the adapters change the logits";
+  const double adapted = relative_error(loom_adapted, reference.read("peft_logits"));
   const double merged = relative_error(logits(true), reference.read("merged_logits"));
   std::cout << std::scientific << std::setprecision(2) << "peft " << GetParam().name
             << ": loom adapted vs PEFT logits relative error " << adapted << ", loom merged vs transformers (merged "
