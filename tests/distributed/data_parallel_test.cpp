@@ -152,6 +152,34 @@ TEST(DataParallel, ShardedOptimizerStateTrainsAsOneProcessDoes) {
   EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
 }
 
+// Frozen parameters (trainer.frozen) and LoRA adapters: the ranks bucket and reduce only the
+// trained gradients, and ZeRO-1 shards only their optimizer state.
+TEST(DataParallel, FrozenParametersAndLoraAdaptersTrainAsOneProcessDoes) {
+  {
+    const fs::path one = scratch("frozen-one"), two = scratch("frozen-two");
+    auto args1 = train_args(one, 4), args2 = train_args(two, 4);
+    for (auto* a : {&args1, &args2}) a->push_back("trainer.frozen=[wte, wpe, 'h.0.*']");
+    const auto single = run_command(args1, {"LOOM_NUM_THREADS=1"});
+    ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+    const auto parallel = mpirun(2, args2);
+    ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+    EXPECT_EQ(losses(one), losses(two));
+    EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
+  }
+  const fs::path one = scratch("lora-one"), two = scratch("lora-two");
+  auto args1 = train_args(one, 2), args2 = train_args(two, 2);
+  for (auto* a : {&args1, &args2}) a->insert(a->end(), {"lora.rank=4", "lora.dropout=0.1"});
+  args2.push_back("trainer.shard_optimizer_state=true");
+  const auto single = run_command(args1, {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto sharded = mpirun(2, args2);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), l2.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l2[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_LT(max_relative_difference(one / "adapter_model.safetensors", two / "adapter_model.safetensors"), 1e-5);
+}
+
 // A checkpoint holds the whole state whatever number of ranks wrote it, sharded or not, and
 // resumes on any number of ranks.
 TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
