@@ -72,7 +72,8 @@ int run_export(const std::vector<std::string>& args) {
   });
   std::cout << "exported " << result.tensors << " tensors (" << result.weight_bytes / 1e6 << " MB"
             << (result.shards > 1 ? " in " + std::to_string(result.shards) + " shards" : std::string()) << ") of "
-            << run_files.weights.string() << " to " << out_dir << ":";
+            << run_files.weights.string() << (run.lora ? " merged into its base model" : "") << " to " << out_dir
+            << ":";
   for (const auto& f : result.files) std::cout << " " << f;
   std::cout << "\n";
   if (!result.tokenizer_note.empty()) std::cout << result.tokenizer_note << "\n";

@@ -69,7 +69,9 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
   const std::vector<ModelParameter> all = c.model->parameters();
   c.parameters = select_trainable(all, trainer.get<std::vector<std::string>>("trainable"),
                                   trainer.get<std::vector<std::string>>("frozen"), lora.enabled());
-  if (!c.lora && c.parameters.size() == all.size()) return {};
+  const bool chosen = !trainer.get<std::vector<std::string>>("trainable").empty() ||
+                      !trainer.get<std::vector<std::string>>("frozen").empty();
+  if (!c.lora && !chosen) return {};
   std::int64_t total = 0, trained = 0;
   for (const auto& p : all) total += p.parameter->shape().numel();
   if (c.lora)

@@ -54,7 +54,7 @@ void build_model_and_data(RunComponents& components, std::int64_t batch_size, st
 
 // Applies the `lora` section and trainer.trainable / trainer.frozen to the built model: the
 // adapters are created, the frozen parameters stop requiring gradients, and `parameters` lists
-// the trained ones. Returns a line for the log when anything is frozen (empty otherwise).
+// the trained ones. Returns a line for the log under LoRA, trainable or frozen (else empty).
 std::string choose_trained_parameters(RunComponents& components, const Value& config, const Options& trainer);
 
 // Initialises the model's weights from `seed`, then (when `init_from` and trainer.init_from is

@@ -1,6 +1,8 @@
 #include "train/run_setup.hpp"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -124,7 +126,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
   // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
-  if (const std::string line = choose_trained_parameters(c, run.config, trainer); !line.empty()) progress.say(line);
+  const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
   // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
   const bool base_from_init = !resume || c.lora;
   if (!base_from_init && !trainer.get<std::string>("init_from").empty())
@@ -137,6 +139,14 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
                                                 [&](const Parameter* p) { return parallel.owns(p); }))
     progress.say("init_from: " + note);
+  if (!trained_line.empty()) {
+    std::int64_t state_bytes = 0;
+    for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
+    std::ostringstream line;
+    line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
+         << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
+    progress.say(line.str());
+  }
   if (trainer.get<bool>("skip_bad_steps"))
     run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
   std::vector<std::pair<std::string, Tensor>> saved_average;
