@@ -413,6 +413,8 @@ TEST_F(LoraTraining, PatternsThatMatchNothingAreUserErrors) {
   EXPECT_THROW(train_tiny(*dir_, "bad2", {"trainer.trainable=[nothing_here]"}), UserError);
   EXPECT_THROW(train_tiny(*dir_, "bad3", {"trainer.frozen=['*']"}), UserError);  // nothing left to train
   EXPECT_THROW(train_tiny(*dir_, "bad4", lora({"lora.target_modules=[c_attn, q_proj]"})), UserError);
+  EXPECT_THROW(train_tiny(*dir_, "bad5", {"lora.target_modules=[c_attn]"}), UserError);  // rank 0
+  EXPECT_THROW(train_tiny(*dir_, "bad6", lora({"trainer.trainable=[ln_f]"})), UserError);
 }
 
 // configs/lora-gpt2.yaml, shortened: from a short quickstart run's weights, the adapters learn

@@ -63,6 +63,8 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
 
 std::string choose_trained_parameters(RunComponents& c, const Value& config, const Options& trainer) {
   const LoraSettings lora = lora_settings(config);
+  if (!lora.enabled() && !lora.target_modules.empty())
+    throw UserError("lora.target_modules is set but lora.rank is 0, which turns LoRA off; give lora.rank (8 is usual)");
   if (lora.enabled())
     c.lora = with_context("while attaching the LoRA adapters (lora)",
                           [&] { return std::make_shared<LoraAdapters>(*c.model, *c.backend, lora); });
