@@ -12,6 +12,7 @@
 #include "loom/error.hpp"
 #include "train/checkpointing.hpp"
 #include "train/evaluation.hpp"
+#include "train/micro_batches.hpp"
 #include "train/prefetcher.hpp"
 #include "train/sampling.hpp"
 #include "train/stop_signals.hpp"
@@ -76,12 +77,26 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
+  // A mixture of datasets also has each dataset's own validation loss.
+  std::vector<std::pair<std::string, double>> eval_parts;
   auto evaluate_now = [&] {
+    eval_parts.clear();
     return parallel.is_primary() ? with_average([&] {
       return with_adapters(
-          [&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size); });
+          [&] { return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts); });
     })
                                  : -1.0;
+  };
+  auto eval_scalars = [&](double loss) {
+    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", loss}, {"eval/perplexity", std::exp(loss)}};
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(4);
+    for (const auto& [name, part] : eval_parts) {
+      scalars.emplace_back("eval/" + name + "/loss", part);
+      line << (line.tellp() > 0 ? ", " : "") << name << " " << part;
+    }
+    if (!eval_parts.empty()) progress.say("  per dataset: " + line.str());
+    return scalars;
   };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
@@ -151,6 +166,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       interval.train_seconds += dt;
       interval.seconds += dt;
       interval.loss_sum += result.loss;
+      interval.trained_tokens += count_targets(batch.targets);
       ++interval.steps;
 
       const bool last = step + 1 == num_steps;
@@ -162,6 +178,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         report.lr = result.lr;
         report.grad_norm = result.grad_norm;
         report.tokens_per_second = tokens_per_step * static_cast<double>(interval.steps) / interval.seconds;
+        report.trained_tokens_per_second = static_cast<double>(interval.trained_tokens) / interval.seconds;
         report.mfu = run.flops_per_token * report.tokens_per_second / run.peak_flops;
         report.eta_seconds =
             interval.train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
@@ -172,6 +189,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             {"train/lr", report.lr},
             {"train/grad_norm", report.grad_norm},
             {"throughput/tokens_per_second", report.tokens_per_second},
+            {"throughput/trained_tokens_per_second", report.trained_tokens_per_second},
             {"throughput/mfu", report.mfu},
             {"throughput/elapsed_seconds", elapsed()},
             {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
@@ -187,13 +205,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         summary.final_train_loss = report.mean_loss;
         interval.seconds = 0;
         interval.loss_sum = 0;
+        interval.trained_tokens = 0;
         interval.steps = 0;
       }
       if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
         const double eval_loss = evaluate_now();
         if (eval_loss >= 0) {
-          log(step + 1, {{"eval/loss", eval_loss}, {"eval/perplexity", std::exp(eval_loss)}});
           progress.eval(step + 1, eval_loss);
+          log(step + 1, eval_scalars(eval_loss));
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
@@ -243,8 +262,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
 
   summary.final_eval_loss = evaluate_now();
   if (summary.final_eval_loss >= 0) {
-    log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
+    log(num_steps, eval_scalars(summary.final_eval_loss));
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
