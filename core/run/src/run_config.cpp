@@ -28,6 +28,9 @@ const OptionSchema& run_config_schema() {
     s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
     s.component("data", "dataset", std::nullopt, "The training and validation data.");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+    s.component("objective", "objective", "causal_lm",
+                "What training minimises: causal_lm (next-token cross-entropy), sft, dpo (preference pairs against "
+                "a frozen reference model). See docs/fine-tuning.md.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
     s.component("collective", "collective", std::nullopt,
                 "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");

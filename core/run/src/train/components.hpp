@@ -12,6 +12,7 @@
 #include "loom/kinds/dataset.hpp"
 #include "loom/kinds/lr_schedule.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/kinds/objective.hpp"
 #include "loom/kinds/optimizer.hpp"
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/kinds/tracker.hpp"
@@ -27,6 +28,8 @@ struct RunComponents {
   Handle<Optimizer> optimizer;
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
+  Handle<Objective> objective;  // what the step minimises
+  Handle<Model> reference;      // the frozen starting weights, when the objective needs them
   std::vector<ModelParameter> parameters;  // the model's, once it is initialised
   // The optimizer section's options that the trainer applies (not the optimizer plugin's).
   double peak_learning_rate = 0;  // optimizer.learning_rate, which the schedule shapes
@@ -53,6 +56,13 @@ void build_model_and_data(RunComponents& components, std::int64_t batch_size, st
 std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed,
                                                bool init_from,
                                                const std::function<bool(const Parameter*)>& optimizes = {});
+
+// When the objective needs one (Objective::needs_reference_model), a second instance of the
+// model section, built like the first and holding the run's starting weights: the initialisation
+// of `seed`, then trainer.init_from, also when the run resumes (the reference never trains).
+// Its parameters take no gradient.
+void create_reference_model(RunComponents& components, const Registry& registry, const Value& config,
+                            const Options& trainer, std::uint64_t seed);
 
 // Creates the trackers trainer.trackers names and starts them on the run.
 void start_trackers(RunComponents& components, const Registry& registry, const Options& trainer, const RunInfo& run);

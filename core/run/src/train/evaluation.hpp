@@ -2,16 +2,23 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/dataset.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/kinds/objective.hpp"
 
 namespace loom::training {
 
-// The mean loss over the counted targets of validation batches 0 .. max_batches - 1, taken
-// micro_size rows at a time; -1 when max_batches is 0 or there is no validation data.
-double evaluate(Model& model, Backend& backend, const Dataset& dataset, std::int64_t max_batches,
-                std::int64_t micro_size);
+struct Evaluation {
+  double loss = -1;             // -1: no evaluation (max_batches 0, or no validation data)
+  std::vector<double> metrics;  // the objective's metric_names(), over the same batches
+};
+
+// The objective's mean loss (a mean over its count(): counted targets, pairs) over validation
+// batches 0 .. max_batches - 1, taken micro_size rows at a time, and its metrics.
+Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend& backend, const Dataset& dataset,
+                    std::int64_t max_batches, std::int64_t micro_size);
 
 }  // namespace loom::training

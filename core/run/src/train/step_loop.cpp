@@ -74,11 +74,32 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   };
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
+  const ObjectiveModels models{*c.model, c.reference.get()};
+  const std::vector<std::string> metric_names = c.objective->metric_names();
   auto evaluate_now = [&] {
     return parallel.is_primary() ? with_average([&] {
-      return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
+      return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
     })
-                                 : -1.0;
+                                 : Evaluation{};
+  };
+  // The objective's metrics under `prefix` ("train/", "eval/"), by name.
+  auto named = [&](const std::string& prefix, const std::vector<double>& values) {
+    std::vector<std::pair<std::string, double>> out;
+    for (std::size_t i = 0; i < metric_names.size() && i < values.size(); ++i)
+      out.emplace_back(prefix + metric_names[i], values[i]);
+    return out;
+  };
+  auto log_eval = [&](std::int64_t step, const Evaluation& e) {
+    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", e.loss}, {"eval/perplexity", std::exp(e.loss)}};
+    std::string line;
+    for (auto& [name, value] : named("eval/", e.metrics)) {
+      scalars.emplace_back(name, value);
+      std::ostringstream v;
+      v << std::fixed << std::setprecision(4) << value;
+      line += (line.empty() ? "" : ", ") + name.substr(5) + " " + v.str();
+    }
+    log(step, scalars);
+    return line;
   };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
@@ -179,6 +200,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         }
         // The model's own scalars (a mixture of experts' router losses and expert loads).
         for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);
+        for (auto& entry : named("train/", result.metrics)) scalars.push_back(std::move(entry));
         log(step + 1, scalars);
         progress.step(report);
         summary.final_train_loss = report.mean_loss;
@@ -187,10 +209,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         interval.steps = 0;
       }
       if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
-        const double eval_loss = evaluate_now();
-        if (eval_loss >= 0) {
-          log(step + 1, {{"eval/loss", eval_loss}, {"eval/perplexity", std::exp(eval_loss)}});
-          progress.eval(step + 1, eval_loss);
+        const Evaluation e = evaluate_now();
+        if (e.loss >= 0) {
+          const std::string line = log_eval(step + 1, e);
+          progress.eval(step + 1, e.loss);
+          if (!line.empty()) progress.say("eval at step " + std::to_string(step + 1) + ": " + line);
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
@@ -238,10 +261,13 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       interval.train_seconds > 0 ? tokens_per_step * static_cast<double>(num_steps) / interval.train_seconds : 0;
   summary.mfu = run.flops_per_token * summary.tokens_per_second / run.peak_flops;
 
-  summary.final_eval_loss = evaluate_now();
+  const Evaluation final_eval = evaluate_now();
+  summary.final_eval_loss = final_eval.loss;
   if (summary.final_eval_loss >= 0) {
-    log(num_steps, {{"eval/loss", summary.final_eval_loss}, {"eval/perplexity", std::exp(summary.final_eval_loss)}});
+    const std::string line = log_eval(num_steps, final_eval);
     progress.final_eval(summary.final_eval_loss, max_eval_batches);
+    if (!line.empty()) progress.say("final eval: " + line);
+    for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
