@@ -170,7 +170,7 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       const std::int64_t total = objective->count(targets.to_int_vector(), seq);
       ASSERT_EQ(total, rows / 2);
       double accumulated = 0;
-      for (const auto [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, 2}, {2, rows}}) {
+      for (const auto& [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, 2}, {2, rows}}) {
         const Tensor t = targets.slice(0, begin, end).clone(), k = tokens.slice(0, begin, end).clone();
         const double weight = static_cast<double>(objective->count(t.to_int_vector(), seq)) / static_cast<double>(total);
         loom::Tape tape;

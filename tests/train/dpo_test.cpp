@@ -24,7 +24,7 @@ const fs::path source_dir = LOOM_SOURCE_DIR;
 
 // A small DPO run on the shipped pairs: a tiny model, few steps.
 const char* tiny_dpo = R"(
-model: {type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 2, num_heads: 2, attention: flash}
+model: {type: gpt2, seq_len: 96, hidden_dim: 32, num_layers: 2, num_heads: 2, attention: flash}
 tokenizer: byte
 data: {type: preference, validation_fraction: 0.1}
 objective: {type: dpo, beta: 0.2, label_smoothing: 0.05}
@@ -40,13 +40,13 @@ trainer:
   trackers: [jsonl]
 )";
 
-struct Run {
+struct DpoRun {
   TrainSummary summary;
   std::string log;
   fs::path dir;
 };
 
-Run train_config(const fs::path& config, const fs::path& run_dir, std::vector<std::string> overrides) {
+DpoRun train_config(const fs::path& config, const fs::path& run_dir, std::vector<std::string> overrides) {
   overrides.push_back("trainer.run_dir=" + run_dir.string());
   overrides.push_back("trainer.run_id=" + run_dir.filename().string());
   overrides.push_back("data.paths=[" + (source_dir / "configs/data/preferences.jsonl").string() + "]");
@@ -57,12 +57,12 @@ Run train_config(const fs::path& config, const fs::path& run_dir, std::vector<st
   std::ostringstream out;
   TrainOptions train_options;
   train_options.out = &out;
-  Run run{train(runtime, train_options), "", run_dir};
+  DpoRun run{train(runtime, train_options), "", run_dir};
   run.log = out.str();
   return run;
 }
 
-Run train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides = {}) {
+DpoRun train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides = {}) {
   return train_config(dir.write("dpo.yaml", tiny_dpo), dir.path() / name, std::move(overrides));
 }
 
@@ -93,7 +93,7 @@ double metric(const TrainSummary& s, const std::string& name) {
 
 TEST(Dpo, LogsRewardMetricsAtTrainingAndEvaluation) {
   test::TempDir dir;
-  const Run run = train_tiny(dir, "a");
+  const DpoRun run = train_tiny(dir, "a");
   bool train_seen = false, eval_seen = false;
   for (const auto& r : read_metrics(run.dir)) {
     train_seen |= r.contains("train/reward_accuracy") && r.contains("train/reward_margin");
@@ -135,19 +135,23 @@ TEST(Dpo, AMicroBatchMustNotSplitAPair) {
 
 TEST(Dpo, AResumedRunEqualsAnUninterruptedOne) {
   test::TempDir dir;
-  train_tiny(dir, "straight");
-  // Three steps with a checkpoint at the end, then the same run continued to six.
-  train_tiny(dir, "resumed", {"trainer.num_train_steps=3", "trainer.checkpoint.save_every_steps=3"});
-  const Run resumed = train_tiny(dir, "resumed", {"trainer.checkpoint.save_every_steps=3"});
+  const DpoRun straight = train_tiny(dir, "straight", {"trainer.checkpoint.save_every_steps=3"});
+  // Continued in a fresh directory from the uninterrupted run's step-3 checkpoint: the policy
+  // comes from it, the reference from the starting weights.
+  const fs::path checkpoint = dir.path() / "straight" / "checkpoints" / "step-3";
+  const DpoRun resumed =
+      train_tiny(dir, "resumed", {"trainer.checkpoint.save_every_steps=3", "trainer.resume=" + checkpoint.string()});
   EXPECT_EQ(resumed.summary.resumed_from_step, 3);
   EXPECT_EQ(all_weights(dir.path() / "straight" / "model.safetensors"),
             all_weights(dir.path() / "resumed" / "model.safetensors"));
+  EXPECT_EQ(resumed.summary.final_eval_loss, straight.summary.final_eval_loss);
+  EXPECT_EQ(resumed.summary.final_eval_metrics, straight.summary.final_eval_metrics);
 }
 
 // configs/dpo-tiny.yaml as shipped: the held-out pairs' reward accuracy rises above 0.5.
 TEST(Dpo, DpoTinyLearnsThePreferenceRule) {
   test::TempDir dir;
-  const Run run = train_config(source_dir / "configs/dpo-tiny.yaml", dir.path() / "tiny", {"trainer.trackers=[jsonl]"});
+  const DpoRun run = train_config(source_dir / "configs/dpo-tiny.yaml", dir.path() / "tiny", {"trainer.trackers=[jsonl]"});
   const double accuracy = metric(run.summary, "reward_accuracy"), margin = metric(run.summary, "reward_margin");
   std::cout << "dpo-tiny: " << run.summary.steps << " steps in " << run.summary.wall_seconds
             << " s; held-out reward accuracy " << accuracy << ", margin " << margin << ", eval loss "

@@ -51,7 +51,7 @@ TEST(PreferenceDataset, RowsArePairsWithTargetsOnTheResponseOnly) {
       // Inputs: the prompt and the response less its last token (end of text); targets: the
       // response and its end of text, nothing of the prompt.
       const std::string prompt = chosen.substr(0, chosen.find(':') + 1);
-      EXPECT_EQ(rejected, prompt + "n") << chosen;
+      EXPECT_EQ(rejected, prompt + "no") << chosen;
       EXPECT_EQ(row_text(b, 2 * p + 1, true), "no|");
       const std::string number = prompt.substr(1, prompt.size() - 2);
       EXPECT_EQ(row_text(b, 2 * p, true), "yes" + number + "|");

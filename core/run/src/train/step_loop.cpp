@@ -89,6 +89,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       out.emplace_back(prefix + metric_names[i], values[i]);
     return out;
   };
+  auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
+    for (auto& t : c.trackers) t->log_scalars(step, scalars);
+  };
   auto log_eval = [&](std::int64_t step, const Evaluation& e) {
     std::vector<std::pair<std::string, double>> scalars{{"eval/loss", e.loss}, {"eval/perplexity", std::exp(e.loss)}};
     std::string line;
@@ -100,9 +103,6 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     }
     log(step, scalars);
     return line;
-  };
-  auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
-    for (auto& t : c.trackers) t->log_scalars(step, scalars);
   };
 
   const auto run_start = Clock::now();
