@@ -4,10 +4,11 @@
 Deterministic (its own seeded generator): running it again rewrites the same file.
   python3 configs/data/make_preferences.py
 
-Each line is {"prompt", "chosen", "rejected"}. The prompt asks about a thing; the chosen answer
-follows the rule "answer politely and say something good about the thing it was asked about"; the
-rejected one is curt and negative, or speaks of another thing. A model learns the rule from the
-words, so held-out pairs (new combinations) test it.
+Each line is {"prompt", "chosen", "rejected"}. The prompt asks about a thing; both answers read
+"The <thing> is <adjective>.", and the chosen one follows the rule "speak of the thing asked about,
+and well of it": the rejected one either names the thing with an unkind adjective or speaks (kindly
+or not) of another thing. Learning it takes a preference for the kind adjectives and copying the
+thing from the prompt; the held-out pairs are new combinations.
 """
 
 import json
@@ -24,12 +25,12 @@ ASK = ["What do you think of the {}?", "Tell me about the {}.", "How is the {}?"
 def pair(rng):
     thing = rng.choice(THINGS)
     prompt = "Q: " + rng.choice(ASK).format(thing) + "\nA:"
-    chosen = " Gladly! The {} is {}.".format(thing, rng.choice(GOOD))
+    chosen = " The {} is {}.".format(thing, rng.choice(GOOD))
     if rng.random() < 0.5:
-        rejected = " No. The {} is {}.".format(thing, rng.choice(BAD))
+        rejected = " The {} is {}.".format(thing, rng.choice(BAD))
     else:
         other = rng.choice([t for t in THINGS if t != thing])
-        rejected = " No. The {} is {}.".format(other, rng.choice(GOOD + BAD))
+        rejected = " The {} is {}.".format(other, rng.choice(GOOD + BAD))
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
