@@ -132,7 +132,8 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
 
   for (const auto* backend_entry : registry_.list("backend")) {
     for (const auto* kernel_entry : registry_.list("attention")) {
-      const std::string combo = "dpo [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
+      const std::string combo =
+          "dpo [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
       SCOPED_TRACE(combo);
       auto backend =
           registry_.create<loom::Backend>(loom::ComponentRef{"backend", backend_entry->decl.name, Value(), "backend"});
@@ -172,7 +173,8 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       double accumulated = 0;
       for (const auto& [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, 2}, {2, rows}}) {
         const Tensor t = targets.slice(0, begin, end).clone(), k = tokens.slice(0, begin, end).clone();
-        const double weight = static_cast<double>(objective->count(t.to_int_vector(), seq)) / static_cast<double>(total);
+        const double weight =
+            static_cast<double>(objective->count(t.to_int_vector(), seq)) / static_cast<double>(total);
         loom::Tape tape;
         loom::Ops ops(*backend, &tape);
         loom::ObjectiveLoss loss = objective->loss(ops, models, loom::ObjectiveBatch{k, t, {}});
@@ -201,8 +203,8 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       }
 
       std::ostringstream line;
-      line << std::scientific << std::setprecision(2) << "agreement " << std::left << std::setw(48) << combo
-           << " loss " << loss_error << "  metrics " << metric_error << "  grads " << whole << " (" << worst
+      line << std::scientific << std::setprecision(2) << "agreement " << std::left << std::setw(48) << combo << " loss "
+           << loss_error << "  metrics " << metric_error << "  grads " << whole << " (" << worst
            << ")  micro-batched grads " << micro << "  logits-path grads " << fallback << "\n";
       summary_ << line.str();
     }

@@ -101,7 +101,9 @@ TEST(Dpo, LogsRewardMetricsAtTrainingAndEvaluation) {
   }
   EXPECT_TRUE(train_seen);
   EXPECT_TRUE(eval_seen);
-  EXPECT_NE(run.log.find("final eval: reward_accuracy"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("final eval: loss 0."), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find(", reward_accuracy "), std::string::npos) << run.log;
+  EXPECT_EQ(run.log.find("perplexity"), std::string::npos) << "exp(DPO loss) is no perplexity: " << run.log;
   // The policy starts as the reference: the first step's loss is log 2 exactly.
   const auto records = read_metrics(run.dir);
   ASSERT_FALSE(records.empty());
@@ -151,7 +153,8 @@ TEST(Dpo, AResumedRunEqualsAnUninterruptedOne) {
 // configs/dpo-tiny.yaml as shipped: the held-out pairs' reward accuracy rises above 0.5.
 TEST(Dpo, DpoTinyLearnsThePreferenceRule) {
   test::TempDir dir;
-  const DpoRun run = train_config(source_dir / "configs/dpo-tiny.yaml", dir.path() / "tiny", {"trainer.trackers=[jsonl]"});
+  const DpoRun run =
+      train_config(source_dir / "configs/dpo-tiny.yaml", dir.path() / "tiny", {"trainer.trackers=[jsonl]"});
   const double accuracy = metric(run.summary, "reward_accuracy"), margin = metric(run.summary, "reward_margin");
   std::cout << "dpo-tiny: " << run.summary.steps << " steps in " << run.summary.wall_seconds
             << " s; held-out reward accuracy " << accuracy << ", margin " << margin << ", eval loss "

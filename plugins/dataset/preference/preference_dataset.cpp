@@ -109,7 +109,6 @@ class PreferenceDataset final : public loom::Dataset {
     return total;
   }
 
-
  private:
   std::vector<Record> read(const std::vector<std::filesystem::path>& files) const {
     std::vector<Record> records;
@@ -206,9 +205,9 @@ class PreferenceDataset final : public loom::Dataset {
     std::iota(order.begin(), order.end(), 0);
     const std::uint64_t key = loom::stream_key(seed_, 7, static_cast<std::uint64_t>(epoch));
     for (std::int64_t i = n - 1; i > 0; --i) {
-      const std::uint64_t bits = (static_cast<std::uint64_t>(loom::random_bits(key, static_cast<std::uint32_t>(2 * i)))
-                                  << 32) |
-                                 loom::random_bits(key, static_cast<std::uint32_t>(2 * i + 1));
+      const std::uint64_t bits =
+          (static_cast<std::uint64_t>(loom::random_bits(key, static_cast<std::uint32_t>(2 * i))) << 32) |
+          loom::random_bits(key, static_cast<std::uint32_t>(2 * i + 1));
       const auto j = static_cast<std::int64_t>(bits % static_cast<std::uint64_t>(i + 1));
       std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
     }

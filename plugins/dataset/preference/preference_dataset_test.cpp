@@ -83,7 +83,8 @@ TEST(PreferenceDataset, BadRecordsNameTheFileAndLine) {
     EXPECT_NE(std::string(e.what()).find("m.jsonl:3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("\"rejected\""), std::string::npos) << e.what();
   }
-  const auto too_long = dir.write("l.jsonl", "{\"prompt\": \"aaaaaaaaaaaa\", \"chosen\": \"b\", \"rejected\": \"c\"}\n");
+  const auto too_long =
+      dir.write("l.jsonl", "{\"prompt\": \"aaaaaaaaaaaa\", \"chosen\": \"b\", \"rejected\": \"c\"}\n");
   try {
     preference_dataset({too_long.string()})->prepare(make_setup(tok, 8, 4));
     FAIL() << "no error";

@@ -27,11 +27,10 @@ class CausalLmObjective final : public loom::Objective {
 
 void register_components(loom::Registrar& registrar) {
   auto make = [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<CausalLmObjective>(); };
-  registrar.add<loom::Objective>(
-      {.name = "causal_lm",
-       .description = "next-token cross-entropy over the targets that count (the default)",
-       .version = "1.0.0"},
-      make);
+  registrar.add<loom::Objective>({.name = "causal_lm",
+                                  .description = "next-token cross-entropy over the targets that count (the default)",
+                                  .version = "1.0.0"},
+                                 make);
   registrar.add<loom::Objective>(
       {.name = "sft",
        .description = "supervised fine-tuning: causal_lm over the unmasked (response) targets a chat dataset gives",

@@ -36,6 +36,7 @@ class DpoObjective final : public loom::Objective {
 
   std::int64_t rows_per_example() const override { return 2; }
   bool needs_reference_model() const override { return true; }
+  bool loss_is_token_cross_entropy() const override { return false; }
   std::vector<std::string> metric_names() const override {
     return {"reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"};
   }

@@ -28,8 +28,8 @@ struct RunComponents {
   Handle<Optimizer> optimizer;
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
-  Handle<Objective> objective;  // what the step minimises
-  Handle<Model> reference;      // the frozen starting weights, when the objective needs them
+  Handle<Objective> objective;             // what the step minimises
+  Handle<Model> reference;                 // the frozen starting weights, when the objective needs them
   std::vector<ModelParameter> parameters;  // the model's, once it is initialised
   // The optimizer section's options that the trainer applies (not the optimizer plugin's).
   double peak_learning_rate = 0;  // optimizer.learning_rate, which the schedule shapes

@@ -20,10 +20,10 @@ Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend
   for (std::int64_t b = 0; b < max_batches; ++b) {
     dataset.batch(Split::validation, b, batch);
     for_each_micro_batch(batch, micro_size, [&](const MicroBatch& micro) {
-      const std::int64_t counted = objective.count(
-          std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
-                                        static_cast<std::size_t>(micro.targets.numel())),
-          batch.seq_len);
+      const std::int64_t counted =
+          objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
+                                                        static_cast<std::size_t>(micro.targets.numel())),
+                          batch.seq_len);
       const ObjectiveLoss loss =
           objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
       weighted += loss.value * static_cast<double>(counted);

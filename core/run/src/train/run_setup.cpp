@@ -66,11 +66,11 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
   if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
-    throw UserError("the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
-                    std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
-                    "micro-batch size is " + std::to_string(run.micro_size) +
-                    ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " +
-                    std::to_string(group));
+    throw UserError(
+        "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
+        std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
+        "micro-batch size is " + std::to_string(run.micro_size) +
+        ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
 
   // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
   // the other ranks (which read it from the same path: one machine, or a shared file system).

@@ -93,16 +93,21 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
   };
   auto log_eval = [&](std::int64_t step, const Evaluation& e) {
-    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", e.loss}, {"eval/perplexity", std::exp(e.loss)}};
-    std::string line;
+    // The tracker's scalars and the printed details: the perplexity of a token-level loss, the
+    // objective's metrics.
+    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", e.loss}};
+    std::ostringstream line;
+    line << std::fixed;
+    if (c.objective->loss_is_token_cross_entropy()) {
+      scalars.emplace_back("eval/perplexity", std::exp(e.loss));
+      line << "perplexity " << std::setprecision(2) << std::exp(e.loss);
+    }
     for (auto& [name, value] : named("eval/", e.metrics)) {
       scalars.emplace_back(name, value);
-      std::ostringstream v;
-      v << std::fixed << std::setprecision(4) << value;
-      line += (line.empty() ? "" : ", ") + name.substr(5) + " " + v.str();
+      line << (line.tellp() > 0 ? ", " : "") << name.substr(5) << " " << std::setprecision(4) << value;
     }
     log(step, scalars);
-    return line;
+    return line.str();
   };
 
   const auto run_start = Clock::now();
@@ -211,9 +216,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
         const Evaluation e = evaluate_now();
         if (e.loss >= 0) {
-          const std::string line = log_eval(step + 1, e);
-          progress.eval(step + 1, e.loss);
-          if (!line.empty()) progress.say("eval at step " + std::to_string(step + 1) + ": " + line);
+          progress.eval(step + 1, e.loss, log_eval(step + 1, e));
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
@@ -264,9 +267,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const Evaluation final_eval = evaluate_now();
   summary.final_eval_loss = final_eval.loss;
   if (summary.final_eval_loss >= 0) {
-    const std::string line = log_eval(num_steps, final_eval);
-    progress.final_eval(summary.final_eval_loss, max_eval_batches);
-    if (!line.empty()) progress.say("final eval: " + line);
+    progress.final_eval(summary.final_eval_loss, max_eval_batches, log_eval(num_steps, final_eval));
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())

@@ -76,10 +76,10 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         ops.set_z_loss_weight(settings_.z_loss_weight);
         ObjectiveLoss loss = objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
-        const std::int64_t counted = objective.count(
-            std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
-                                          static_cast<std::size_t>(micro.targets.numel())),
-            batch.seq_len);
+        const std::int64_t counted =
+            objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
+                                                          static_cast<std::size_t>(micro.targets.numel())),
+                            batch.seq_len);
         const double weight = static_cast<double>(counted) / static_cast<double>(total_counted);
         loss_sum += loss.value * weight;
         for (std::size_t i = 0; i < metrics.size() && i < loss.metrics.size(); ++i)

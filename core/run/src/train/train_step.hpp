@@ -25,10 +25,10 @@ struct StepSettings {
 };
 
 struct StepResult {
-  double loss = 0;       // the batch's loss: the objective's mean over the batch's count()
-  double grad_norm = 0;  // global, before clipping
-  double lr = 0;         // the scheduled learning rate
-  bool skipped = false;  // by the skip-bad-step rule
+  double loss = 0;              // the batch's loss: the objective's mean over the batch's count()
+  double grad_norm = 0;         // global, before clipping
+  double lr = 0;                // the scheduled learning rate
+  bool skipped = false;         // by the skip-bad-step rule
   std::vector<double> metrics;  // the objective's metric_names(), over the batch
 };
 

@@ -52,11 +52,12 @@ OptionSchema trainer_schema() {
   s.boolean("decay_norms", false, "Apply weight decay to normalisation weights.");
   s.boolean("decay_biases", false, "Apply weight decay to biases.");
   s.list("trackers", OptionType::string, {"jsonl", "tensorboard"}, "Trackers that record the run's metrics.");
-  s.string("init_from", "",
-           "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
-           "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
-           "to the current directory. Ignored when the run resumes from a checkpoint (except by the reference model of an "
-           "objective that has one, dpo: the starting weights, always).");
+  s.string(
+      "init_from", "",
+      "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
+      "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
+      "to the current directory. Ignored when the run resumes from a checkpoint (except by the reference model of an "
+      "objective that has one, dpo: the starting weights, always).");
   s.number("z_loss_weight", 0.0,
            "z-loss (PaLM, MaxText): adds z_loss_weight * log(Z)^2 per target to the training loss, Z being the "
            "softmax normaliser of the output logits; 0: none (1e-4 is PaLM's).")

@@ -30,8 +30,8 @@ struct ObjectiveBatch {
 
 // The models an objective computes with.
 struct ObjectiveModels {
-  Model& policy;                 // the model being trained
-  Model* reference = nullptr;    // the frozen starting weights, when needs_reference_model()
+  Model& policy;               // the model being trained
+  Model* reference = nullptr;  // the frozen starting weights, when needs_reference_model()
 };
 
 struct ObjectiveLoss {
@@ -61,6 +61,9 @@ class Objective : public Component {
   // The names of the scalars loss() reports ("reward_accuracy"); the trainer logs them as
   // train/<name> and, over the validation batches, eval/<name>. Fixed for the objective's life.
   virtual std::vector<std::string> metric_names() const { return {}; }
+  // Whether the loss is a mean cross-entropy per token, so that exp(loss) is a perplexity (the
+  // trainer reports eval/perplexity only then).
+  virtual bool loss_is_token_cross_entropy() const { return true; }
 
   // What the loss of rows with these targets (i32, rows * seq_len of them) is a mean over:
   // counted targets for a token-level loss, pairs for DPO. The trainer weighs each micro-batch
