@@ -127,6 +127,33 @@ TEST(Resume, FromAnyCheckpointEndsByteIdentical) {
   }
 }
 
+// With trainer.ema_decay the average lives in the checkpoints (ema/<parameter> in
+// optimizer.safetensors) and a resumed run continues it: the final weights (the average, which
+// the final save and the evaluations use) and the evaluation losses are those of the run never
+// interrupted, byte for byte.
+TEST(Resume, TheWeightAverageContinuesExactly) {
+  test::TempDir tmp;
+  const fs::path full = tmp.path() / "full";
+  const std::vector<std::string> ema{"trainer.ema_decay=0.9"};
+  const Result uninterrupted = train_in(tmp, full, ema);
+  const std::string average = bytes_of(full / "model.safetensors");
+  // The average is what was saved: a run without it ends with other weights.
+  train_in(tmp, tmp.path() / "plain");
+  EXPECT_NE(bytes_of(tmp.path() / "plain" / "model.safetensors"), average);
+  EXPECT_NE(bytes_of(full / "checkpoints" / "step-8" / "optimizer.safetensors").find("ema/"), std::string::npos);
+  for (int step : {8, 12}) {
+    SCOPED_TRACE("resumed at step " + std::to_string(step));
+    const fs::path dir = tmp.path() / ("from-" + std::to_string(step));
+    auto overrides = ema;
+    overrides.push_back("trainer.resume=" + (full / "checkpoints" / ("step-" + std::to_string(step))).string());
+    const Result resumed = train_in(tmp, dir, overrides);
+    EXPECT_EQ(resumed.summary.resumed_from_step, step);
+    EXPECT_EQ(bytes_of(dir / "model.safetensors"), average);
+    EXPECT_EQ(losses(dir), losses_after(full, step));
+    EXPECT_EQ(resumed.summary.final_eval_loss, uninterrupted.summary.final_eval_loss);
+  }
+}
+
 // What a SIGKILL after step 14 leaves: checkpoints up to 12, metrics up to 14, no final weights.
 void interrupt_after(const fs::path& dir, int checkpoint_step, int metrics_step) {
   fs::remove(dir / "model.safetensors");

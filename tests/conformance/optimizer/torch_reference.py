@@ -182,8 +182,9 @@ def adafactor_step(params, grads, state, lr, step, o, decays):
 
 
 # ---- SOAP: the authors' soap.py (github.com/nikhilvyas/SOAP: project, project_back,
-# update_preconditioner, get_orthogonal_matrix, get_orthogonal_matrix_QR), transcribed for
-# matrices (flattened to [shape[0], rest]) and vectors (no precondition_1d, no merge_dims).
+# update_preconditioner, get_orthogonal_matrix, get_orthogonal_matrix_QR, merge_dims,
+# precondition_1d), transcribed, with Levanter's blocks (block_size: each block of the working
+# shape is one SOAP of its own; Levanter pads the last blocks, loom and this transcription do not).
 # Differences, on purpose: eigh and QR in float64 (rounded to float32), and each basis column's
 # sign fixed (largest entry positive), which SOAP's update does not depend on but its state does;
 # weight decay follows the mask; the step lives in a tensor, 0 until the preconditioner is set up.
@@ -262,6 +263,70 @@ def soap_refresh(st, o_):
     return final
 
 
+def soap_merge_dims(shape, max_dim):
+    """The authors' merge_dims, on a shape."""
+    new_shape, curr = [], 1
+    for sh in shape:
+        if curr * sh > max_dim:
+            if curr > 1:
+                new_shape.append(curr)
+                curr = sh
+            else:
+                new_shape.append(sh)
+                curr = 1
+        else:
+            curr *= sh
+    if curr > 1 or len(new_shape) == 0:
+        new_shape.append(curr)
+    return new_shape
+
+
+def soap_plan(shape, o):
+    """The working shape, which of its dimensions are preconditioned, and its blocks (tuples of
+    slices, row-major)."""
+    import itertools
+
+    max_dim = o["max_precond_dim"]
+    if len(shape) <= 1:
+        dims = [int(shape[0]) if len(shape) else 1]
+        pre = [bool(o.get("precondition_1d", False)) and dims[0] <= max_dim]
+    else:
+        dims = soap_merge_dims(list(shape), max_dim) if o.get("merge_dims", False) else list(shape)
+        pre = [d <= max_dim for d in dims]
+    bs = o.get("block_size")
+    cuts, sides = [], []
+    for d, p in zip(dims, pre):
+        step = int(bs) if (bs and p and d > bs) else d
+        sides.append(step)
+        cuts.append([slice(i, min(i + step, d)) for i in range(0, d, step)])
+    return dims, pre, sides, list(itertools.product(*cuts))
+
+
+def soap_block_update(g, st, o, shampoo_beta, pre):
+    """One SOAP update of one block (the authors' step for one parameter); returns the direction
+    (before the step size) or None on the block's first gradient."""
+    import torch
+
+    if not st:
+        st["exp_avg2d"] = torch.zeros_like(g)
+        st["exp_avg_sq2d"] = torch.zeros_like(g)
+        st["GG"] = [torch.zeros(sh, sh) if p else None for sh, p in zip(g.shape, pre)]
+        st["Q"] = None
+        st["step"] = 0
+        soap_update_preconditioner(g, st, shampoo_beta, o)
+        return None
+    grad_projected = soap_project(g, st["Q"])
+    exp_avg, exp_avg_sq = st["exp_avg2d"], st["exp_avg_sq2d"]
+    beta1, beta2 = o["beta1"], o["beta2"]
+    st["step"] += 1
+    exp_avg.mul_(beta1).add_(grad_projected, alpha=(1.0 - beta1))
+    exp_avg_sq.mul_(beta2).add_(grad_projected.square(), alpha=(1.0 - beta2))
+    denom = exp_avg_sq.sqrt().add_(o["epsilon"])
+    norm_grad = soap_project_back(exp_avg / denom, st["Q"])
+    soap_update_preconditioner(g, st, shampoo_beta, o)
+    return norm_grad
+
+
 def soap_step(params, grads, state, lr, step, o, decays):
     import torch
 
@@ -269,37 +334,28 @@ def soap_step(params, grads, state, lr, step, o, decays):
     for p, grad, st, decay in zip(params, grads, state, decays):
         if grad is None:
             continue
-        g = grad.reshape(grad.shape[0], -1) if grad.ndim >= 2 else grad
+        dims, pre, _, blocks = soap_plan(list(p.shape), o)
+        g = grad.reshape(dims)
         if not st:
+            st["blocks"] = [{} for _ in blocks]
             st["step"] = 0
-            st["exp_avg2d"] = torch.zeros_like(g)
-            st["exp_avg_sq2d"] = torch.zeros_like(g)
-            st["GG"] = []
-            if g.ndim >= 2:
-                for sh in g.shape:
-                    st["GG"].append(torch.zeros(sh, sh) if sh <= o["max_precond_dim"] else None)
-            else:
-                st["GG"].append(None)
-            st["Q"] = None
-            soap_update_preconditioner(g, st, shampoo_beta, o)
+        direction = torch.zeros(dims)
+        first = st["step"] == 0
+        for block, bst in zip(blocks, st["blocks"]):
+            out = soap_block_update(g[block].contiguous(), bst, o, shampoo_beta, pre)
+            if out is not None:
+                direction[block] = out
+        if first:
+            st["step"] = 1
             continue
-        grad_projected = soap_project(g, st["Q"])
-        exp_avg, exp_avg_sq = st["exp_avg2d"], st["exp_avg_sq2d"]
-        beta1, beta2 = o["beta1"], o["beta2"]
         st["step"] += 1
-        exp_avg.mul_(beta1).add_(grad_projected, alpha=(1.0 - beta1))
-        exp_avg_sq.mul_(beta2).add_(grad_projected.square(), alpha=(1.0 - beta2))
-        denom = exp_avg_sq.sqrt().add_(o["epsilon"])
         step_size = lr
         if o["correct_bias"]:
-            bias_correction1 = 1.0 - beta1 ** (st["step"])
-            bias_correction2 = 1.0 - beta2 ** (st["step"])
-            step_size = step_size * (bias_correction2 ** .5) / bias_correction1
-        norm_grad = soap_project_back(exp_avg / denom, st["Q"])
-        p.add_(norm_grad.reshape(p.shape), alpha=-step_size)
+            k = st["step"] - 1
+            step_size = step_size * ((1.0 - o["beta2"] ** k) ** .5) / (1.0 - o["beta1"] ** k)
+        p.add_(direction.reshape(p.shape), alpha=-step_size)
         if decay and o["weight_decay"] > 0.0:
             p.add_(p, alpha=(-lr * o["weight_decay"]))
-        soap_update_preconditioner(g, st, shampoo_beta, o)
 
 
 def soap_update_preconditioner(g, st, shampoo_beta, o):
@@ -307,12 +363,11 @@ def soap_update_preconditioner(g, st, shampoo_beta, o):
 
     if st["Q"] is not None:
         st["exp_avg2d"] = soap_project_back(st["exp_avg2d"], st["Q"])
-    if g.ndim >= 2:
-        for idx, sh in enumerate(g.shape):
-            if st["GG"][idx] is not None:
-                other = [i for i in range(g.ndim) if i != idx]
-                outer_product = torch.tensordot(g, g, dims=[other, other])
-                st["GG"][idx].lerp_(outer_product, 1 - shampoo_beta)
+    for idx, sh in enumerate(g.shape):
+        if st["GG"][idx] is not None:
+            other = [i for i in range(g.ndim) if i != idx]
+            outer_product = torch.tensordot(g, g, dims=[other, other])
+            st["GG"][idx].lerp_(outer_product, 1 - shampoo_beta)
     if st["Q"] is None:
         st["Q"] = [None if m is None else soap_eigenbasis(m) for m in st["GG"]]
     if st["step"] > 0 and st["step"] % int(o["precondition_frequency"]) == 0:
@@ -321,16 +376,29 @@ def soap_update_preconditioner(g, st, shampoo_beta, o):
         st["exp_avg2d"] = soap_project(st["exp_avg2d"], st["Q"])
 
 
-def soap_state(st, shape):
-    """The state under loom's names."""
+def soap_state(st, shape, o):
+    """The state under loom's names: the moments in the parameter's shape, the statistics and
+    bases of dimension d as GG<d>, Q<d>: [side, side], or [blocks, side, side] with blocks."""
     import torch
 
-    out = {"exp_avg": st["exp_avg2d"].reshape(shape), "exp_avg_sq": st["exp_avg_sq2d"].reshape(shape),
-           "step": torch.tensor([float(st["step"] + 1)])}
-    for i, (gg, q) in enumerate(zip(st["GG"], st["Q"] or [])):
-        if gg is not None:
-            out["GG%d" % i] = gg
-            out["Q%d" % i] = q
+    dims, pre, sides, blocks = soap_plan(list(shape), o)
+    exp_avg, exp_avg_sq = torch.zeros(dims), torch.zeros(dims)
+    for block, bst in zip(blocks, st["blocks"]):
+        exp_avg[block] = bst["exp_avg2d"]
+        exp_avg_sq[block] = bst["exp_avg_sq2d"]
+    out = {"exp_avg": exp_avg.reshape(shape), "exp_avg_sq": exp_avg_sq.reshape(shape),
+           "step": torch.tensor([float(st["step"])])}
+    for d, p in enumerate(pre):
+        if not p:
+            continue
+        gg = torch.zeros(len(blocks), sides[d], sides[d])
+        q = torch.zeros(len(blocks), sides[d], sides[d])
+        for i, bst in enumerate(st["blocks"]):
+            k = bst["GG"][d].shape[0]
+            gg[i, :k, :k] = bst["GG"][d]
+            q[i, :k, :k] = bst["Q"][d]
+        out["GG%d" % d] = gg[0] if len(blocks) == 1 else gg
+        out["Q%d" % d] = q[0] if len(blocks) == 1 else q
     return out
 
 
@@ -353,11 +421,13 @@ class Writer:
         return offset
 
 
-def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
-    """missing: set of (step, parameter index) pairs that get no gradient at that step."""
+def run_case(torch, writer, name, optimizer, options, lr0, seed, missing, parameters=None):
+    """missing: set of (step, parameter index) pairs that get no gradient at that step;
+    parameters: the case's own (name, shape, weight decay) list instead of PARAMETERS."""
+    parameters = parameters or PARAMETERS
     gen = torch.Generator().manual_seed(seed)
     params = []
-    for i, (_, shape, _) in enumerate(PARAMETERS):
+    for i, (_, shape, _) in enumerate(parameters):
         p = torch.randn(shape, generator=gen, dtype=torch.float32) * (0.5 + 0.25 * i)
         params.append(torch.nn.Parameter(p))
     case = {
@@ -368,13 +438,13 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
         "lr": [],
         "params": [
             {"name": pname, "shape": shape, "weight_decay": wd, "initial": writer.add(params[i])}
-            for i, (pname, shape, wd) in enumerate(PARAMETERS)
+            for i, (pname, shape, wd) in enumerate(parameters)
         ],
         "grads": [],
         "expected": [],
     }
-    decayed = [p for p, (_, _, wd) in zip(params, PARAMETERS) if wd]
-    undecayed = [p for p, (_, _, wd) in zip(params, PARAMETERS) if not wd]
+    decayed = [p for p, (_, _, wd) in zip(params, parameters) if wd]
+    undecayed = [p for p, (_, _, wd) in zip(params, parameters) if not wd]
     wd = options.get("weight_decay", 0.0)
     if optimizer == "adamw":
         opt = torch.optim.AdamW(
@@ -393,10 +463,10 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
             lr=lr0, alpha=options["alpha"], eps=options["epsilon"])
     elif optimizer == "lion":
         moments = [torch.zeros_like(p) for p in params]
-        lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in PARAMETERS]
+        lion_wd = [wd if pwd else 0.0 for (_, _, pwd) in parameters]
     elif optimizer in CUSTOM:
         custom_state = [{} for _ in params]
-        decays = [pwd for (_, _, pwd) in PARAMETERS]
+        decays = [pwd for (_, _, pwd) in parameters]
         case["tolerance"] = 1e-5
     else:
         raise ValueError(optimizer)
@@ -439,12 +509,12 @@ def run_case(torch, writer, name, optimizer, options, lr0, seed, missing):
         case["expected"].append([writer.add(p) for p in params])
 
     state = {}
-    for i, (pname, _, _) in enumerate(PARAMETERS):
+    for i, (pname, _, _) in enumerate(parameters):
         if optimizer == "lion":
             state["exp_avg/" + pname] = writer.add(moments[i])
             continue
         if optimizer == "soap":
-            for key, tensor in soap_state(custom_state[i], params[i].shape).items():
+            for key, tensor in soap_state(custom_state[i], list(params[i].shape), options).items():
                 state[key + "/" + pname] = writer.add(tensor)
             continue
         if optimizer in CUSTOM:
@@ -521,12 +591,31 @@ def main():
         # [3, 5, 7] (as [3, 35]) on the left only, [101, 693] not at all.
         run_case(torch, writer, "soap_authors_defaults", "soap",
                  {"beta1": 0.95, "beta2": 0.95, "shampoo_beta": None, "epsilon": 1e-8, "weight_decay": 0.01,
-                  "precondition_frequency": 3.0, "max_precond_dim": 32.0, "correct_bias": True},
+                  "precondition_frequency": 3.0, "max_precond_dim": 32.0, "block_size": None, "merge_dims": False,
+                  "precondition_1d": False, "correct_bias": True},
                  3e-3, 14, {(0, 1), (4, 2)}),
         run_case(torch, writer, "soap_other_betas", "soap",
                  {"beta1": 0.9, "beta2": 0.99, "shampoo_beta": 0.9, "epsilon": 1e-8, "weight_decay": 0.0,
-                  "precondition_frequency": 2.0, "max_precond_dim": 32.0, "correct_bias": False},
+                  "precondition_frequency": 2.0, "max_precond_dim": 32.0, "block_size": None, "merge_dims": False,
+                  "precondition_1d": False, "correct_bias": False},
                  1e-3, 15, set()),
+        # Blocks of 4: [37, 19] in five blocks on the right ([37, 4] x 4, [37, 3]), [3, 5, 7] in four
+        # ([3, 4, 4], [3, 4, 3], [3, 1, 4], [3, 1, 3]), each with full-rank statistics.
+        run_case(torch, writer, "soap_blocks", "soap",
+                 {"beta1": 0.95, "beta2": 0.95, "shampoo_beta": None, "epsilon": 1e-8, "weight_decay": 0.01,
+                  "precondition_frequency": 2.0, "max_precond_dim": 32.0, "block_size": 4.0, "merge_dims": False,
+                  "precondition_1d": False, "correct_bias": True},
+                 3e-3, 18, {(0, 1), (3, 2)}),
+        # merge_dims: [2, 3, 40] is preconditioned as [6, 40] (left only); precondition_1d on a
+        # one-element vector (a larger one would start from a rank-one statistic, whose degenerate
+        # eigenspace two eigensolvers fill differently: tests/.../soap_test.cpp covers it).
+        run_case(torch, writer, "soap_merge_dims_precondition_1d", "soap",
+                 {"beta1": 0.95, "beta2": 0.95, "shampoo_beta": None, "epsilon": 1e-8, "weight_decay": 0.01,
+                  "precondition_frequency": 3.0, "max_precond_dim": 32.0, "block_size": None, "merge_dims": True,
+                  "precondition_1d": True, "correct_bias": True},
+                 3e-3, 19, {(2, 1)},
+                 [("h.0.attn.c_attn.weight", [37, 19], True), ("ln_f.weight", [1], False),
+                  ("h.0.mlp.experts.weight", [2, 3, 40], True)]),
         run_case(torch, writer, "rmsprop_torch_defaults", "rmsprop",
                  {"alpha": 0.99, "epsilon": 1e-8, "weight_decay": 0.0}, 1e-2, 16, {(1, 2), (4, 0)}),
         run_case(torch, writer, "rmsprop_l2", "rmsprop",
