@@ -50,6 +50,8 @@ def main():
         prompt = 2 + (r // 2) % 3       # the same prompt length in both rows of a pair
         pad = (r * 5) % 4               # responses of different lengths, padding after them
         targets[r, :prompt] = -1
+        if r % 2:
+            tokens[r, :prompt] = tokens[r - 1, :prompt]  # one prompt per pair
         if pad:
             targets[r, T - pad:] = -1
     for t in policy.values():

@@ -10,8 +10,10 @@
 #include <sstream>
 
 #include "../core/test_support.hpp"
+#include "loom/autograd.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/kinds/objective.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/safetensors.hpp"
 
@@ -148,6 +150,35 @@ TEST(Dpo, AResumedRunEqualsAnUninterruptedOne) {
             all_weights(dir.path() / "resumed" / "model.safetensors"));
   EXPECT_EQ(resumed.summary.final_eval_loss, straight.summary.final_eval_loss);
   EXPECT_EQ(resumed.summary.final_eval_metrics, straight.summary.final_eval_metrics);
+}
+
+TEST(Dpo, RowsThatAreNotPairsAreRefused) {
+  test::TempDir dir;
+  RuntimeOptions options;
+  options.config = dir.write("dpo.yaml", tiny_dpo);
+  Runtime runtime(options);
+  auto objective = runtime.registry().create<Objective>(ComponentRef{"objective", "dpo", Value("dpo"), "objective"});
+  const Value model_options = *runtime.raw_config().find("model");
+  auto policy = runtime.registry().create<Model>(ComponentRef{"model", "gpt2", model_options, "model"});
+  auto reference = runtime.registry().create<Model>(ComponentRef{"model", "gpt2", model_options, "model"});
+  for (auto* m : {policy.get(), reference.get()}) {
+    m->build(ModelSetup{256});
+    m->initialize(1);
+  }
+  // Two rows whose prompts (the tokens before the first counted target) differ.
+  const std::vector<std::int32_t> tokens{1, 2, 3, 4, 1, 9, 3, 4}, targets{-1, -1, 4, 5, -1, -1, 4, 5};
+  auto backend = runtime.registry().create<Backend>(ComponentRef{"backend", "cpu", Value("cpu"), "backend"});
+  Tape tape;
+  Ops ops(*backend, &tape);
+  const ObjectiveBatch batch{Tensor::from(std::span<const std::int32_t>(tokens), Shape{2, 4}),
+                             Tensor::from(std::span<const std::int32_t>(targets), Shape{2, 4}),
+                             {}};
+  try {
+    objective->loss(ops, ObjectiveModels{*policy, reference.get()}, batch);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("do not share a prompt"), std::string::npos) << e.what();
+  }
 }
 
 // configs/dpo-tiny.yaml as shipped: the held-out pairs' reward accuracy rises above 0.5.

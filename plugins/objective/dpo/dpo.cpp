@@ -81,6 +81,7 @@ class DpoObjective final : public loom::Objective {
     }
 
     const std::int64_t pairs = rows / 2;
+    check_pairs_share_prompts(batch, pairs, seq);
     const double eps = label_smoothing_, inv_pairs = 1.0 / static_cast<double>(pairs);
     loom::ObjectiveLoss out;
     out.metrics.assign(4, 0.0);
@@ -110,6 +111,29 @@ class DpoObjective final : public loom::Objective {
   }
 
  private:
+  // Rows 2i and 2i + 1 hold one prompt and two responses: their inputs agree up to the first
+  // target that counts, and it is at the same position. Catches data that is not in pairs (a chat
+  // or text dataset under `objective: dpo`) where it masks its prompts.
+  static void check_pairs_share_prompts(const loom::ObjectiveBatch& batch, std::int64_t pairs, std::int64_t seq) {
+    const std::int32_t* targets = batch.targets.data<std::int32_t>();
+    const std::int32_t* tokens = batch.tokens.data<std::int32_t>();
+    auto first_counted = [&](std::int64_t row) {
+      std::int64_t t = 0;
+      while (t < seq && targets[row * seq + t] < 0) ++t;
+      return t;
+    };
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      const std::int64_t c = 2 * p, r = c + 1, start = first_counted(c);
+      bool same = start == first_counted(r);
+      for (std::int64_t t = 0; same && t < start; ++t) same = tokens[c * seq + t] == tokens[r * seq + t];
+      if (!same)
+        throw loom::UserError("objective (dpo): rows " + std::to_string(c) + " and " + std::to_string(r) +
+                              " of a micro-batch do not share a prompt: dpo reads each two rows as a prompt with "
+                              "its chosen and its rejected response; use a dataset of preference pairs "
+                              "(data.type: preference)");
+    }
+  }
+
   double beta_, label_smoothing_;
 };
 
