@@ -152,6 +152,16 @@ TEST(Dpo, AResumedRunEqualsAnUninterruptedOne) {
   EXPECT_EQ(resumed.summary.final_eval_metrics, straight.summary.final_eval_metrics);
 }
 
+TEST(Dpo, ZLossIsRefused) {
+  test::TempDir dir;
+  try {
+    train_tiny(dir, "a", {"trainer.z_loss_weight=1e-4"});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("set trainer.z_loss_weight: 0"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Dpo, RowsThatAreNotPairsAreRefused) {
   test::TempDir dir;
   RuntimeOptions options;

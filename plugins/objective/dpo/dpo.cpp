@@ -53,6 +53,10 @@ class DpoObjective final : public loom::Objective {
       throw loom::UserError("objective (dpo): a micro-batch of " + std::to_string(rows) +
                             " rows; preference pairs need an even number (chosen, rejected): use a dataset that "
                             "writes pairs (data.type: preference) and an even trainer.microbatch_size");
+    if (ops.z_loss_weight() != 0.0f)
+      throw loom::UserError(
+          "objective (dpo): trainer.z_loss_weight is " + std::to_string(ops.z_loss_weight()) +
+          "; the z-loss would add to the log-probabilities DPO compares: set trainer.z_loss_weight: 0");
     const loom::Tensor policy = models.policy.token_losses(ops, batch.tokens, batch.targets, batch.segments);
     loom::Tensor reference;
     {
