@@ -4,7 +4,7 @@ set -e
 packages="
   build-essential cmake ninja-build git pkg-config clang-format
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
-  libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev libsentencepiece-dev
+  libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev python3-regex python3-torch python3-venv
 "

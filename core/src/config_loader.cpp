@@ -261,6 +261,14 @@ void merge(Value& base, const Value& over, const std::string& layer, std::vector
   if (base.is_map() && over.is_map()) {
     const Value* old_type = type_of(base);
     const Value* new_type = type_of(over);
+    // `data: {mixture: ...}`, the run layer's mixture of datasets (docs/datasets.md), replaces a
+    // dataset's section, and a dataset's `type` replaces a mixture, as a change of type does.
+    if (path == "data" && ((old_type && over.find("mixture")) || (new_type && base.find("mixture")))) {
+      record(dropped, path, base, old_type ? old_type->as_string() : "mixture",
+             new_type ? new_type->as_string() : "mixture", &over, layer);
+      base = over;
+      return;
+    }
     if (old_type && new_type && old_type->as_string() != new_type->as_string()) {
       record(dropped, path, base, old_type->as_string(), new_type->as_string(), &over, layer);
       base = over;

@@ -220,6 +220,26 @@ TEST(ConfigLayers, ABaseFileOfOneTypeAndAChildOfAnotherKeepOnlyTheChildsOptions)
   EXPECT_NE(note.find("num_documents"), std::string::npos) << note;
 }
 
+TEST(ConfigLayers, ADatasetMixtureReplacesADatasetAndTheOtherWayRound) {
+  TempDir dir;
+  dir.write("base.yaml", "data:\n  type: synthetic\n  num_documents: 20000\n");
+  const auto child = dir.write("child.yaml", "base_config: base.yaml\ndata:\n  mixture:\n    a: {type: text}\n");
+  std::vector<config::DroppedOptions> dropped;
+  Value v = config::load_file(child, &dropped);
+  EXPECT_EQ(keys_at(v, "data"), (Keys{"mixture"}));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].new_type, "mixture");
+  // Options merge into a mixture as into any map; a `type` replaces it.
+  v = config::load(child, {"data.weights.a=2"}, nullptr);
+  EXPECT_EQ(keys_at(v, "data"), (Keys{"mixture", "weights"}));
+  dropped.clear();
+  v = config::load(child, {"data.type=synthetic"}, &dropped);
+  EXPECT_EQ(keys_at(v, "data"), (Keys{"type"}));
+  ASSERT_EQ(dropped.size(), 2u);  // the file's layer, then the override's
+  EXPECT_EQ(dropped[1].old_type, "mixture");
+  EXPECT_EQ(dropped[1].keys, (Keys{"mixture (" + child.string() + ":4:5)"}));
+}
+
 TEST(ConfigLayers, AnOverrideChangingTheTypeDropsTheEarlierOptionsAndLaterOverridesApply) {
   TempDir dir;
   const auto file = dir.write("run.yaml", "data:\n  type: synthetic\n  num_documents: 20000\n");

@@ -40,6 +40,18 @@ def randomize(model, seed):
                 p.normal_(0.0, 0.3)
 
 
+def full_causal_mask(forward):
+    # The attention of a layer below max_window_layers: the model's (windowed) additive mask
+    # replaced by the plain causal one.
+    def patched(*args, attention_mask=None, **kwargs):
+        if attention_mask is not None:
+            n = attention_mask.shape[-1]
+            causal = torch.full((n, n), torch.finfo(attention_mask.dtype).min).triu(1)
+            attention_mask = causal.expand_as(attention_mask).to(attention_mask.dtype)
+        return forward(*args, attention_mask=attention_mask, **kwargs)
+    return patched
+
+
 def batch(seed, batch_size=2, seq=13):
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, VOCAB, (batch_size, seq), generator=g)
@@ -93,6 +105,26 @@ def main():
             "num_heads": 4, "num_kv_heads": 2, "qkv_bias": True, "rope": {"theta": 1000000.0},
             "layer_norm_epsilon": 1e-6, "tie_word_embeddings": True, "vocab_size": VOCAB}
     run_case(work, "qwen2", transformers.Qwen2ForCausalLM(config), loom, 1)
+
+    # Qwen2's sliding window (window 4 over 13 positions). transformers 4.46.3's eager attention
+    # builds one windowed mask for every layer (it warns that max_window_layers is honoured by
+    # flash_attention_2 only), so max_window_layers 0 is plain transformers; for max_window_layers 2
+    # of 3, layers 0 and 1 are given the full causal mask, which is the rule of its
+    # flash_attention_2 path (layer_idx >= max_window_layers uses the window).
+    for name, max_window_layers, seed in (("qwen2_window", 0, 4), ("qwen2_window_layers", 2, 5)):
+        config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                          rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                          use_sliding_window=True, sliding_window=4,
+                                          max_window_layers=max_window_layers, **eager)
+        model = transformers.Qwen2ForCausalLM(config)
+        for layer in model.model.layers[:max_window_layers]:
+            layer.self_attn.forward = full_causal_mask(layer.self_attn.forward)
+        loom = {"type": "llama", "seq_len": 32, "hidden_dim": 32, "intermediate_dim": 64, "num_layers": 3,
+                "num_heads": 4, "num_kv_heads": 2, "qkv_bias": True, "rope": {"theta": 1000000.0},
+                "layer_norm_epsilon": 1e-6, "tie_word_embeddings": True, "vocab_size": VOCAB,
+                "sliding_window": 4, "max_window_layers": max_window_layers}
+        run_case(work, name, model, loom, seed)
 
     # Sliding window 4 on layers 0 and 2; soft-caps small enough to bend the scores and logits.
     config = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

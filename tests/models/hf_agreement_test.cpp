@@ -103,6 +103,14 @@ class HfAgreement : public ::testing::Test {
     const auto a = nlohmann::json::parse(ours_config), b = nlohmann::json::parse(their_config);
     EXPECT_EQ(a["architectures"], b["architectures"]);
     EXPECT_EQ(a["model_type"], b["model_type"]);
+    // Qwen2's sliding window travels in three keys.
+    if (b["model_type"] == "qwen2") {
+      EXPECT_EQ(a.value("use_sliding_window", false), b.value("use_sliding_window", false));
+      if (b.value("use_sliding_window", false)) {
+        EXPECT_EQ(a["sliding_window"], b["sliding_window"]);
+        EXPECT_EQ(a["max_window_layers"], b["max_window_layers"]);
+      }
+    }
   }
 
   void check(const std::string& name) {
@@ -175,6 +183,15 @@ class HfAgreement : public ::testing::Test {
 
 TEST_F(HfAgreement, Qwen2) {
   check("qwen2");
+}
+
+// Qwen2's sliding window: on every layer (max_window_layers 0), and from layer 2 of 3 on.
+TEST_F(HfAgreement, Qwen2SlidingWindow) {
+  check("qwen2_window");
+}
+
+TEST_F(HfAgreement, Qwen2SlidingWindowFromMaxWindowLayers) {
+  check("qwen2_window_layers");
 }
 
 TEST_F(HfAgreement, Gemma2) {

@@ -1,6 +1,7 @@
 #include "loom/run/run_config.hpp"
 
 #include "loom/run/trainer.hpp"
+#include "train/mixture.hpp"
 
 namespace loom {
 
@@ -26,7 +27,9 @@ const OptionSchema& run_config_schema() {
                 "The optimizer, with the peak learning_rate and the max_grad_norm clip that the trainer applies.")
         .section_options(optimizer_section_options());
     s.component("lr_schedule", "lr_schedule", "cosine", "The learning-rate schedule.");
-    s.component("data", "dataset", std::nullopt, "The training and validation data.");
+    s.component("data", "dataset", std::nullopt,
+                "The training and validation data: one dataset, or a `mixture` of several with `weights` "
+                "(docs/datasets.md, \"Mixtures\").");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
     s.component("objective", "objective", "causal_lm",
                 "What training minimises: causal_lm (next-token cross-entropy), sft, dpo (preference pairs against "
@@ -41,7 +44,19 @@ const OptionSchema& run_config_schema() {
 }
 
 Value resolved_run_config(const Runtime& runtime) {
-  return runtime.resolved_config(run_config_schema());
+  const Value* data = runtime.raw_config().find("data");
+  if (!data || !training::is_mixture(*data)) return runtime.resolved_config(run_config_schema());
+  // A mixture of datasets (train/mixture.hpp): the run layer validates `data` itself, the rest as usual.
+  const Value& raw = runtime.raw_config();
+  const std::string what =
+      raw.location().known() ? "while validating " + raw.location().file : std::string("while validating the config");
+  return with_context(what, [&] {
+    Value others = raw;
+    others.erase("data");
+    Value resolved = config::validate(run_config_schema(), others, "", runtime.registry());
+    resolved.set("data", training::validate_mixture(*data, runtime.registry()));
+    return resolved;
+  });
 }
 
 }  // namespace loom

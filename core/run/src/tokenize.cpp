@@ -12,6 +12,7 @@
 #include "loom/text_corpus.hpp"
 #include "loom/token_shard.hpp"
 #include "loom/token_windows.hpp"
+#include "train/mixture.hpp"
 
 namespace fs = std::filesystem;
 
@@ -372,6 +373,10 @@ ConfiguredTokenize tokenize_request_from_config(const Runtime& runtime) {
       throw UserError(
           "the config has no `data` section: `loom tokenize CONFIG` tokenizes the files of a text or "
           "jsonl dataset");
+    if (training::is_mixture(*data_node))
+      throw UserError(
+          "data is a mixture of datasets: `loom tokenize CONFIG` tokenizes the files of one text or jsonl dataset "
+          "(tokenize each dataset's files with `loom tokenize INPUT... -o DIR --tokenizer NAME` instead)");
     const Value data = config::validate_component("dataset", *data_node, "data", runtime.registry());
     const std::string type = data.find("type")->as_string();
     if (type != "text" && type != "jsonl")

@@ -44,14 +44,13 @@ struct Layer {
   Parameter *gate_weight = nullptr, *up_weight = nullptr, *down_weight = nullptr;
 };
 
-class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
+class GemmaModel final : public loom::models::TransformerLm {
  public:
   GemmaModel(const GemmaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
-      : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
+      : TransformerLm(o.path, {"gemma2"}, "Gemma 2"), o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
 
   void build(const loom::ModelSetup& setup) override {
-    if (declared_) throw loom::InternalError("gemma: build called twice");
-    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (gemma)");
+    begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim, q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
     const std::int64_t mlp = o_.intermediate_dim;
     store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
@@ -71,9 +70,7 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
     if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
-    declared_ = true;
-    if (!setup.allocate) return;
-    store_.allocate();
+    if (!finish_build(setup)) return;
     ones_ = Tensor::zeros(Shape{c});
     loom::models::fill_constant(ones_, 1.0f);
     loom::RopeConfig rope;
@@ -95,36 +92,7 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
   }
 
-  std::vector<loom::ModelParameter> parameters() override {
-    require_built("parameters");
-    return store_.parameters();
-  }
-  std::int64_t vocab_size() const override { return vocab_; }
   std::int64_t max_seq_len() const override { return o_.seq_len; }
-  std::int64_t num_parameters() const override {
-    if (!declared_) throw loom::InternalError("gemma: num_parameters before build");
-    return store_.num_elements();
-  }
-  double flops_per_token(std::int64_t seq_len) const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = o_.num_heads;
-    s.num_kv_heads = o_.num_kv_heads;
-    s.head_dim = o_.head_dim;
-    s.intermediate_dim = o_.intermediate_dim;
-    s.glu = true;
-    s.vocab_size = vocab_;
-    // Each layer's keys per query: the window on sliding layers, the whole prefix on the others.
-    double keys = 0;
-    for (std::int64_t l = 0; l < o_.num_layers; ++l) {
-      const bool sliding = is_sliding(l);
-      keys += static_cast<double>(sliding ? std::min(seq_len, o_.sliding_window) : seq_len);
-    }
-    return 6.0 * loom::models::matmul_weights(s) +
-           12.0 * static_cast<double>(o_.num_heads) * static_cast<double>(o_.head_dim) * keys;
-  }
-
   // ---- Hugging Face (transformers' Gemma2ForCausalLM) ----
 
   loom::Value hf_config() const override {
@@ -181,15 +149,23 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
     return layout;
   }
 
-  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
-    require_built("hf_config_mismatches");
-    loom::HfConfigCheck check(config, o_.path);
-    const std::string type = check.string("model_type", "");
-    if (type != "gemma2") {
-      check.mismatch("model_type is " + loom::Value(type).describe() +
-                     "; the gemma model loads Gemma 2 checkpoints (model_type \"gemma2\")");
-      return check.take();
-    }
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    s.intermediate_dim = o_.intermediate_dim;
+    s.glu = true;
+    s.vocab_size = vocab_;
+    // The window on sliding layers, the whole prefix on the others.
+    for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(is_sliding(l) ? o_.sliding_window : 0);
+    return s;
+  }
+
+  void check_hf_config(loom::HfConfigCheck& check, const std::string&, const loom::Value& config) const override {
     // Gemma2Config's defaults (Gemma 2 9B's shapes) stand in for absent fields.
     check.expect_integer("vocab_size", 256000, vocab_, "vocab_size");
     check.expect_integer("hidden_size", 3072, o_.hidden_dim, "hidden_dim");
@@ -210,10 +186,8 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
     if (act != "gelu_pytorch_tanh")
       check.mismatch("hidden_activation is " + loom::Value(act).describe() +
                      "; loom's gemma uses the tanh GELU (gelu_pytorch_tanh)");
-    return check.take();
   }
 
- private:
   // A field that is a number or null (off); `ours` is 0 when off.
   void check_optional(loom::HfConfigCheck& check, const loom::Value& config, const char* key, double fallback,
                       double ours) const {
@@ -227,7 +201,6 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
   bool is_sliding(std::int64_t layer) const { return o_.sliding_window > 0 && layer % 2 == 0; }
 
   const char* name() const override { return "gemma"; }
-  bool built() const override { return store_.allocated(); }
   CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
   float final_logit_softcap() const override { return static_cast<float>(o_.final_logit_softcapping); }
@@ -278,9 +251,6 @@ class GemmaModel final : public loom::models::CausalLm, public loom::HfModel {
   GemmaOptions o_;
   loom::Handle<loom::AttentionKernel> kernel_;
   loom::ExecutionContext* execution_;
-  std::int64_t vocab_ = 0;
-  bool declared_ = false;
-  loom::models::ParameterStore store_;
   Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<Layer> layers_;
   Tensor ones_;  // [hidden_dim] of 1: the norms scale by ones_ + weight

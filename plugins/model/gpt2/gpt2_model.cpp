@@ -46,14 +46,17 @@ Tensor value(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
-class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
+class Gpt2Model final : public loom::models::TransformerLm {
  public:
   Gpt2Model(const Gpt2Options& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
-      : o_(o), kernel_(std::move(kernel)), execution_(&execution), head_dim_(o.hidden_dim / o.num_heads) {}
+      : TransformerLm(o.path, {"gpt2"}, "GPT-2"),
+        o_(o),
+        kernel_(std::move(kernel)),
+        execution_(&execution),
+        head_dim_(o.hidden_dim / o.num_heads) {}
 
   void build(const loom::ModelSetup& setup) override {
-    if (store_.allocated()) throw loom::InternalError("gpt2: build called twice");
-    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (gpt2)");
+    begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim, mlp = o_.hidden_dim * o_.mlp_scale;
     const bool bias = o_.use_bias;
     store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_);
@@ -78,7 +81,7 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
     store_.declare("ln_f.weight", Shape{c}, ParameterRole::norm, &ln_f_weight_);
     if (bias) store_.declare("ln_f.bias", Shape{c}, ParameterRole::norm, &ln_f_bias_);
     if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
-    store_.allocate();
+    finish_build(setup);
   }
 
   void initialize(std::uint64_t seed) override {
@@ -104,27 +107,7 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
     }
   }
 
-  std::vector<loom::ModelParameter> parameters() override {
-    require_built("parameters");
-    return store_.parameters();
-  }
-
-  std::int64_t vocab_size() const override { return vocab_; }
   std::int64_t max_seq_len() const override { return o_.seq_len; }
-  std::int64_t num_parameters() const override {
-    require_built("num_parameters");
-    return store_.num_elements();
-  }
-  double flops_per_token(std::int64_t seq_len) const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = s.num_kv_heads = o_.num_heads;
-    s.head_dim = head_dim_;
-    s.intermediate_dim = o_.hidden_dim * o_.mlp_scale;
-    s.vocab_size = vocab_;
-    return loom::models::training_flops_per_token(s, seq_len);
-  }
 
   // ---- Hugging Face (transformers' GPT2LMHeadModel, GPT2Config) ----
 
@@ -172,15 +155,19 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
     return layout;
   }
 
-  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
-    require_built("hf_config_mismatches");
-    loom::HfConfigCheck check(config, o_.path);
-    const std::string type = check.string("model_type", "");
-    if (type != "gpt2") {
-      check.mismatch("model_type is " + loom::Value(type).describe() +
-                     "; the gpt2 model loads GPT-2 checkpoints (model_type \"gpt2\")");
-      return check.take();
-    }
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = s.num_kv_heads = o_.num_heads;
+    s.head_dim = head_dim_;
+    s.intermediate_dim = o_.hidden_dim * o_.mlp_scale;
+    s.vocab_size = vocab_;
+    return s;
+  }
+
+  void check_hf_config(loom::HfConfigCheck& check, const std::string&, const loom::Value&) const override {
     // GPT2Config's defaults stand in for absent fields.
     check.expect_integer("vocab_size", 50257, vocab_, "vocab_size");
     check.expect_integer("n_positions", 1024, o_.seq_len, "seq_len");
@@ -206,12 +193,9 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
       check.mismatch(o_.path +
                      ".use_bias is false, and GPT-2 checkpoints have biases in every linear layer and "
                      "LayerNorm");
-    return check.take();
   }
 
- private:
   const char* name() const override { return "gpt2"; }
-  bool built() const override { return store_.allocated(); }
   CacheShape cache_shape() const override { return {o_.num_layers, o_.num_heads, head_dim_}; }
 
   Tensor head() const override { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
@@ -281,8 +265,6 @@ class Gpt2Model final : public loom::models::CausalLm, public loom::HfModel {
   loom::Handle<loom::AttentionKernel> kernel_;
   loom::ExecutionContext* execution_;
   std::int64_t head_dim_;
-  std::int64_t vocab_ = 0;
-  loom::models::ParameterStore store_;
   Parameter *wte_ = nullptr, *wpe_ = nullptr, *ln_f_weight_ = nullptr, *ln_f_bias_ = nullptr, *lm_head_ = nullptr;
   std::vector<Block> blocks_;
 };

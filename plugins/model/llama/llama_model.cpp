@@ -1,7 +1,8 @@
 // The `llama` model: Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024) as Levanter's
 // LlamaConfig describes it. RMSNorm pre-norm blocks, rotary position embeddings (optionally with
 // Llama 3.1's frequency rescaling), SwiGLU MLP, grouped-query attention; `sliding_window` gives
-// Mistral's local attention, `qkv_bias` Qwen2's biases on q, k and v, and `use_qk_norm` Qwen3's
+// Mistral's local attention (with `max_window_layers`, Qwen2's on the upper layers only), `qkv_bias`
+// Qwen2's biases on q, k and v, and `use_qk_norm` Qwen3's
 // per-head RMSNorm of queries and keys, and `moe` Mixtral's sparse mixture of SwiGLU experts in
 // place of the MLP (top-k routing, dropless, grouped matrix products over each expert's tokens,
 // load-balancing and z auxiliary losses). q, k and v come from one fused projection (qkv_proj, rows
@@ -47,7 +48,8 @@ struct LlamaOptions {
   std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
   double initializer_range, layer_norm_epsilon;
   bool tie_word_embeddings, use_bias, qkv_bias, use_qk_norm;
-  std::int64_t sliding_window;  // 0: none
+  std::int64_t sliding_window;     // 0: none
+  std::int64_t max_window_layers;  // layers below this index attend to everything (Qwen2)
   RopeOptions rope_options;
   loom::RopeConfig rope;
   MoeOptions moe;
@@ -80,14 +82,16 @@ Tensor value(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
-class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
+class LlamaModel final : public loom::models::TransformerLm {
  public:
   LlamaModel(const LlamaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
-      : o_(o), kernel_(std::move(kernel)), execution_(&execution) {}
+      : TransformerLm(o.path, {"llama", "mistral", "mixtral", "qwen2"}, "Llama, Mistral, Mixtral and Qwen2"),
+        o_(o),
+        kernel_(std::move(kernel)),
+        execution_(&execution) {}
 
   void build(const loom::ModelSetup& setup) override {
-    if (declared_) throw loom::InternalError("llama: build called twice");
-    vocab_ = loom::models::resolve_vocab_size(o_.vocab_size, setup, "model (llama)");
+    begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim, d = o_.head_dim, q = o_.num_heads * d, kv = o_.num_kv_heads * d;
     const std::int64_t mlp = o_.intermediate_dim;
     const bool bias = o_.use_bias;
@@ -125,9 +129,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
     if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
-    declared_ = true;
-    if (!setup.allocate) return;
-    store_.allocate();
+    if (!finish_build(setup)) return;
     rope_.emplace(o_.rope, d, o_.seq_len);
   }
 
@@ -151,33 +153,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     }
   }
 
-  std::vector<loom::ModelParameter> parameters() override {
-    require_built("parameters");
-    return store_.parameters();
-  }
-
-  std::int64_t vocab_size() const override { return vocab_; }
   std::int64_t max_seq_len() const override { return o_.seq_len; }
-  std::int64_t num_parameters() const override {
-    if (!declared_) throw loom::InternalError("llama: num_parameters before build");
-    return store_.num_elements();
-  }
-  double flops_per_token(std::int64_t seq_len) const override {
-    loom::models::TransformerShape s;
-    s.num_layers = o_.num_layers;
-    s.hidden_dim = o_.hidden_dim;
-    s.num_heads = o_.num_heads;
-    s.num_kv_heads = o_.num_kv_heads;
-    s.head_dim = o_.head_dim;
-    // A mixture of experts runs experts_per_token experts per token, and its router.
-    const bool moe = o_.moe.num_experts > 0;
-    s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
-    s.glu = true;
-    s.vocab_size = vocab_;
-    s.sliding_window = o_.sliding_window;
-    const double router = moe ? 6.0 * static_cast<double>(o_.num_layers * o_.moe.num_experts * o_.hidden_dim) : 0.0;
-    return loom::models::training_flops_per_token(s, seq_len) + router;
-  }
 
   // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) ----
 
@@ -220,7 +196,12 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       c.set("output_router_logits", false);
       c.set("router_jitter_noise", 0.0);
     } else {
-      c.set("use_sliding_window", false);
+      // Qwen2Config: layers with index >= max_window_layers use the window when use_sliding_window.
+      c.set("use_sliding_window", o_.sliding_window > 0);
+      if (o_.sliding_window > 0) {
+        c.set("sliding_window", o_.sliding_window);
+        c.set("max_window_layers", o_.max_window_layers);
+      }
     }
     return c;
   }
@@ -264,18 +245,33 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     return layout;
   }
 
-  std::vector<std::string> hf_config_mismatches(const loom::Value& config) const override {
-    require_built("hf_config_mismatches");
-    loom::HfConfigCheck check(config, o_.path);
+ private:
+  loom::models::TransformerShape transformer_shape() const override {
+    loom::models::TransformerShape s;
+    s.num_layers = o_.num_layers;
+    s.hidden_dim = o_.hidden_dim;
+    s.num_heads = o_.num_heads;
+    s.num_kv_heads = o_.num_kv_heads;
+    s.head_dim = o_.head_dim;
+    // A mixture of experts runs experts_per_token experts per token, and its router.
+    const bool moe = o_.moe.num_experts > 0;
+    s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
+    s.glu = true;
+    s.vocab_size = vocab_;
+    s.sliding_window = o_.sliding_window;
+    if (o_.sliding_window > 0 && o_.max_window_layers > 0)
+      for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(window_of(l));
+    return s;
+  }
+  // The router's matrix product, [hidden] x [hidden, experts] per layer.
+  double extra_flops_per_token() const override {
+    const bool moe = o_.moe.num_experts > 0;
+    return moe ? 6.0 * static_cast<double>(o_.num_layers * o_.moe.num_experts * o_.hidden_dim) : 0.0;
+  }
+
+  void check_hf_config(loom::HfConfigCheck& check, const std::string& type, const loom::Value& config) const override {
     const std::string& at = o_.path;
-    const std::string type = check.string("model_type", "");
-    if (type != "llama" && type != "mistral" && type != "qwen2" && type != "mixtral") {
-      check.mismatch("model_type is " + loom::Value(type).describe() +
-                     "; the llama model loads Llama, Mistral, Mixtral and Qwen2 checkpoints (model_type \"llama\", "
-                     "\"mistral\", \"mixtral\" or \"qwen2\")");
-      return check.take();
-    }
-    if (type == "mixtral") return mixtral_mismatches(config);
+    if (type == "mixtral") return check_mixtral_config(check, config);
     if (o_.moe.num_experts > 0)
       check.mismatch(at + ".moe.num_experts is " + std::to_string(o_.moe.num_experts) + ", and " + type +
                      " checkpoints have a dense MLP (a Mixtral checkpoint has model_type \"mixtral\")");
@@ -327,25 +323,26 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
                        ".use_bias: false");
     }
 
-    // Sliding window: Mistral's (null: none), none in Llama, Qwen2's per-layer window not at all.
+    // Sliding window: Mistral's on every layer (null: none), none in Llama, Qwen2's on the layers
+    // from max_window_layers on when use_sliding_window.
     std::int64_t window = 0;
     if (type == "mistral") {
       // MistralConfig's default is 4096; an explicit null is no window.
       const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
       window = given && given->is_null() ? 0 : check.integer("sliding_window", 4096);
     } else if (type == "qwen2" && check.boolean("use_sliding_window", false)) {
-      check.mismatch(
-          "use_sliding_window is true; loom's llama has no equivalent of Qwen2's per-layer window "
-          "(max_window_layers)");
+      // Qwen2Config's defaults: 4096 and 28; a null window is none.
+      const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
+      window = given && given->is_null() ? 0 : check.integer("sliding_window", 4096);
+      if (window > 0) check.expect_integer("max_window_layers", 28, o_.max_window_layers, "max_window_layers");
     }
+    if (type == "mistral") check_window_on_every_layer(check, type);
     if (window != o_.sliding_window)
       check.mismatch("sliding_window is " + (window > 0 ? std::to_string(window) : std::string("null")) + ", " + at +
                      ".sliding_window is " +
                      (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
-    return check.take();
   }
 
- private:
   // The Hugging Face architecture that computes what this model computes.
   std::string hf_model_type() const {
     const std::string& at = o_.path;
@@ -357,6 +354,9 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
         throw loom::UserError(at + ".moe.router_softmax is before_top_k; Mixtral's router is after_top_k");
       if (o_.rope_options.type != "default" || o_.rope_options.factor != 1.0)
         throw loom::UserError(at + ".rope scaling with " + at + ".moe has no Hugging Face architecture");
+      if (o_.sliding_window > 0 && o_.max_window_layers > 0)
+        throw loom::UserError(at + ".max_window_layers with " + at +
+                              ".moe has no Hugging Face architecture (Mixtral windows every layer)");
       if (o_.head_dim * o_.num_heads != o_.hidden_dim)
         throw loom::UserError(at + ".head_dim (" + std::to_string(o_.head_dim) +
                               ") must be hidden_dim / num_heads to export a mixture of experts as Mixtral");
@@ -367,16 +367,16 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
                             ".use_qk_norm is true (Qwen3's q/k norms): loom exports llama models as Hugging Face "
                             "Llama, Mistral or Qwen2, none of which has them");
     if (o_.qkv_bias && !o_.use_bias) {
-      if (o_.sliding_window > 0)
-        throw loom::UserError(at + ".qkv_bias with " + at +
-                              ".sliding_window has no Hugging Face architecture (Qwen2 has the biases, Mistral the "
-                              "window)");
       if (o_.head_dim * o_.num_heads != o_.hidden_dim)
         throw loom::UserError(at + ".head_dim (" + std::to_string(o_.head_dim) +
                               ") must be hidden_dim / num_heads to export qkv_bias as Qwen2, which derives it");
       return "qwen2";
     }
     if (o_.sliding_window > 0) {
+      if (o_.max_window_layers > 0)
+        throw loom::UserError(at + ".max_window_layers without " + at +
+                              ".qkv_bias has no Hugging Face architecture (Qwen2 has both, Mistral windows every "
+                              "layer)");
       if (o_.use_bias)
         throw loom::UserError(at + ".use_bias with " + at +
                               ".sliding_window has no Hugging Face architecture (Mistral has no biases)");
@@ -388,8 +388,7 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     return "llama";
   }
 
-  std::vector<std::string> mixtral_mismatches(const loom::Value& config) const {
-    loom::HfConfigCheck check(config, o_.path);
+  void check_mixtral_config(loom::HfConfigCheck& check, const loom::Value& config) const {
     const std::string& at = o_.path;
     check.expect_integer("vocab_size", 32000, vocab_, "vocab_size");
     check.expect_integer("hidden_size", 4096, o_.hidden_dim, "hidden_dim");
@@ -417,12 +416,23 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
       check.mismatch(at + ".rope is scaled; Mixtral's RoPE is not");
     const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
     const std::int64_t window = !given || given->is_null() ? 0 : check.integer("sliding_window", 0);
+    check_window_on_every_layer(check, "mixtral");
     if (window != o_.sliding_window)
       check.mismatch("sliding_window is " + (window > 0 ? std::to_string(window) : std::string("null")) + ", " + at +
                      ".sliding_window is " +
                      (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
-    return check.take();
   }
+
+  // Mistral's and Mixtral's window covers every layer; Qwen2's max_window_layers has no
+  // counterpart there.
+  void check_window_on_every_layer(loom::HfConfigCheck& check, const std::string& type) const {
+    if (o_.sliding_window > 0 && o_.max_window_layers > 0)
+      check.mismatch(o_.path + ".max_window_layers is " + std::to_string(o_.max_window_layers) + ", and " + type +
+                     " checkpoints use their window on every layer");
+  }
+
+  // The attention window of layer `l`: 0 (none) below max_window_layers, sliding_window above.
+  std::int64_t window_of(std::int64_t l) const { return l >= o_.max_window_layers ? o_.sliding_window : 0; }
 
   // The sparse mixture of experts of layer `y` over x [batch, seq, hidden] (normed):
   //   router logits r = x W_r^T [tokens, experts]; each token's experts_per_token largest;
@@ -554,7 +564,6 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   }
 
   const char* name() const override { return "llama"; }
-  bool built() const override { return store_.allocated(); }
   CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
 
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
@@ -568,7 +577,6 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
     const auto eps = static_cast<float>(o_.layer_norm_epsilon);
     loom::AttentionParams params;
     params.causal = true;
-    params.window = o_.sliding_window;
 
     routers_.clear();
     Tensor h = ops.embedding(embed_->tensor(), tokens);
@@ -590,8 +598,10 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
             q = ops.rope(q, *rope_, Tensor(), offset);
             k = ops.rope(k, *rope_, Tensor(), offset);
             if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+            loom::AttentionParams layer_params = params;
+            layer_params.window = window_of(static_cast<std::int64_t>(l));
             const Tensor a =
-                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+                ops.attention(*kernel_, q, k, v, layer_params, segments, segments).view(Shape{batch, seq, heads * d});
             const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
             std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
             Tensor mlp_out;
@@ -681,9 +691,6 @@ class LlamaModel final : public loom::models::CausalLm, public loom::HfModel {
   LlamaOptions o_;
   loom::Handle<loom::AttentionKernel> kernel_;
   loom::ExecutionContext* execution_;
-  std::int64_t vocab_ = 0;
-  bool declared_ = false;  // build() has declared the parameters (allocated or not)
-  loom::models::ParameterStore store_;
   Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<Layer> layers_;
   std::optional<loom::RopeTable> rope_;
@@ -742,6 +749,10 @@ loom::OptionSchema llama_schema() {
   s.boolean("use_bias", false, "Biases in every linear projection (q, k, v, o and the MLP).");
   s.boolean("qkv_bias", false, "Biases in the q, k and v projections only (Qwen2); use_bias includes them.");
   s.integer("sliding_window", std::nullopt, "Attend to the last this many positions only (Mistral); null: all.").min(1);
+  s.integer("max_window_layers", 0,
+            "With sliding_window: layers numbered below this attend to every position, the others use the window "
+            "(Qwen2's max_window_layers); 0: every layer uses it.")
+      .min(0);
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
   s.object("moe", moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
@@ -767,6 +778,11 @@ LlamaOptions read_options(const loom::Options& options) {
   o.path = at;
   o.use_qk_norm = options.get<bool>("use_qk_norm");
   o.sliding_window = options.get_optional<std::int64_t>("sliding_window").value_or(0);
+  o.max_window_layers = options.get<std::int64_t>("max_window_layers");
+  if (o.max_window_layers > 0 && o.sliding_window == 0)
+    throw loom::UserError(at + ".max_window_layers is " + std::to_string(o.max_window_layers) + " but " + at +
+                          ".sliding_window is null; max_window_layers says which layers use the window, so set both "
+                          "(or leave max_window_layers at 0)");
   o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
   if (o.num_heads % o.num_kv_heads != 0)
     throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +

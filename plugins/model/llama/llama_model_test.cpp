@@ -7,6 +7,7 @@
 #include <cmath>
 #include <loom/core/plugin_host.hpp>
 #include <loom/core/registry.hpp>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/model.hpp>
 #include <map>
 #include <numeric>
@@ -189,6 +190,11 @@ TEST_F(LlamaTest, CachedGenerationMatchesTheFullForward) {
   window.set("sliding_window", 4);
   window.set("tie_word_embeddings", true);
   variants.push_back({"sliding window", window});
+  Value qwen2_window = tiny();
+  qwen2_window.set("sliding_window", 4);
+  qwen2_window.set("max_window_layers", 1);
+  qwen2_window.set("qkv_bias", true);
+  variants.push_back({"window from layer 1 (max_window_layers)", qwen2_window});
   Value llama3 = tiny();
   llama3.set("rope", rope("llama3", 4.0));
   variants.push_back({"llama3 rope", llama3});
@@ -216,6 +222,65 @@ TEST_F(LlamaTest, CachedGenerationMatchesTheFullForward) {
               << variant.name << ", position " << t;
     }
   }
+}
+
+// Qwen2's max_window_layers: layers below it attend to everything. With the window on layer 1
+// only, the logits differ from the window on both layers and from none, and the FLOPs count each
+// layer's keys.
+TEST_F(LlamaTest, MaxWindowLayersWindowsOnlyTheUpperLayers) {
+  const Tensor tokens = ids(1, 12, 50, 3);
+  std::vector<std::vector<float>> outs;
+  std::vector<double> flops;
+  for (const std::int64_t max_window_layers : {-1, 0, 1, 2}) {  // -1: no window
+    Value o = tiny();
+    if (max_window_layers >= 0) {
+      o.set("sliding_window", 3);
+      o.set("max_window_layers", max_window_layers);
+    }
+    const auto model = make(o);
+    model->initialize(6);
+    loom::Ops ops(*backend_);
+    outs.push_back(model->logits(ops, tokens, Tensor()).to_vector());
+    flops.push_back(model->flops_per_token(12));
+  }
+  EXPECT_NE(outs[1], outs[0]);
+  EXPECT_NE(outs[2], outs[0]);
+  EXPECT_NE(outs[2], outs[1]);
+  EXPECT_EQ(outs[3], outs[0]);          // max_window_layers = num_layers: no layer is windowed
+  const double per_key = 12.0 * 6 * 8;  // 12 * heads * head_dim per key of one layer
+  EXPECT_DOUBLE_EQ(flops[0] - flops[1], per_key * 2 * (12 - 3));
+  EXPECT_DOUBLE_EQ(flops[0] - flops[2], per_key * (12 - 3));
+  EXPECT_DOUBLE_EQ(flops[3], flops[0]);
+}
+
+// The window travels to Hugging Face as Qwen2Config's use_sliding_window, sliding_window and
+// max_window_layers, and a config that differs in them is named.
+TEST_F(LlamaTest, Qwen2WindowIsExportedAndChecked) {
+  Value o = tiny();
+  o.set("head_dim", Value());
+  o.set("num_heads", 4);
+  o.set("qkv_bias", true);
+  o.set("sliding_window", 4);
+  o.set("max_window_layers", 1);
+  const auto model = make(o);
+  const auto* hf = dynamic_cast<const loom::HfModel*>(model.get());
+  ASSERT_NE(hf, nullptr);
+  Value config = hf->hf_config();
+  EXPECT_EQ(config.find("model_type")->as_string(), "qwen2");
+  EXPECT_TRUE(config.find("use_sliding_window")->as_bool());
+  EXPECT_EQ(config.find("sliding_window")->as_int(), 4);
+  EXPECT_EQ(config.find("max_window_layers")->as_int(), 1);
+  EXPECT_TRUE(hf->hf_config_mismatches(config).empty());
+  config.set("max_window_layers", 2);
+  const auto mismatches = hf->hf_config_mismatches(config);
+  ASSERT_EQ(mismatches.size(), 1u);
+  EXPECT_NE(mismatches[0].find("max_window_layers"), std::string::npos) << mismatches[0];
+  config.set("use_sliding_window", false);  // no window at all: the other keys are ignored
+  EXPECT_EQ(hf->hf_config_mismatches(config).size(), 1u);
+
+  Value mistral = o;
+  mistral.set("qkv_bias", false);  // a window from layer 1 on without Qwen2's biases: no architecture
+  EXPECT_THROW(dynamic_cast<const loom::HfModel*>(make(mistral).get())->hf_config(), loom::UserError);
 }
 
 TEST_F(LlamaTest, RopeScalingChangesTheModel) {
@@ -260,6 +325,9 @@ TEST_F(LlamaTest, BadOptionsAreUserErrors) {
   Value window = tiny();
   window.set("sliding_window", 0);
   EXPECT_THROW(make(window), loom::UserError);
+  Value layers_without_window = tiny();
+  layers_without_window.set("max_window_layers", 1);
+  EXPECT_THROW(make(layers_without_window), loom::UserError);
 
   const auto model = make(tiny());
   model->initialize(1);

@@ -118,8 +118,10 @@ class VocabularyBuilder {
     return static_cast<std::int32_t>(value);
   }
 
-  // A token given by its raw bytes.
-  void add(std::string bytes, std::int32_t id, const std::string& entry) {
+  // A token given by its raw bytes. An added token (`alias`) may have the bytes of a vocabulary
+  // entry under an id of its own, as Hugging Face gives it when the entry is written in byte
+  // symbols ("cafÃ©") and the added token in text ("café"); find() keeps the entry's id.
+  void add(std::string bytes, std::int32_t id, const std::string& entry, bool alias = false) {
     const auto index = static_cast<std::size_t>(id);
     if (index >= model_.tokens_.size()) {
       model_.tokens_.resize(index + 1);
@@ -130,7 +132,7 @@ class VocabularyBuilder {
       fail(entry + " has id " + std::to_string(id) + ", which " + json_quoted(model_.tokens_[index]) + " already has");
     }
     const auto [it, inserted] = model_.ids_.emplace(bytes, id);
-    if (!inserted && it->second != id)
+    if (!inserted && it->second != id && !alias)
       fail(entry + " has id " + std::to_string(id) + ", but the same token already has id " +
            std::to_string(it->second));
     model_.tokens_[index] = std::move(bytes);
@@ -192,7 +194,7 @@ class VocabularyBuilder {
              "to \"\" if it has none");
       bool listed = false;
       for (const auto& a : model_.added_) listed = listed || a.id == model_.end_of_text_;
-      if (!listed) model_.added_.push_back({end_of_text, model_.end_of_text_, false, false});
+      if (!listed) model_.added_.push_back({end_of_text, model_.end_of_text_, false, false, true, false});
     }
   }
 
@@ -201,6 +203,80 @@ class VocabularyBuilder {
   std::string what_;
   std::vector<MergeTable::Merge> merges_;
 };
+
+namespace {
+
+// One Split of a tokenizer.json pre_tokenizer.
+SplitRule read_split(const json& split, const VocabularyBuilder& builder) {
+  const std::string where = "its pre_tokenizer's Split " + split.dump().substr(0, 160);
+  SplitRule rule;
+  const json pattern = split.value("pattern", json());
+  if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+    rule.pattern = pattern["Regex"].get<std::string>();
+  } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
+    rule.pattern = pattern["String"].get<std::string>();
+    rule.literal = true;
+  } else {
+    builder.fail(where + " has no pattern {\"Regex\": ...} or {\"String\": ...}");
+  }
+  if (rule.pattern.empty()) builder.fail(where + " has an empty pattern");
+  const std::string behavior = split.value("behavior", "");
+  if (behavior == "Isolated")
+    rule.behavior = SplitRule::Behavior::isolated;
+  else if (behavior == "Removed")
+    rule.behavior = SplitRule::Behavior::removed;
+  else
+    builder.fail(where + " has behavior " + json(behavior).dump() +
+                 "; gpt2-bpe implements \"Isolated\" and \"Removed\"");
+  const json invert = split.value("invert", json(false));
+  if (!invert.is_boolean()) builder.fail(where + ": invert must be true or false");
+  rule.invert = invert.get<bool>();
+  return rule;
+}
+
+// The pre-tokenizer's stages: GPT-2's ByteLevel (its regex), or a Sequence of Splits ending in a
+// ByteLevel (which then maps bytes to symbols and, with use_regex, splits by GPT-2's regex last).
+std::vector<SplitRule> read_pre_tokenizer(const json& pre, const VocabularyBuilder& builder) {
+  const std::string expected =
+      "gpt2-bpe implements GPT-2's {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, or a "
+      "{\"type\": \"Sequence\"} of Splits ending in that ByteLevel (Llama 3, Qwen 2)";
+  std::vector<json> steps;
+  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+      pre["pretokenizers"].is_array())
+    steps.assign(pre["pretokenizers"].begin(), pre["pretokenizers"].end());
+  else
+    steps.push_back(pre);
+  std::vector<SplitRule> rules;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const json& step = steps[i];
+    const std::string type = step.is_object() ? step.value("type", "") : "";
+    const bool last = i + 1 == steps.size();
+    if (type == "Split" && !last) {
+      rules.push_back(read_split(step, builder));
+    } else if (type == "ByteLevel" && last) {
+      if (step.value("add_prefix_space", false) != false)
+        builder.fail("its pre_tokenizer's ByteLevel sets add_prefix_space; " + expected);
+      if (step.value("use_regex", true) != false) rules.push_back(gpt2_split_rule());
+    } else {
+      builder.fail("its pre_tokenizer is " + pre.dump().substr(0, 200) + "; " + expected);
+    }
+  }
+  return rules;
+}
+
+// Whether the normalizer is NFC (alone or as a one-element Sequence); anything else is refused.
+bool read_normalizer(const json& normalizer, const VocabularyBuilder& builder) {
+  const json* n = &normalizer;
+  if (n->is_object() && n->value("type", "") == "Sequence" && n->contains("normalizers") &&
+      (*n)["normalizers"].is_array() && (*n)["normalizers"].size() == 1)
+    n = &(*n)["normalizers"][0];
+  if (!n->is_object() || n->value("type", "") != "NFC")
+    builder.fail("its normalizer is " + normalizer.dump().substr(0, 120) +
+                 "; gpt2-bpe implements none (GPT-2, Llama 3) and {\"type\": \"NFC\"} (Qwen 2)");
+  return true;
+}
+
+}  // namespace
 
 BpeModel BpeModel::from_openai_files(const std::string& encoder_json, const std::string& vocab_bpe,
                                      const std::string& end_of_text) {
@@ -246,23 +322,15 @@ BpeModel BpeModel::from_tokenizer_json(const std::string& tokenizer_json, const 
   VocabularyBuilder builder(model, what);
   if (!root.is_object()) builder.fail("expected a JSON object (a Hugging Face tokenizer.json)");
 
-  // gpt2-bpe implements one pipeline, GPT-2's; a file that asks for another is refused rather
-  // than silently tokenized differently.
+  // gpt2-bpe implements the byte-level pipelines of GPT-2, Llama 3 and Qwen 2; a file that asks
+  // for anything else is refused rather than silently tokenized differently.
   const auto absent = [](const json& object, const char* key) {
     return !object.contains(key) || object[key].is_null();
   };
-  if (!absent(root, "normalizer"))
-    builder.fail("it has a normalizer (" + root["normalizer"].dump().substr(0, 80) +
-                 "); gpt2-bpe implements GPT-2's pipeline, which has none");
-  if (root.contains("pre_tokenizer")) {
-    const json& pre = root["pre_tokenizer"];
-    const bool byte_level = pre.is_object() && pre.value("type", "") == "ByteLevel" &&
-                            !pre.value("add_prefix_space", false) && pre.value("use_regex", true);
-    if (!byte_level)
-      builder.fail("its pre_tokenizer is " + pre.dump().substr(0, 120) +
-                   "; gpt2-bpe implements GPT-2's: {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
-                   "\"use_regex\": true}");
-  }
+  if (!absent(root, "normalizer")) model.nfc_ = read_normalizer(root["normalizer"], builder);
+  // No pre_tokenizer key: GPT-2's. A null one would hand raw text (not byte symbols) to the
+  // vocabulary, and is refused with the others.
+  if (root.contains("pre_tokenizer")) model.split_rules_ = read_pre_tokenizer(root["pre_tokenizer"], builder);
   if (!root.contains("model") || !root["model"].is_object()) builder.fail("it has no \"model\" object");
   const json& bpe = root["model"];
   if (bpe.contains("type") && bpe["type"] != "BPE")
@@ -277,6 +345,8 @@ BpeModel BpeModel::from_tokenizer_json(const std::string& tokenizer_json, const 
     if (!bpe["ignore_merges"].is_boolean()) builder.fail("model.ignore_merges must be true or false");
     model.ignore_merges_ = bpe["ignore_merges"].get<bool>();
   }
+  if (bpe.value("byte_fallback", false) == true)
+    builder.fail("its model sets byte_fallback, which a byte-level BPE never needs and gpt2-bpe does not implement");
 
   // Added tokens first: a vocabulary entry that is one may be written as plain text.
   std::vector<AddedToken> added;
@@ -289,8 +359,9 @@ BpeModel BpeModel::from_tokenizer_json(const std::string& tokenizer_json, const 
       const std::string entry = "added token " + json_quoted(content);
       if (!a.contains("id")) builder.fail(entry + " has no id");
       if (a.value("single_word", false)) builder.fail(entry + " sets single_word, which gpt2-bpe does not implement");
-      added.push_back(
-          {content, builder.checked_id(a["id"], entry), a.value("lstrip", false), a.value("rstrip", false)});
+      const bool special = a.value("special", false);
+      added.push_back({content, builder.checked_id(a["id"], entry), a.value("lstrip", false), a.value("rstrip", false),
+                       special, model.nfc_ && a.value("normalized", !special)});
     }
   }
   const auto is_added = [&added](const std::string& content) {
@@ -302,7 +373,7 @@ BpeModel BpeModel::from_tokenizer_json(const std::string& tokenizer_json, const 
   if (!bpe.contains("vocab") || !bpe["vocab"].is_object() || bpe["vocab"].empty())
     builder.fail("model.vocab must be a non-empty object mapping each token to its id");
   for (const auto& [symbols, id] : bpe["vocab"].items()) builder.add_symbols(symbols, id, is_added);
-  for (const auto& a : added) builder.add(a.content, a.id, "added token " + json_quoted(a.content));
+  for (const auto& a : added) builder.add(a.content, a.id, "added token " + json_quoted(a.content), true);
   model.added_ = std::move(added);
 
   if (!absent(bpe, "merges")) {

@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pre_tokenizer.hpp"
+
 namespace loom::gpt2_bpe {
 
 // A token matched literally in text before pre-tokenization (<|endoftext|>).
@@ -19,6 +21,10 @@ struct AddedToken {
   std::int32_t id = 0;
   bool lstrip = false;  // the match takes the whitespace on its left (Hugging Face's AddedToken flag)
   bool rstrip = false;  // ... and on its right
+  bool special = true;  // a special token (recognize_special_tokens: false encodes it as text)
+  // Matched in the normalized text rather than the raw one (only with a normalizer; Hugging
+  // Face's default for added tokens that are not special).
+  bool normalized = false;
 };
 
 // (left, right) -> (rank, merged) in an open-addressing table: the BPE loop looks a pair up for
@@ -70,7 +76,9 @@ class BpeModel {
   static BpeModel from_openai_files(const std::string& encoder_json, const std::string& vocab_bpe,
                                     const std::string& end_of_text);
   // A Hugging Face tokenizer.json with a byte-level BPE model (model.vocab, model.merges as
-  // "left right" strings or [left, right] pairs, added_tokens).
+  // "left right" strings or [left, right] pairs, added_tokens), its normalizer (none or NFC) and
+  // its pre-tokenizer (GPT-2's ByteLevel, or a Sequence of Splits ending in a ByteLevel that does
+  // not split, as Llama 3 and Qwen 2 write).
   static BpeModel from_tokenizer_json(const std::string& tokenizer_json, const std::string& end_of_text);
 
   // One above the largest id.
@@ -93,6 +101,10 @@ class BpeModel {
   bool ignore_merges() const { return ignore_merges_; }
   // The end-of-text id, or -1 when `end_of_text` was "".
   std::int32_t end_of_text() const { return end_of_text_; }
+  // The pre-tokenizer's stages (GPT-2's alone unless a tokenizer.json says otherwise).
+  const std::vector<SplitRule>& split_rules() const { return split_rules_; }
+  // Whether text is put in NFC before pre-tokenization (Qwen 2).
+  bool nfc() const { return nfc_; }
 
  private:
   struct StringHash {
@@ -109,6 +121,8 @@ class BpeModel {
   std::vector<AddedToken> added_;
   bool ignore_merges_ = false;
   std::int32_t end_of_text_ = -1;
+  std::vector<SplitRule> split_rules_{gpt2_split_rule()};
+  bool nfc_ = false;
 };
 
 // The bytes of the file at `path` (relative to the current directory); `what` names it in errors

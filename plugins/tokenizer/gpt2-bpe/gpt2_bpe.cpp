@@ -1,9 +1,12 @@
 // The `gpt2-bpe` tokenizer: GPT-2's byte-level BPE (Radford et al., 2019), as OpenAI's
-// encoder.py defines it. Text is cut at special tokens (<|endoftext|>), each stretch is cut into
-// pieces by GPT-2's regular expression (pre_tokenizer.hpp), and each piece's bytes are merged by
-// BPE (bpe_merge.hpp), lowest merge rank first, every occurrence of the chosen pair left to right,
-// until no adjacent pair has a rank.
+// encoder.py defines it, and the byte-level BPE of Hugging Face tokenizer.json files that change
+// the regular expression and add NFC (Llama 3, Qwen 2). Text is cut at special tokens
+// (<|endoftext|>), each stretch is normalized (NFC, when the file asks) and cut into pieces by
+// the pre-tokenizer's regular expressions (pre_tokenizer.hpp), and each piece's bytes are merged
+// by BPE (bpe_merge.hpp), lowest merge rank first, every occurrence of the chosen pair left to
+// right, until no adjacent pair has a rank.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/tokenizer.hpp>
@@ -15,6 +18,7 @@
 #include "bpe_merge.hpp"
 #include "bpe_model.hpp"
 #include "loom/utf8.hpp"
+#include "normalizer.hpp"
 #include "pre_tokenizer.hpp"
 #include "word_cache.hpp"
 
@@ -27,6 +31,100 @@ bool is_white_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+// Added tokens matched literally in text, before pre-tokenization: at each position the longest
+// one that starts there, the leftmost match first (Hugging Face's leftmost-longest matching).
+class AddedMatcher {
+ public:
+  explicit AddedMatcher(std::vector<AddedToken> tokens) : tokens_(std::move(tokens)) {
+    // Longest first, so that of two tokens starting at one place the longer wins.
+    std::stable_sort(tokens_.begin(), tokens_.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (const auto& t : tokens_) starts_[static_cast<unsigned char>(t.content[0])] = true;
+    for (int b = 0; b < 256; ++b)
+      if (starts_[static_cast<std::size_t>(b)]) first_bytes_.push_back(static_cast<char>(b));
+  }
+
+  // Calls on_text(stretch) for the text between matches (possibly empty) and on_token(id) for
+  // each match, in order.
+  template <class OnText, class OnToken>
+  void split(std::string_view text, OnText&& on_text, OnToken&& on_token) const {
+    std::size_t start = 0;  // of the text not yet given out
+    for (std::size_t pos = 0;;) {
+      pos = next_start(text, pos);
+      if (pos == std::string_view::npos) break;
+      const AddedToken* token = token_at(text, pos);
+      if (!token) {
+        ++pos;
+        continue;
+      }
+      std::size_t begin = pos, end = pos + token->content.size();
+      if (token->lstrip) begin = strip_left(text, start, begin);
+      if (token->rstrip) end = strip_right(text, end);
+      on_text(text.substr(start, begin - start));
+      on_token(token->id);
+      start = pos = end;
+    }
+    on_text(text.substr(start));
+  }
+
+ private:
+  // The next position at or after `pos` where a token could start, or npos.
+  std::size_t next_start(std::string_view text, std::size_t pos) const {
+    if (first_bytes_.empty() || pos >= text.size()) return std::string_view::npos;
+    if (first_bytes_.size() == 1) {  // GPT-2: only '<'
+      const void* hit = std::memchr(text.data() + pos, first_bytes_[0], text.size() - pos);
+      return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - text.data()) : std::string_view::npos;
+    }
+    for (; pos < text.size(); ++pos)
+      if (starts_[static_cast<unsigned char>(text[pos])]) return pos;
+    return std::string_view::npos;
+  }
+
+  const AddedToken* token_at(std::string_view text, std::size_t pos) const {
+    const std::string_view rest = text.substr(pos);
+    for (const auto& t : tokens_)
+      if (rest.starts_with(t.content)) return &t;
+    return nullptr;
+  }
+
+  // The start of the run of whitespace that ends at `end`, not before `floor`.
+  static std::size_t strip_left(std::string_view text, std::size_t floor, std::size_t end) {
+    while (end > floor) {
+      std::size_t start = end - 1;
+      while (start > floor && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+      const Utf8Char c = decode_utf8(text, start);
+      if (c.length != end - start || !is_white_space(c.code_point)) break;
+      end = start;
+    }
+    return end;
+  }
+
+  static std::size_t strip_right(std::string_view text, std::size_t start) {
+    while (start < text.size()) {
+      const Utf8Char c = decode_utf8(text, start);
+      if (c.length == 0 || !is_white_space(c.code_point)) break;
+      start += c.length;
+    }
+    return start;
+  }
+
+  std::vector<AddedToken> tokens_;
+  std::array<bool, 256> starts_{};
+  std::string first_bytes_;
+};
+
+// The added tokens encode() matches: all of them, or only those that are not special; `normalized`
+// picks those matched in normalized (true) or raw (false) text.
+std::vector<AddedToken> matched_tokens(const BpeModel& model, bool recognize_special_tokens, bool normalized) {
+  std::vector<AddedToken> out;
+  for (const auto& t : model.added_tokens()) {
+    if ((!recognize_special_tokens && t.special) || t.normalized != normalized) continue;
+    out.push_back(t);
+    if (normalized) out.back().content = nfc(t.content);  // Hugging Face normalizes these tokens too
+  }
+  return out;
+}
+
 // Where the vocabulary came from: OpenAI's two files or a Hugging Face tokenizer.json.
 struct Source {
   std::string encoder_json, vocab_bpe, tokenizer_json, end_of_text;
@@ -35,15 +133,12 @@ struct Source {
 class Gpt2Bpe final : public Tokenizer, public HfTokenizer {
  public:
   Gpt2Bpe(BpeModel model, Source source, bool recognize_special_tokens, std::size_t cache_size)
-      : model_(std::move(model)), source_(std::move(source)), cache_(cache_size) {
-    if (recognize_special_tokens) specials_ = model_.added_tokens();
-    // Longest first, so that of two special tokens starting at one place the longer wins.
-    std::stable_sort(specials_.begin(), specials_.end(),
-                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-    for (const auto& s : specials_) starts_special_[static_cast<unsigned char>(s.content[0])] = true;
-    for (int b = 0; b < 256; ++b)
-      if (starts_special_[static_cast<std::size_t>(b)]) special_first_bytes_.push_back(static_cast<char>(b));
-  }
+      : model_(std::move(model)),
+        source_(std::move(source)),
+        pre_tokenizer_(model_.split_rules()),
+        cache_(cache_size),
+        raw_added_(matched_tokens(model_, recognize_special_tokens, false)),
+        normalized_added_(matched_tokens(model_, recognize_special_tokens, true)) {}
 
   std::int64_t vocab_size() const override { return model_.vocab_size(); }
 
@@ -60,23 +155,17 @@ class Gpt2Bpe final : public Tokenizer, public HfTokenizer {
     const auto encode_ordinary = [&](std::string_view stretch) {
       pre_tokenizer_.split(stretch, scratch, [&](std::string_view piece) { encode_piece(piece, ids, buffers); });
     };
-    std::size_t start = 0;  // of the text not yet encoded
-    for (std::size_t pos = 0;;) {
-      pos = next_special_start(text, pos);
-      if (pos == std::string_view::npos) break;
-      const AddedToken* special = special_at(text, pos);
-      if (!special) {
-        ++pos;
-        continue;
-      }
-      std::size_t begin = pos, end = pos + special->content.size();
-      if (special->lstrip) begin = strip_left(text, start, begin);
-      if (special->rstrip) end = strip_right(text, end);
-      encode_ordinary(text.substr(start, begin - start));
-      ids.push_back(special->id);
-      start = pos = end;
-    }
-    encode_ordinary(text.substr(start));
+    const auto add_token = [&](std::int32_t id) { ids.push_back(id); };
+    // As Hugging Face's AddedVocabulary: tokens matched in the raw text first, then each stretch
+    // between them normalized, then the tokens matched in normalized text, then pre-tokenization.
+    raw_added_.split(
+        text,
+        [&](std::string_view stretch) {
+          if (!model_.nfc()) return encode_ordinary(stretch);
+          const std::string normal = nfc(stretch);
+          normalized_added_.split(normal, encode_ordinary, add_token);
+        },
+        add_token);
     return ids;
   }
 
@@ -152,53 +241,11 @@ class Gpt2Bpe final : public Tokenizer, public HfTokenizer {
     cache_.insert(piece, hash, symbols);
   }
 
-  // The next position at or after `pos` where a special token could start, or npos.
-  std::size_t next_special_start(std::string_view text, std::size_t pos) const {
-    if (special_first_bytes_.empty() || pos >= text.size()) return std::string_view::npos;
-    if (special_first_bytes_.size() == 1) {  // GPT-2: only '<'
-      const void* hit = std::memchr(text.data() + pos, special_first_bytes_[0], text.size() - pos);
-      return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - text.data()) : std::string_view::npos;
-    }
-    for (; pos < text.size(); ++pos)
-      if (starts_special_[static_cast<unsigned char>(text[pos])]) return pos;
-    return std::string_view::npos;
-  }
-
-  const AddedToken* special_at(std::string_view text, std::size_t pos) const {
-    const std::string_view rest = text.substr(pos);
-    for (const auto& s : specials_)
-      if (rest.starts_with(s.content)) return &s;
-    return nullptr;
-  }
-
-  // The start of the run of whitespace that ends at `end`, not before `floor`.
-  static std::size_t strip_left(std::string_view text, std::size_t floor, std::size_t end) {
-    while (end > floor) {
-      std::size_t start = end - 1;
-      while (start > floor && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
-      const Utf8Char c = decode_utf8(text, start);
-      if (c.length != end - start || !is_white_space(c.code_point)) break;
-      end = start;
-    }
-    return end;
-  }
-
-  static std::size_t strip_right(std::string_view text, std::size_t start) {
-    while (start < text.size()) {
-      const Utf8Char c = decode_utf8(text, start);
-      if (c.length == 0 || !is_white_space(c.code_point)) break;
-      start += c.length;
-    }
-    return start;
-  }
-
   BpeModel model_;
   Source source_;
   PreTokenizer pre_tokenizer_;
   mutable WordCache cache_;  // encode is const, and safe to call concurrently: the cache locks
-  std::vector<AddedToken> specials_;
-  std::array<bool, 256> starts_special_{};
-  std::string special_first_bytes_;
+  AddedMatcher raw_added_, normalized_added_;
 };
 
 OptionSchema options() {
@@ -217,7 +264,8 @@ OptionSchema options() {
       .nullable();
   s.boolean("recognize_special_tokens", true,
             "Encode special tokens written in the text (<|endoftext|>, a tokenizer.json's added tokens) as their "
-            "ids; when false they are encoded as ordinary text.");
+            "ids; when false those marked special are encoded as ordinary text (the other added tokens still "
+            "match).");
   s.integer("cache_size", 100000, "How many distinct pieces (words) to remember the encoding of; 0 turns it off.")
       .range(0, 10000000);
   return s;
@@ -255,7 +303,7 @@ std::unique_ptr<Tokenizer> create(const Options& o) {
 void register_components(Registrar& registrar) {
   registrar.add<Tokenizer>(
       {.name = "gpt2-bpe",
-       .description = "GPT-2 byte-level BPE (OpenAI encoder.json + vocab.bpe, or a tokenizer.json)",
+       .description = "Byte-level BPE: GPT-2 (encoder.json + vocab.bpe), or a tokenizer.json (GPT-2, Llama 3, Qwen 2)",
        .version = "1.0.0",
        .options = options()},
       [](const Options& o, const CreateContext&) { return create(o); });

@@ -4,7 +4,10 @@
 //   * fill_normal / fill_constant: deterministic, counter-based initialisation (random.hpp);
 //   * check_batch: the UserErrors a model gives for bad token, target and segment tensors;
 //   * LayerKvCache: per-layer key and value buffers for generation;
-//   * TransformerShape and training_flops_per_token: the FLOPs formula of docs/models.md.
+//   * TransformerShape and training_flops_per_token: the FLOPs formula of docs/models.md;
+//   * CausalLm: loss, logits and generation around a model's forward pass;
+//   * TransformerLm: a CausalLm whose parameters live in a ParameterStore, with the parameter and
+//     FLOPs counts and the Hugging Face model_type check written once.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "loom/autograd.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
+#include "loom/hf_interop.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/random.hpp"
 
@@ -358,6 +362,9 @@ struct TransformerShape {
   bool glu = false;  // gated MLP (three matrices) instead of two
   std::int64_t vocab_size = 0;
   std::int64_t sliding_window = 0;  // 0: every query sees the whole prefix
+  // When not empty: each layer's window (0: none), in place of sliding_window (Gemma 2's
+  // alternating layers, Qwen2's max_window_layers).
+  std::vector<std::int64_t> layer_windows;
 };
 
 // Weights that take part in a matrix product per token: the q, k, v and output projections,
@@ -376,11 +383,101 @@ inline double matmul_weights(const TransformerShape& s) {
 // where keys = seq_len, or min(seq_len, sliding_window): the forward pass costs 2 FLOPs per weight
 // and 4 * heads * head_dim per (query, key) pair (Q K^T and P V), the backward pass twice that.
 // Every query is charged for all `keys` positions, as PaLM, nanoGPT and Levanter count (no causal
-// halving; MaxText halves).
+// halving; MaxText halves). With layer_windows, `layers * keys` is the sum of each layer's keys.
 inline double training_flops_per_token(const TransformerShape& s, std::int64_t seq_len) {
+  if (!s.layer_windows.empty()) {
+    double keys = 0;
+    for (const std::int64_t window : s.layer_windows)
+      keys += static_cast<double>(window > 0 ? std::min(seq_len, window) : seq_len);
+    return 6.0 * matmul_weights(s) + 12.0 * static_cast<double>(s.num_heads) * static_cast<double>(s.head_dim) * keys;
+  }
   const std::int64_t keys = s.sliding_window > 0 ? std::min(seq_len, s.sliding_window) : seq_len;
   return 6.0 * matmul_weights(s) + 12.0 * static_cast<double>(s.num_layers) * static_cast<double>(s.num_heads) *
                                        static_cast<double>(s.head_dim) * static_cast<double>(keys);
 }
+
+// What the built-in transformer models (gpt2, llama, gemma) share beyond CausalLm: parameters
+// declared in a ParameterStore by build(), the vocabulary size resolved there, the parameter and
+// FLOPs counts (from the model's TransformerShape), and the model_type check that starts every
+// comparison with a Hugging Face config.json. A model declares its parameters between
+// begin_build() and finish_build(), describes its shape, and checks the rest of a config.
+class TransformerLm : public CausalLm, public HfModel {
+ public:
+  std::vector<ModelParameter> parameters() final {
+    require_built("parameters");
+    return store_.parameters();
+  }
+  std::int64_t vocab_size() const final { return vocab_; }
+  // Counts the declared parameters, so it works on a model built with ModelSetup::allocate false.
+  std::int64_t num_parameters() const final {
+    if (!declared_) throw InternalError(std::string(name()) + ": num_parameters before build");
+    return store_.num_elements();
+  }
+  double flops_per_token(std::int64_t seq_len) const final {
+    return training_flops_per_token(transformer_shape(), seq_len) + extra_flops_per_token();
+  }
+  // A config whose model_type is none of hf_model_types is one mismatch, naming the accepted
+  // ones; otherwise check_hf_config compares the rest.
+  std::vector<std::string> hf_config_mismatches(const Value& config) const final {
+    require_built("hf_config_mismatches");
+    HfConfigCheck check(config, path_);
+    const std::string type = check.string("model_type", "");
+    if (std::find(hf_model_types_.begin(), hf_model_types_.end(), type) == hf_model_types_.end()) {
+      std::string accepted;
+      for (std::size_t i = 0; i < hf_model_types_.size(); ++i)
+        accepted += (i == 0                            ? ""
+                     : i + 1 == hf_model_types_.size() ? " or "
+                                                       : ", ") +
+                    Value(hf_model_types_[i]).describe();
+      check.mismatch("model_type is " + Value(type).describe() + "; the " + name() + " model loads " + hf_families_ +
+                     " checkpoints (model_type " + accepted + ")");
+      return check.take();
+    }
+    check_hf_config(check, type, config);
+    return check.take();
+  }
+
+ protected:
+  // `path`: where the model's options sit in the config ("model"), for messages;
+  // `hf_model_types`: the transformers model_type values it loads, described as `hf_families`
+  // ("Llama, Mistral, Mixtral and Qwen2").
+  TransformerLm(std::string path, std::vector<std::string> hf_model_types, std::string hf_families)
+      : path_(std::move(path)), hf_model_types_(std::move(hf_model_types)), hf_families_(std::move(hf_families)) {}
+
+  // The start of build(): refuses a second call and resolves the vocabulary size (the model's
+  // `vocab_size` option, 0 when null).
+  void begin_build(std::int64_t vocab_option, const ModelSetup& setup) {
+    if (declared_) throw InternalError(std::string(name()) + ": build called twice");
+    vocab_ = resolve_vocab_size(vocab_option, setup, "model (" + std::string(name()) + ")");
+  }
+  // The end of the declarations: allocates them unless setup.allocate is false. Returns whether
+  // it allocated (the model then builds what needs the parameters: tables, constants).
+  bool finish_build(const ModelSetup& setup) {
+    declared_ = true;
+    if (!setup.allocate) return false;
+    store_.allocate();
+    return true;
+  }
+  bool built() const final { return store_.allocated(); }
+
+  // The shape the FLOPs formula counts (training_flops_per_token).
+  virtual TransformerShape transformer_shape() const = 0;
+  // FLOPs per token the formula does not count (a mixture of experts' router).
+  virtual double extra_flops_per_token() const { return 0.0; }
+  // Compares everything but model_type (one of hf_model_types, given as `model_type`); records
+  // each difference with check.mismatch.
+  virtual void check_hf_config(HfConfigCheck& check, const std::string& model_type, const Value& config) const = 0;
+
+  const std::string& path() const { return path_; }
+
+  ParameterStore store_;
+  std::int64_t vocab_ = 0;
+
+ private:
+  std::string path_;
+  std::vector<std::string> hf_model_types_;
+  std::string hf_families_;
+  bool declared_ = false;
+};
 
 }  // namespace loom::models

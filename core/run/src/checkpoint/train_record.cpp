@@ -98,8 +98,10 @@ std::string to_json(const TrainRecord& r) {
   j["optimizer"] = {{"type", r.optimizer_type}, {"updates", r.optimizer_updates}};
   j["tokenizer"] = {{"type", r.tokenizer_type}, {"vocab_size", r.vocab_size}};
   j["trackers"] = {{"names", r.trackers}, {"records_through_step", r.step}};
-  j["log_interval"] = {
-      {"steps", r.interval_steps}, {"loss_sum", number(r.interval_loss)}, {"seconds", number(r.interval_seconds)}};
+  j["log_interval"] = {{"steps", r.interval_steps},
+                       {"loss_sum", number(r.interval_loss)},
+                       {"seconds", number(r.interval_seconds)},
+                       {"trained_tokens", r.interval_trained_tokens}};
   j["clock"] = {{"train_seconds", number(r.train_seconds)}, {"elapsed_seconds", number(r.elapsed_seconds)}};
   return j.dump(2) + "\n";
 }
@@ -155,6 +157,8 @@ TrainRecord parse_train_record(const std::string& text) {
   r.interval_steps = integer(interval, "steps", " in \"log_interval\"");
   r.interval_loss = to_double(field(interval, "loss_sum", " in \"log_interval\""), "a log-interval loss sum");
   r.interval_seconds = to_double(field(interval, "seconds", " in \"log_interval\""), "a log-interval time");
+  if (interval.contains("trained_tokens"))
+    r.interval_trained_tokens = integer(interval, "trained_tokens", " in \"log_interval\"");
   const auto& clock = field(j, "clock", "");
   r.train_seconds = to_double(field(clock, "train_seconds", " in \"clock\""), "a train time");
   r.elapsed_seconds = to_double(field(clock, "elapsed_seconds", " in \"clock\""), "an elapsed time");

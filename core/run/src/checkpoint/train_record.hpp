@@ -48,6 +48,7 @@ struct TrainRecord {
   // loss is the uninterrupted run's; and the run's clocks.
   std::int64_t interval_steps = 0;
   double interval_loss = 0, interval_seconds = 0;
+  std::int64_t interval_trained_tokens = 0;  // targets counted toward the loss (absent before: 0)
   double train_seconds = 0, elapsed_seconds = 0;
 };
 

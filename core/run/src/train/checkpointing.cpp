@@ -88,6 +88,7 @@ checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds) {
   r.trackers = run.trainer.get<std::vector<std::string>>("trackers");
   r.interval_steps = s.interval.steps;
   r.interval_loss = s.interval.loss_sum;
+  r.interval_trained_tokens = s.interval.trained_tokens;
   r.interval_seconds = s.interval.seconds;
   r.train_seconds = s.interval.train_seconds;
   r.elapsed_seconds = elapsed_seconds;

@@ -7,6 +7,7 @@
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
 #include "loom/run/run_config.hpp"
+#include "train/mixture.hpp"
 
 namespace loom::training {
 
@@ -34,7 +35,10 @@ RunComponents create_components(const Registry& registry, const Value& config) {
   c.backend = create<Backend>(registry, config, "backend");
   require_host_memory(*c.backend, "loom train");
   c.tokenizer = create<Tokenizer>(registry, config, "tokenizer");
-  c.dataset = create<Dataset>(registry, config, "data");
+  if (const Value* data = config.find("data"); data && is_mixture(*data))
+    c.dataset = std::make_shared<MixtureDataset>(registry, *data);
+  else
+    c.dataset = create<Dataset>(registry, config, "data");
   c.model = create<Model>(registry, config, "model");
   c.optimizer = create<Optimizer>(registry, config, "optimizer");
   const Options optimizer(*config.find("optimizer"), "optimizer");

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/kinds/backend.hpp"
@@ -17,8 +19,11 @@ struct Evaluation {
 };
 
 // The objective's mean loss (a mean over its count(): counted targets, pairs) over validation
-// batches 0 .. max_batches - 1, taken micro_size rows at a time, and its metrics.
+// batches 0 .. max_batches - 1, taken micro_size rows at a time, and its metrics. For a mixture
+// of datasets (train/mixture.hpp): over max_batches validation batches of each dataset that has
+// a validation split, and `per_dataset` (when given) receives each one's own loss.
 Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend& backend, const Dataset& dataset,
-                    std::int64_t max_batches, std::int64_t micro_size);
+                    std::int64_t max_batches, std::int64_t micro_size,
+                    std::vector<std::pair<std::string, double>>* per_dataset = nullptr);
 
 }  // namespace loom::training

@@ -66,8 +66,11 @@ void ProgressPrinter::step(const StepReport& r) {
   std::ostringstream line;
   line << "step " << r.step << "/" << r.num_steps << "  loss " << std::fixed << std::setprecision(4) << r.mean_loss
        << "  lr " << std::scientific << std::setprecision(2) << r.lr << "  grad " << std::fixed << std::setprecision(3)
-       << r.grad_norm << "  " << format_rate(r.tokens_per_second) << " tok/s  MFU " << std::setprecision(1)
-       << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
+       << r.grad_norm << "  " << format_rate(r.tokens_per_second) << " tok/s";
+  // Masked targets (chat data trains on the answers only): how many of them are trained.
+  if (r.trained_tokens_per_second < r.tokens_per_second)
+    line << " (" << format_rate(r.trained_tokens_per_second) << " trained)";
+  line << "  MFU " << std::setprecision(1) << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
   if (r.skipped_steps) line << "  skipped " << r.skipped_steps;
   if (r.ranks > 1) line << "  " << r.ranks << " ranks";
   if (silent_) return;

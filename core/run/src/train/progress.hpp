@@ -35,6 +35,7 @@ struct StepReport {
   double mean_loss = 0;                   // over the interval
   double lr = 0, grad_norm = 0;           // of its last step
   double tokens_per_second = 0, mfu = 0;  // over the interval
+  double trained_tokens_per_second = 0;   // of them, the tokens whose targets count toward the loss
   double eta_seconds = 0;
   std::int64_t skipped_steps = 0;  // in the whole run
   int ranks = 1;                   // processes the step ran on (shown when more than one)

@@ -38,6 +38,7 @@ void restore_state(Run& run, const checkpoint::TrainRecord& r) {
   if (s.skip_rule && r.has_skip_window) s.skip_rule->restore(r.skip_losses, r.skip_grad_norms);
   s.interval.steps = r.interval_steps;
   s.interval.loss_sum = r.interval_loss;
+  s.interval.trained_tokens = r.interval_trained_tokens;
   s.interval.seconds = r.interval_seconds;
   s.interval.train_seconds = r.train_seconds;
   s.interval.elapsed_before = r.elapsed_seconds;

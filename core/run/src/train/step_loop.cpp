@@ -12,6 +12,7 @@
 #include "loom/error.hpp"
 #include "train/checkpointing.hpp"
 #include "train/evaluation.hpp"
+#include "train/micro_batches.hpp"
 #include "train/prefetcher.hpp"
 #include "train/sampling.hpp"
 #include "train/stop_signals.hpp"
@@ -76,9 +77,12 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   const ObjectiveModels models{*c.model, c.reference.get()};
   const std::vector<std::string> metric_names = c.objective->metric_names();
+  // A mixture of datasets also has each dataset's own validation loss.
+  std::vector<std::pair<std::string, double>> eval_parts;
   auto evaluate_now = [&] {
+    eval_parts.clear();
     return parallel.is_primary() ? with_average([&] {
-      return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size);
+      return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts);
     })
                                  : Evaluation{};
   };
@@ -106,8 +110,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       scalars.emplace_back(name, value);
       line << (line.tellp() > 0 ? ", " : "") << name.substr(5) << " " << std::setprecision(4) << value;
     }
+    std::ostringstream parts;
+    parts << std::fixed << std::setprecision(4);
+    for (const auto& [name, part] : eval_parts) {
+      scalars.emplace_back("eval/" + name + "/loss", part);
+      parts << (parts.tellp() > 0 ? ", " : "") << name << " " << part;
+    }
     log(step, scalars);
-    return line.str();
+    return std::pair{line.str(), parts.str()};
   };
 
   const auto run_start = Clock::now();
@@ -174,6 +184,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       interval.train_seconds += dt;
       interval.seconds += dt;
       interval.loss_sum += result.loss;
+      interval.trained_tokens += count_targets(batch.targets);
       ++interval.steps;
 
       const bool last = step + 1 == num_steps;
@@ -185,6 +196,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         report.lr = result.lr;
         report.grad_norm = result.grad_norm;
         report.tokens_per_second = tokens_per_step * static_cast<double>(interval.steps) / interval.seconds;
+        report.trained_tokens_per_second = static_cast<double>(interval.trained_tokens) / interval.seconds;
         report.mfu = run.flops_per_token * report.tokens_per_second / run.peak_flops;
         report.eta_seconds =
             interval.train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
@@ -195,6 +207,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             {"train/lr", report.lr},
             {"train/grad_norm", report.grad_norm},
             {"throughput/tokens_per_second", report.tokens_per_second},
+            {"throughput/trained_tokens_per_second", report.trained_tokens_per_second},
             {"throughput/mfu", report.mfu},
             {"throughput/elapsed_seconds", elapsed()},
             {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
@@ -211,12 +224,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         summary.final_train_loss = report.mean_loss;
         interval.seconds = 0;
         interval.loss_sum = 0;
+        interval.trained_tokens = 0;
         interval.steps = 0;
       }
       if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
         const Evaluation e = evaluate_now();
         if (e.loss >= 0) {
-          progress.eval(step + 1, e.loss, log_eval(step + 1, e));
+          const auto [details, parts] = log_eval(step + 1, e);
+          progress.eval(step + 1, e.loss, details);
+          if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
@@ -267,7 +283,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const Evaluation final_eval = evaluate_now();
   summary.final_eval_loss = final_eval.loss;
   if (summary.final_eval_loss >= 0) {
-    progress.final_eval(summary.final_eval_loss, max_eval_batches, log_eval(num_steps, final_eval));
+    const auto [details, parts] = log_eval(num_steps, final_eval);
+    progress.final_eval(summary.final_eval_loss, max_eval_batches, details);
+    if (!parts.empty()) progress.say("  per dataset: " + parts);
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())

@@ -17,6 +17,8 @@ struct LogInterval {
   double seconds = 0;         // in their steps
   double train_seconds = 0;   // in every step of the run, evaluation and checkpoints excluded
   double elapsed_before = 0;  // wall time of the run's earlier parts (before a resume)
+  // Of the interval's targets, those that count toward the loss (not -1): its trained tokens.
+  std::int64_t trained_tokens = 0;
 };
 
 // What the next step depends on beyond the components' own state (the model's parameters, the

@@ -373,8 +373,8 @@ TEST_F(Gpt2BpeTest, CorruptFilesAreUserErrorsNamingThePathAndTheProblem) {
   message = hf_error({{"model", model}, {"pre_tokenizer", {{"type", "Whitespace"}}}});
   EXPECT_TRUE(contains(message, "tokenizer_json file '" + path("tokenizer.json") + "'")) << message;
   EXPECT_TRUE(contains(message, "its pre_tokenizer is {\"type\":\"Whitespace\"}")) << message;
-  message = hf_error({{"model", model}, {"normalizer", {{"type", "NFC"}}}});
-  EXPECT_TRUE(contains(message, "it has a normalizer")) << message;
+  message = hf_error({{"model", model}, {"normalizer", {{"type", "Lowercase"}}}});
+  EXPECT_TRUE(contains(message, "its normalizer is {\"type\":\"Lowercase\"}")) << message;
   json wordpiece = model;
   wordpiece["type"] = "WordPiece";
   EXPECT_TRUE(contains(hf_error({{"model", wordpiece}}), "reads BPE models only"));
