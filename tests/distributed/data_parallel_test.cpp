@@ -119,6 +119,37 @@ TEST(DataParallel, TwoRanksOfOneMicroBatchEqualOneProcessOfTwoBitForBit) {
   EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
 }
 
+// DPO: each rank's rows are whole pairs, the loss a mean over the batch's pairs, the reference
+// built on every rank from the starting weights.
+TEST(DataParallel, DpoOnTwoRanksEqualsOneProcessBitForBit) {
+  const fs::path one = scratch("dpo-one"), two = scratch("dpo-two");
+  auto args = [](const fs::path& dir) {
+    return std::vector<std::string>{LOOM_BINARY,
+                                    "train",
+                                    std::string(LOOM_SOURCE_DIR) + "/configs/dpo-tiny.yaml",
+                                    "data.paths=[" + std::string(LOOM_SOURCE_DIR) + "/configs/data/preferences.jsonl]",
+                                    "trainer.run_dir=" + dir.string(),
+                                    "trainer.num_train_steps=6",
+                                    "trainer.log_every=1",
+                                    "trainer.train_batch_size=8",
+                                    "trainer.microbatch_size=4",
+                                    "trainer.steps_per_eval=0",
+                                    "trainer.max_eval_batches=1",
+                                    "trainer.peak_flops=1e11",
+                                    "trainer.trackers=[jsonl]",
+                                    "model.num_layers=2"};
+  };
+  const auto single = run_command(args(one), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(2, args(two));
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), 6u);
+  EXPECT_NEAR(l1.front(), std::log(2.0), 1e-6);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
+}
+
 TEST(DataParallel, FourRanksOfTwoMicroBatchesStayWithinRoundingOfOneProcess) {
   const fs::path one = scratch("one4"), four = scratch("four");
   // SGD: an update proportional to the gradient, so rounding differences are not amplified the

@@ -32,6 +32,9 @@ const OptionSchema& run_config_schema() {
                 "The training and validation data: one dataset, or a `mixture` of several with `weights` "
                 "(docs/datasets.md, \"Mixtures\").");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+    s.component("objective", "objective", "causal_lm",
+                "What training minimises: causal_lm (next-token cross-entropy), sft, dpo (preference pairs against "
+                "a frozen reference model). See docs/fine-tuning.md.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
     s.object(
         "lora", lora_schema(),

@@ -209,11 +209,14 @@ class RopeTable {
   mutable Tensor device_cos_, device_sin_;
 };
 
-enum class Reduction : std::uint8_t { mean, sum };
+// mean: one scalar, over the targets not ignored; sum: one scalar, their sum; none: one loss per
+// target, shaped like the targets (0 where ignored), so that a caller can weigh rows (a
+// sequence's summed log-probability, DPO) and seed the backward pass with a gradient per target.
+enum class Reduction : std::uint8_t { mean, sum, none };
 
 struct CrossEntropyOptions {
-  std::int32_t ignore_index = -100;       // targets equal to it contribute nothing
-  Reduction reduction = Reduction::mean;  // mean: over the targets not ignored
+  std::int32_t ignore_index = -100;  // targets equal to it contribute nothing
+  Reduction reduction = Reduction::mean;
   // linear_cross_entropy only: tokens per chunk of logits; 0 chooses so that one chunk of
   // logits takes at most 256 MiB.
   std::int64_t chunk_tokens = 0;
@@ -321,7 +324,7 @@ class Ops {
   // table; positions i32 [batch, seq] or undefined (then position_offset + t).
   Tensor rope(const Tensor& x, const RopeTable& table, const Tensor& positions = {}, std::int64_t position_offset = 0);
 
-  // ---- Losses (each returns a scalar tensor)
+  // ---- Losses (each returns a scalar tensor, or with Reduction::none one loss per target)
   // logits [..., vocab] (row-strided), targets i32 [...]. Softmax and loss in one streaming
   // pass per row; the backward pass writes the gradient into the logits buffer itself when this
   // node holds the only reference to it (drop your own handle to the logits to get that),
@@ -330,7 +333,9 @@ class Ops {
   // cross_entropy(linear(x, weight), targets) without ever holding all the logits: chunks of
   // tokens are projected, reduced to their loss and, when recording, turned into the input and
   // weight gradients at once (kept for the backward pass). weight is [vocab, dim] (tied
-  // embeddings use the embedding table).
+  // embeddings use the embedding table). With Reduction::none the gradients depend on the seed
+  // of each target: the backward pass projects the chunks again (one more GEMM than the scalar
+  // reductions) instead.
   Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
                               const CrossEntropyOptions& options = {});
 

@@ -46,6 +46,7 @@ RunComponents create_components(const Registry& registry, const Value& config) {
   c.peak_learning_rate = optimizer.get<double>("learning_rate");
   c.max_grad_norm = optimizer.get_optional<double>("max_grad_norm").value_or(0.0);
   c.schedule = create<LrSchedule>(registry, config, "lr_schedule");
+  c.objective = create<Objective>(registry, config, "objective");
   return c;
 }
 
@@ -127,6 +128,19 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   }
   c.optimizer->init(OptimizerSetup{std::move(opt_params), c.backend.get()});
   return notes;
+}
+
+void create_reference_model(RunComponents& c, const Registry& registry, const Value& config, const Options& trainer,
+                            std::uint64_t seed) {
+  if (!c.objective->needs_reference_model()) return;
+  with_context("while making the reference model of the objective", [&] {
+    c.reference = create<Model>(registry, config, "model");
+    c.reference->build(ModelSetup{c.tokenizer->vocab_size()});
+    c.reference->initialize(seed);
+    if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+      load_initial_weights(*c.reference, from);
+    for (auto& p : c.reference->parameters()) p.parameter->set_requires_grad(false);
+  });
 }
 
 void start_trackers(RunComponents& c, const Registry& registry, const Options& trainer, const RunInfo& run) {

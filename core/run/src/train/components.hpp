@@ -13,6 +13,7 @@
 #include "loom/kinds/dataset.hpp"
 #include "loom/kinds/lr_schedule.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/kinds/objective.hpp"
 #include "loom/kinds/optimizer.hpp"
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/kinds/tracker.hpp"
@@ -29,6 +30,8 @@ struct RunComponents {
   Handle<Optimizer> optimizer;
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
+  Handle<Objective> objective;  // what the step minimises
+  Handle<Model> reference;      // the frozen starting weights, when the objective needs them
   // The trained parameters: the model's (less those trainer.frozen / trainable freeze), or under
   // LoRA the adapters. Set by choose_trained_parameters (or initialize_parameters: all).
   std::vector<ModelParameter> parameters;
@@ -66,6 +69,13 @@ std::string choose_trained_parameters(RunComponents& components, const Value& co
 std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed,
                                                bool init_from,
                                                const std::function<bool(const Parameter*)>& optimizes = {});
+
+// When the objective needs one (Objective::needs_reference_model), a second instance of the
+// model section, built like the first and holding the run's starting weights: the initialisation
+// of `seed`, then trainer.init_from, also when the run resumes (the reference never trains).
+// Its parameters take no gradient.
+void create_reference_model(RunComponents& components, const Registry& registry, const Value& config,
+                            const Options& trainer, std::uint64_t seed);
 
 // Creates the trackers trainer.trackers names and starts them on the run.
 void start_trackers(RunComponents& components, const Registry& registry, const Options& trainer, const RunInfo& run);

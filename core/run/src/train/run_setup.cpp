@@ -68,6 +68,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
 
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
+  if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
+    throw UserError(
+        "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
+        std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
+        "micro-batch size is " + std::to_string(run.micro_size) +
+        ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
 
   // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
   // the other ranks (which read it from the same path: one machine, or a shared file system).
@@ -148,6 +154,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
          << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
     progress.say(line.str());
   }
+  create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
   if (trainer.get<bool>("skip_bad_steps"))
     run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
   std::vector<std::pair<std::string, Tensor>> saved_average;

@@ -52,12 +52,12 @@ OptionSchema trainer_schema() {
   s.boolean("decay_norms", false, "Apply weight decay to normalisation weights.");
   s.boolean("decay_biases", false, "Apply weight decay to biases.");
   s.list("trackers", OptionType::string, {"jsonl", "tensorboard"}, "Trackers that record the run's metrics.");
-  s.string(
-      "init_from", "",
-      "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
-      "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
-      "to the current directory. Ignored when the run resumes from a checkpoint, except under LoRA: its checkpoints "
-      "hold the adapters alone, and the base weights come from here again.");
+  s.string("init_from", "",
+           "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
+           "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
+           "to the current directory. Ignored when the run resumes from a checkpoint, except by the reference model of "
+           "an objective that has one (dpo: the starting weights, always) and under LoRA (its checkpoints hold the "
+           "adapters alone: the base weights come from here again).");
   s.list(
       "trainable", OptionType::string, Value::List{},
       "Parameter-name patterns of the parameters to train (\"h.*.attn.*\", \"*.bias\", \"ln_f\"); the others are "
