@@ -20,4 +20,8 @@ echo "setting up the Python reference environment in $env_dir"
 /usr/bin/python3 -m venv --system-site-packages "$env_dir"
 "$env_dir/bin/pip" install -q --disable-pip-version-check -r "$requirements"
 "$env_dir/bin/python" -c "import torch, transformers, safetensors, tokenizers, sentencepiece"
+# PEFT for the LoRA test (tests/interop/peft_test.cpp), without dependencies: pip would replace
+# Debian's torch 1.13.0a0 (a pre-release to pip) with a wheel. accelerate is the one PEFT imports.
+"$env_dir/bin/pip" install -q --disable-pip-version-check --no-deps peft==0.13.2 accelerate==0.34.2 ||
+  echo "peft was not installed: the LoRA test against PEFT will skip"
 cp "$requirements" "$stamp"

@@ -325,6 +325,47 @@ std::vector<OpCase> build_cases() {
     };
     cases.push_back(c);
   }
+  {
+    // One loss per target (Reduction::none), each seeded with its own gradient: in place, and
+    // from a strided view that others hold (the scratch path).
+    OpCase c;
+    c.name = "cross_entropy_none";
+    c.make = [](Dims& d) {
+      const std::int64_t n = d.odd(3, 19), v = d.odd(29, 301);
+      CaseData data;
+      data.params = {rnd(d, {n, v + 4}, 3.0f)};
+      data.consts = {targets_with_ignored(d, {n}, static_cast<std::int32_t>(v))};
+      return data;
+    };
+    c.run = [](CaseEnv& e) -> std::vector<Tensor> {
+      const Tensor& p = e.p[0];
+      const Tensor strided = p.slice(1, 1, p.size(1) - 3);
+      Tensor copy = e.ops.scale(strided, 1.0f);
+      return {e.ops.cross_entropy(strided, e.data.consts[0], {.reduction = Reduction::none}),
+              e.ops.cross_entropy(copy, e.data.consts[0], {.reduction = Reduction::none})};
+    };
+    cases.push_back(c);
+  }
+  {
+    OpCase c;
+    c.name = "linear_cross_entropy_none";
+    c.make = [](Dims& d) {
+      const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
+      CaseData data;
+      data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
+      data.consts = {targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
+                     Tensor::from(std::span<const std::int32_t>(
+                                      std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
+                                  Shape{1})};
+      return data;
+    };
+    c.run = [](CaseEnv& e) -> std::vector<Tensor> {
+      const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];
+      return {e.ops.linear_cross_entropy(e.p[0], e.p[1], e.data.consts[0],
+                                         {.reduction = Reduction::none, .chunk_tokens = chunk})};
+    };
+    cases.push_back(c);
+  }
   cases.push_back(attention_case("attention_causal_gqa", {true, 0, 0.0f, false, false}));
   cases.push_back(attention_case("attention_window_softcap_segments", {false, 3, 5.0f, true, false}));
   cases.push_back(attention_case("attention_kv_cache", {true, 4, 0.0f, false, true}));

@@ -119,6 +119,37 @@ TEST(DataParallel, TwoRanksOfOneMicroBatchEqualOneProcessOfTwoBitForBit) {
   EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
 }
 
+// DPO: each rank's rows are whole pairs, the loss a mean over the batch's pairs, the reference
+// built on every rank from the starting weights.
+TEST(DataParallel, DpoOnTwoRanksEqualsOneProcessBitForBit) {
+  const fs::path one = scratch("dpo-one"), two = scratch("dpo-two");
+  auto args = [](const fs::path& dir) {
+    return std::vector<std::string>{LOOM_BINARY,
+                                    "train",
+                                    std::string(LOOM_SOURCE_DIR) + "/configs/dpo-tiny.yaml",
+                                    "data.paths=[" + std::string(LOOM_SOURCE_DIR) + "/configs/data/preferences.jsonl]",
+                                    "trainer.run_dir=" + dir.string(),
+                                    "trainer.num_train_steps=6",
+                                    "trainer.log_every=1",
+                                    "trainer.train_batch_size=8",
+                                    "trainer.microbatch_size=4",
+                                    "trainer.steps_per_eval=0",
+                                    "trainer.max_eval_batches=1",
+                                    "trainer.peak_flops=1e11",
+                                    "trainer.trackers=[jsonl]",
+                                    "model.num_layers=2"};
+  };
+  const auto single = run_command(args(one), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(2, args(two));
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), 6u);
+  EXPECT_NEAR(l1.front(), std::log(2.0), 1e-6);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
+}
+
 TEST(DataParallel, FourRanksOfTwoMicroBatchesStayWithinRoundingOfOneProcess) {
   const fs::path one = scratch("one4"), four = scratch("four");
   // SGD: an update proportional to the gradient, so rounding differences are not amplified the
@@ -150,6 +181,34 @@ TEST(DataParallel, ShardedOptimizerStateTrainsAsOneProcessDoes) {
   ASSERT_EQ(l1.size(), l4.size());
   for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l4[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
   EXPECT_LT(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 1e-6);
+}
+
+// Frozen parameters (trainer.frozen) and LoRA adapters: the ranks bucket and reduce only the
+// trained gradients, and ZeRO-1 shards only their optimizer state.
+TEST(DataParallel, FrozenParametersAndLoraAdaptersTrainAsOneProcessDoes) {
+  {
+    const fs::path one = scratch("frozen-one"), two = scratch("frozen-two");
+    auto args1 = train_args(one, 4), args2 = train_args(two, 4);
+    for (auto* a : {&args1, &args2}) a->push_back("trainer.frozen=[wte, wpe, 'h.0.*']");
+    const auto single = run_command(args1, {"LOOM_NUM_THREADS=1"});
+    ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+    const auto parallel = mpirun(2, args2);
+    ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+    EXPECT_EQ(losses(one), losses(two));
+    EXPECT_EQ(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), 0.0);
+  }
+  const fs::path one = scratch("lora-one"), two = scratch("lora-two");
+  auto args1 = train_args(one, 2), args2 = train_args(two, 2);
+  for (auto* a : {&args1, &args2}) a->insert(a->end(), {"lora.rank=4", "lora.dropout=0.1"});
+  args2.push_back("trainer.shard_optimizer_state=true");
+  const auto single = run_command(args1, {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto sharded = mpirun(2, args2);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), l2.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l2[i], 1e-6 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_LT(max_relative_difference(one / "adapter_model.safetensors", two / "adapter_model.safetensors"), 1e-5);
 }
 
 // A checkpoint holds the whole state whatever number of ranks wrote it, sharded or not, and

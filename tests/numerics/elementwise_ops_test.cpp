@@ -130,6 +130,47 @@ TEST_F(ElementwiseOps, LinearCrossEntropySoftcapMatchesTheUnfusedPath) {
   for (std::size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(fused_dw[i], dw[i], 1e-5);
 }
 
+// Reduction::none: one loss per target (0 where ignored), each with its own seed in the backward
+// pass; fused (projecting again in the backward pass) and unfused agree, soft-capping and z-loss
+// included, and the losses add up to Reduction::sum's.
+TEST_F(ElementwiseOps, PerTargetLossesMatchTheUnfusedPathAndTheSum) {
+  Parameter x("x", values(ramp(15, 2.0f, 0.0f), {5, 3}));
+  Parameter w("w", values(ramp(21, 3.0f, 0.5f), {7, 3}));
+  const Tensor targets = Tensor::from(std::span<const std::int32_t>(std::vector<std::int32_t>{0, 6, -1, 3, 2}), {5});
+  const Tensor seed = values({0.5f, -1.0f, 2.0f, 0.25f, 1.5f}, {5});
+  CrossEntropyOptions ce;
+  ce.ignore_index = -1;
+  ce.chunk_tokens = 2;
+  ce.reduction = Reduction::none;
+  Tape tape;
+  Ops ops(*ref_, &tape);
+  ops.set_z_loss_weight(0.01f);
+  ce.logit_softcap = 4.0f;
+  const Tensor fused = ops.linear_cross_entropy(x.tensor(), w.tensor(), targets, ce);
+  const auto fused_values = fused.to_vector();
+  tape.backward(fused, seed);
+  const auto fused_dx = x.grad().to_vector(), fused_dw = w.grad().to_vector();
+  x.zero_grad();
+  w.zero_grad();
+  ce.logit_softcap = 0.0f;
+  const Tensor plain = ops.cross_entropy(ops.softcap(ops.linear(x.tensor(), w.tensor()), 4.0f), targets, ce);
+  ASSERT_EQ(plain.shape(), targets.shape());
+  const auto plain_values = plain.to_vector();
+  tape.backward(plain, seed);
+  EXPECT_EQ(fused_values[2], 0.0f) << "an ignored target's loss";
+  for (std::size_t i = 0; i < plain_values.size(); ++i) EXPECT_NEAR(fused_values[i], plain_values[i], 1e-5);
+  const auto dx = x.grad().to_vector(), dw = w.grad().to_vector();
+  for (std::size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(fused_dx[i], dx[i], 1e-5);
+  for (std::size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(fused_dw[i], dw[i], 1e-5);
+
+  NoGradGuard guard(tape);
+  ce.reduction = Reduction::sum;
+  ce.logit_softcap = 4.0f;
+  double total = 0;
+  for (const float v : fused_values) total += v;
+  EXPECT_NEAR(ops.linear_cross_entropy(x.tensor(), w.tensor(), targets, ce).item(), total, 1e-5);
+}
+
 TEST_F(ElementwiseOps, BadOperandsNameTheOperation) {
   Ops ops(*ref_);
   EXPECT_THROW(ops.mul(values({1, 2}, {2}), values({1, 2, 3}, {3})), InternalError);

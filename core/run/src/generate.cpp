@@ -277,13 +277,16 @@ fs::path run_directory(const fs::path& run_or_weights) {
   return config.parent_path();
 }
 
-LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights) {
+LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_lora) {
   LoadedRun run;
   std::error_code ec;
   fs::path weights = run_or_weights;
   if (fs::is_directory(run_or_weights, ec)) {
     run.run_dir = run_or_weights;
     weights = run_or_weights / "model.safetensors";
+    // A LoRA run's final save: its adapters alone.
+    if (!fs::exists(weights, ec) && fs::exists(run_or_weights / "adapter_model.safetensors", ec))
+      weights = run_or_weights / "adapter_model.safetensors";
   } else {
     run.run_dir = run_or_weights.parent_path();
   }
@@ -322,6 +325,10 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights) {
   }
   run.documents = document_boundary(*run.tokenizer, separator_ends_documents);
   run.model->build(ModelSetup{run.tokenizer->vocab_size()});
+  if (lora_settings(config).enabled()) {
+    run.lora = load_lora_model(*run.model, *run.backend, config, weights, merge_lora);
+    return run;
+  }
   const std::vector<ModelParameter> params = run.model->parameters();
   with_context("while loading weights from " + weights.string(),
                [&] { safetensors::load_parameters(weights, params); });

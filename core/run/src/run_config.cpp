@@ -1,5 +1,6 @@
 #include "loom/run/run_config.hpp"
 
+#include "loom/run/lora.hpp"
 #include "loom/run/trainer.hpp"
 #include "train/mixture.hpp"
 
@@ -31,7 +32,13 @@ const OptionSchema& run_config_schema() {
                 "The training and validation data: one dataset, or a `mixture` of several with `weights` "
                 "(docs/datasets.md, \"Mixtures\").");
     s.component("tokenizer", "tokenizer", "byte", "The tokenizer.");
+    s.component("objective", "objective", "causal_lm",
+                "What training minimises: causal_lm (next-token cross-entropy), sft, dpo (preference pairs against "
+                "a frozen reference model). See docs/fine-tuning.md.");
     s.object("trainer", trainer_schema(), "The training loop: steps, batch, logging, evaluation, sampling.");
+    s.object(
+        "lora", lora_schema(),
+        "Low-rank adapters (LoRA) on the model's linear weights; the base weights are frozen (docs/fine-tuning.md).");
     s.component("collective", "collective", std::nullopt,
                 "Communication between the processes of a data-parallel run; null: `mpi` under mpirun, else `single`.");
 

@@ -17,6 +17,7 @@ struct CheckpointNode final : Node {
   std::vector<Tensor> saved;        // save_dots: the matrix products' outputs, in call order
   bool training = true;
   std::uint64_t dropout_seed = 0, dropout_step = 0, dropout_calls = 0;
+  const LinearAdapters* adapters = nullptr;  // the first run's low-rank adapters
 
   void backward(BackwardPass& pass) override {
     Tape tape;
@@ -24,6 +25,7 @@ struct CheckpointNode final : Node {
     ops.set_training(training);
     ops.set_dropout_seed(dropout_seed, dropout_step);
     ops.dropout_calls_ = dropout_calls;  // the dropout masks of the first run
+    ops.adapters_ = adapters;
     if (policy == RematPolicy::save_dots) ops.remat_replay_ = &saved;
     // The inputs become leaves of the inner tape (parameters of their own) where a gradient is
     // wanted; the segment's parameters are the model's, and accumulate as usual.
@@ -109,6 +111,7 @@ std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Seg
   node->dropout_seed = dropout_seed_;
   node->dropout_step = dropout_step_;
   node->dropout_calls = dropout_calls;
+  node->adapters = adapters_;
   for (Tensor& out : outputs) {
     if (!out.defined() || !out.is_contiguous() || out.dtype() != DType::f32)
       detail::op_error(op, "the segment's outputs must be contiguous f32 tensors made by its operations");

@@ -141,7 +141,43 @@ Tensor Ops::contiguous(const Tensor& x) {
   return y;
 }
 
-Tensor Ops::linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
+Tensor Ops::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
+  if (adapters_ || linear_observer_) {
+    // Only a weight that is a whole parameter (not a slice of one, such as an expert's rows).
+    Parameter* p = weight.parameter();
+    if (p && weight.dtype() == DType::f32 && weight.shape() == p->shape() &&
+        weight.device_data<float>() == p->tensor().device_data<float>()) {
+      if (linear_observer_) linear_observer_(*p, options.weight_in_out);
+      if (adapters_)
+        if (const auto it = adapters_->find(p); it != adapters_->end())
+          return adapted_linear(it->second, x, weight, bias, options);
+    }
+  }
+  return linear_product(x, weight, bias, options);
+}
+
+// y = act(x W^T + b + scale * dropout(x) A^T B^T), composed from recorded operations: the
+// backward pass is theirs. The scale applies to the rank-wide intermediate (the cheap side).
+Tensor Ops::adapted_linear(const LinearAdapter& adapter, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           const LinearOptions& options) {
+  LinearOptions plain = options;
+  plain.activation = Activation::none;
+  const Tensor y = linear_product(x, weight, bias, plain);
+  const Tensor h = adapter.dropout > 0.0f ? dropout(x, adapter.dropout) : x;
+  const Tensor low = scale(linear_product(h, adapter.a->tensor(), Tensor(), {}), adapter.scale);
+  const Tensor sum = add(y, linear_product(low, adapter.b->tensor(), Tensor(), {}));
+  switch (options.activation) {
+    case Activation::none:
+      return sum;
+    case Activation::gelu_tanh:
+      return gelu(sum);
+    case Activation::silu:
+      return silu(sum);
+  }
+  op_error("linear", "unknown activation");
+}
+
+Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
   constexpr const char* op = "linear";
   detail::require_f32(*this, x_in, op, "x");
   detail::require_f32(*this, weight, op, "weight");

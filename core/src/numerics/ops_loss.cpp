@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "numerics/ops_support.hpp"
 
@@ -36,7 +37,7 @@ std::int64_t count_targets(const Tensor& targets, std::int64_t vocab, std::int32
 
 // The factor that turns per-row losses into the reduced loss.
 float reduction_scale(Reduction r, std::int64_t count) {
-  return r == Reduction::sum ? 1.0f : count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  return r != Reduction::mean ? 1.0f : count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
 // Sum of per-row losses in row order, in double, on the host: deterministic and independent of
@@ -74,6 +75,24 @@ void add_z_loss_gradient(float* rows, std::int64_t ld, const std::int32_t* targe
   }
 }
 
+// Reduction::none: the per-target losses (shaped like `targets`), each with its z-loss term.
+Tensor per_target_losses(const Tensor& losses, const Tensor& lse, const std::int32_t* targets, std::int64_t rows,
+                         std::int32_t ignore, float z_loss_weight, const Shape& shape) {
+  if (z_loss_weight != 0.0f) {
+    float* l = losses.data<float>();
+    const float* z = lse.data<float>();
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (targets[r] != ignore) l[r] += z_loss_weight * z[r] * z[r];
+  }
+  return losses.view(shape);
+}
+
+// The seed of each row of a Reduction::none loss, on the host (zeros when none reached it).
+std::vector<float> row_seeds(const Tensor& grad, std::int64_t rows) {
+  if (!grad.defined()) return std::vector<float>(static_cast<std::size_t>(rows), 0.0f);
+  return detail::host_readable(grad).to_vector();
+}
+
 void require_host_for_z_loss(const Tensor& t, const char* op) {
   if (!t.is_host_visible()) op_error(op, "z-loss (z_loss_weight > 0) needs logits in host-visible memory");
 }
@@ -86,17 +105,33 @@ struct CrossEntropyNode final : Node {
   float scale = 1.0f;
   float z_loss_weight = 0.0f;
   std::int32_t ignore = -100;
+  bool per_row = false;  // Reduction::none
 
   void backward(BackwardPass& pass) override {
     Backend& be = pass.backend();
-    const float g = pass.output_grad(*this, 0).item() * scale;
     const detail::Matrix l = detail::as_matrix(logits);
     const std::int32_t* t = detail::ids_ptr(targets);
+    // Reduction::none: each row has its own seed; otherwise one scalar for every row.
+    const std::vector<float> seeds = per_row ? row_seeds(pass.output_grad(*this, 0), l.rows) : std::vector<float>();
+    const float g = per_row ? 0.0f : pass.output_grad(*this, 0).item() * scale;
+    // Rows [r0, r0 + n) of the logits, held at `rows` with stride ld, into their gradient.
+    auto to_gradient = [&](float* rows, std::int64_t ld, std::int64_t r0, std::int64_t n) {
+      if (!per_row) {
+        be.cross_entropy_backward(rows, ld, t + r0, ptr(lse) + r0, g, n, l.cols, ignore);
+        if (z_loss_weight != 0.0f)
+          add_z_loss_gradient(rows, ld, t + r0, ptr(lse) + r0, g, z_loss_weight, n, l.cols, ignore);
+        return;
+      }
+      for (std::int64_t r = 0; r < n; ++r) {
+        const float gr = seeds[static_cast<std::size_t>(r0 + r)];
+        be.cross_entropy_backward(rows + r * ld, ld, t + r0 + r, ptr(lse) + r0 + r, gr, 1, l.cols, ignore);
+        if (z_loss_weight != 0.0f)
+          add_z_loss_gradient(rows + r * ld, ld, t + r0 + r, ptr(lse) + r0 + r, gr, z_loss_weight, 1, l.cols, ignore);
+      }
+    };
     if (logits.storage_use_count() == 1) {
       // Nobody else can see the logits: they become their own gradient.
-      be.cross_entropy_backward(l.data, l.ld, t, ptr(lse), g, l.rows, l.cols, ignore);
-      if (z_loss_weight != 0.0f)
-        add_z_loss_gradient(l.data, l.ld, t, ptr(lse), g, z_loss_weight, l.rows, l.cols, ignore);
+      to_gradient(l.data, l.ld, 0, l.rows);
       if (l.ld == l.cols)
         pass.give(dlogits, std::move(logits));
       else
@@ -120,9 +155,7 @@ struct CrossEntropyNode final : Node {
             detail::TensorAccess::view_of(logits, logits.offset() + r0 * l.ld, Shape{n, l.cols}, Strides{l.ld, 1});
         scratch.slice(0, 0, n).copy_from(rows);
       }
-      be.cross_entropy_backward(s, l.cols, t + r0, ptr(lse) + r0, g, n, l.cols, ignore);
-      if (z_loss_weight != 0.0f)
-        add_z_loss_gradient(s, l.cols, t + r0, ptr(lse) + r0, g, z_loss_weight, n, l.cols, ignore);
+      to_gradient(s, l.cols, r0, n);
       for (std::int64_t r = 0; r < n; ++r)
         be.scale(s + r * l.cols, 1.0f, d.data + (r0 + r) * d.ld, l.cols, b.accumulate);
     }
@@ -147,6 +180,64 @@ struct LinearCrossEntropyNode final : Node {
   }
 };
 
+// linear_cross_entropy with Reduction::none: the gradient depends on each target's seed, so the
+// backward pass projects the chunks again and applies the seeds row by row.
+struct LinearCrossEntropyRowsNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "linear_cross_entropy"; }
+  Tensor x, weight, targets, lse;
+  GradTarget tx, tweight;
+  std::int64_t chunk = 1;
+  float cap = 0.0f;
+  float z_loss_weight = 0.0f;
+  std::int32_t ignore = -100;
+
+  void backward(BackwardPass& pass) override {
+    Backend& be = pass.backend();
+    const detail::Matrix xm = detail::as_matrix(x);
+    const detail::Matrix wm = detail::as_matrix(weight);
+    const std::int64_t rows = xm.rows, dim = xm.cols, vocab = wm.rows;
+    const std::vector<float> seeds = row_seeds(pass.output_grad(*this, 0), rows);
+    const std::int32_t* t = detail::ids_ptr(targets);
+    Tensor logits = pass.empty(Shape{chunk, vocab});
+    Tensor capped = cap > 0.0f ? pass.empty(Shape{chunk, vocab}) : Tensor();
+    Tensor dx = tx.active() ? pass.empty(x.shape()) : Tensor();
+    Tensor dweight = tweight.active() ? pass.empty(weight.shape()) : Tensor();
+    float* l = ptr(logits);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      const float* xr = xm.data + r0 * xm.ld;
+      be.gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xr, xm.ld, wm.data, wm.ld, 0.0f, l, vocab);
+      if (cap > 0.0f) {
+        float* th_out = capped.data<float>();
+        for (std::int64_t i = 0; i < n * vocab; ++i) {
+          th_out[i] = std::tanh(l[i] / cap);
+          l[i] = cap * th_out[i];
+        }
+      }
+      for (std::int64_t r = 0; r < n; ++r) {
+        const float g = seeds[static_cast<std::size_t>(r0 + r)];
+        be.cross_entropy_backward(l + r * vocab, vocab, t + r0 + r, ptr(lse) + r0 + r, g, 1, vocab, ignore);
+        if (z_loss_weight != 0.0f)
+          add_z_loss_gradient(l + r * vocab, vocab, t + r0 + r, ptr(lse) + r0 + r, g, z_loss_weight, 1, vocab, ignore);
+      }
+      if (capped.defined()) {
+        const float* th = capped.data<float>();
+        for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
+      }
+      if (dx.defined())
+        be.gemm(Transpose::no, Transpose::no, n, dim, vocab, 1.0f, l, vocab, wm.data, wm.ld, 0.0f, ptr(dx) + r0 * dim,
+                dim);
+      if (dweight.defined())
+        be.gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
+                ptr(dweight), dim);
+    }
+    if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
+    if (dx.defined()) pass.give(tx, std::move(dx));
+    if (dweight.defined()) pass.give(tweight, std::move(dweight));
+  }
+};
+
 }  // namespace
 
 Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const CrossEntropyOptions& options) {
@@ -168,6 +259,24 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
   Tensor lse = detail::empty(*this, Shape{l.rows});
   backend_->cross_entropy_forward(l.data, l.ld, detail::ids_ptr(targets), ptr(losses), ptr(lse), l.rows, vocab,
                                   options.ignore_index);
+  const bool per_row = options.reduction == Reduction::none;
+  if (per_row) {
+    if (z_loss_weight_ != 0.0f) require_host_for_z_loss(logits, op);
+    Tensor out = per_target_losses(losses, lse, detail::ids_ptr(targets), l.rows, options.ignore_index, z_loss_weight_,
+                                   targets.shape());
+    if (auto* rec = detail::recording_state(tape_, {&logits}, op)) {
+      auto* node = rec->record<CrossEntropyNode>(*backend_);
+      node->logits = logits.detach();
+      node->targets = targets;
+      node->lse = lse;
+      node->dlogits = rec->target(logits);
+      node->z_loss_weight = z_loss_weight_;
+      node->ignore = options.ignore_index;
+      node->per_row = true;
+      rec->add_output(*node, out);
+    }
+    return out;
+  }
   float value = reduce(losses, scale);
   if (z_loss_weight_ != 0.0f) {
     require_host_for_z_loss(logits, op);
@@ -229,6 +338,36 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   Tensor lse = detail::empty(*this, Shape{rows});
   Tensor logits = detail::empty(*this, Shape{chunk, vocab});
   if (z_loss_weight_ != 0.0f) require_host_for_z_loss(logits, op);
+  if (options.reduction == Reduction::none) {
+    // The losses alone now; the backward pass (LinearCrossEntropyRowsNode) projects again.
+    const std::int32_t* t = detail::ids_ptr(targets);
+    float* l = ptr(logits);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      backend_->gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xm.data + r0 * xm.ld, xm.ld, wm.data, wm.ld,
+                     0.0f, l, vocab);
+      if (cap > 0.0f)
+        for (std::int64_t i = 0; i < n * vocab; ++i) l[i] = cap * std::tanh(l[i] / cap);
+      backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab,
+                                      options.ignore_index);
+    }
+    Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight_, targets.shape());
+    if (rec) {
+      auto* node = rec->record<LinearCrossEntropyRowsNode>(*backend_);
+      node->x = x.detach();
+      node->weight = weight.detach();
+      node->targets = targets;
+      node->lse = lse;
+      node->tx = tx;
+      node->tweight = tw;
+      node->chunk = chunk;
+      node->cap = cap;
+      node->z_loss_weight = z_loss_weight_;
+      node->ignore = options.ignore_index;
+      rec->add_output(*node, out);
+    }
+    return out;
+  }
   // With soft-capping: tanh(logit / cap) of the chunk, for the backward factor 1 - tanh^2.
   Tensor capped = cap > 0.0f && rec ? detail::empty(*this, Shape{chunk, vocab}) : Tensor();
   Tensor dx = tx.active() ? detail::empty(*this, x.shape()) : Tensor();

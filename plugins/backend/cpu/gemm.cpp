@@ -12,17 +12,26 @@
 // of OpenBLAS 0.3.21). Panels are therefore never smaller than gemm_parallel_min_work (2^21 by
 // default), so a problem is computed by the same kernel whether it is split or not. Within the
 // regular kernel, an element's rounding also depends on the micro-tile that computes it: panel
-// starts are multiples of kPanelRows (a multiple of the 16- and 24-row tiles of Skylake-X and
-// Zen), so the tiles of a panel are those of the unsplit product. Products are never cut along
-// n: on Zen 3 column panels changed results however they were aligned. GEMM results do not
-// depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
+// starts are multiples of the row tile of the kernels OpenBLAS chose at start-up (panel_rows():
+// 12 for its Haswell and Zen kernels, 16 for Skylake-X, Cooper Lake and Sapphire Rapids, found by
+// splitting GPT-2-sized products at every multiple of 4 and comparing bits; 48, a multiple of
+// both, for any other), so the tiles of a panel are those of the unsplit product. The finest
+// tile that is safe matters for speed: with 48-row starts a 256-row product (GPT-2 small at
+// 4 x 64) splits 144/112 over two threads, 12% above an even split; with 12, 132/124. Products
+// are never cut along n: on Zen 3 column panels changed results however they were aligned. GEMM
+// results do not depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
 //
 // With matmul_precision: bf16 every product is a bf16 one instead (gemm_bf16.cpp), cut its own
 // way (rows or columns, whichever is longer) and thread-count independent whatever the cut; the
 // linear layer's epilogue then runs as a pass of its own after the product.
 #include <cblas.h>
 
+#include <cstring>
+
 #include "cpu_backend.hpp"
+
+// OpenBLAS's name for the kernels it chose (a weak reference: null with another BLAS).
+extern "C" char* openblas_get_corename(void) __attribute__((weak));
 
 namespace loom::cpu {
 
@@ -32,7 +41,19 @@ CBLAS_TRANSPOSE cblas_trans(bool t) {
   return t ? CblasTrans : CblasNoTrans;
 }
 
-constexpr int64_t kPanelRows = 48;
+// Row panels start at multiples of this (see the top of the file).
+int64_t panel_rows() {
+  static const int64_t rows = [] {
+    const char* core = openblas_get_corename ? openblas_get_corename() : nullptr;
+    if (!core) return int64_t{48};
+    for (const char* name : {"Haswell", "Zen"})
+      if (std::strcmp(core, name) == 0) return int64_t{12};
+    for (const char* name : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+      if (std::strcmp(core, name) == 0) return int64_t{16};
+    return int64_t{48};
+  }();
+  return rows;
+}
 
 // Start of panel i of p over [0, n), rounded to a multiple of `align`.
 int64_t panel_start(int64_t n, int64_t i, int64_t p, int64_t align) {
@@ -62,7 +83,7 @@ void CpuBackend::gemm_single(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 CpuBackend::Split CpuBackend::gemm_split(int64_t m, int64_t n, int64_t k) const {
   const int64_t work = m * n * std::max<int64_t>(k, 1);
   const int64_t panels = std::min<int64_t>(
-      {ex_.num_threads(), m / kPanelRows, work / std::max<int64_t>(1, options_.gemm_parallel_min_work)});
+      {ex_.num_threads(), m / panel_rows(), work / std::max<int64_t>(1, options_.gemm_parallel_min_work)});
   return {work < options_.gemm_parallel_min_work || panels < 2 ? 1 : panels};
 }
 
@@ -81,8 +102,8 @@ void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n
   }
   ex_.parallel_for(split.panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
-      const int64_t s = panel_start(m, p, split.panels, kPanelRows),
-                    e = panel_start(m, p + 1, split.panels, kPanelRows);
+      const int64_t s = panel_start(m, p, split.panels, panel_rows()),
+                    e = panel_start(m, p + 1, split.panels, panel_rows());
       if (s >= e) continue;
       gemm_single(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta, c + s * ldc, ldc);
     }
@@ -103,8 +124,8 @@ void CpuBackend::linear_forward(Transpose trans_a, Transpose trans_b, int64_t m,
   const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
   ex_.parallel_for(split.panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
-      const int64_t s = panel_start(m, p, split.panels, kPanelRows),
-                    e = panel_start(m, p + 1, split.panels, kPanelRows);
+      const int64_t s = panel_start(m, p, split.panels, panel_rows()),
+                    e = panel_start(m, p + 1, split.panels, panel_rows());
       if (s >= e) continue;
       gemm_single(ta, tb, e - s, n, k, 1.0f, ta ? a + s : a + s * lda, lda, b, ldb, 0.0f, pre + s * n, n);
       bias_activation_rows(pre, bias, out, s, e, n, act);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,18 @@ class NoGradGuard {
   bool previous_;
 };
 
+// A low-rank adapter (LoRA, Hu et al. 2021) on the weight of a linear operation: Ops::linear with
+// that weight adds scale * dropout(x) A^T B^T to x W^T (before the bias's activation), whatever
+// the weight's layout. The model does not know: the run layer attaches adapters to an Ops.
+struct LinearAdapter {
+  Parameter* a = nullptr;  // [rank, in]
+  Parameter* b = nullptr;  // [out, rank]
+  float scale = 1.0f;      // alpha / rank
+  float dropout = 0.0f;    // on the adapter's input, from the Ops' dropout stream
+};
+// Adapters by the parameter whose whole value is the weight.
+using LinearAdapters = std::unordered_map<const Parameter*, LinearAdapter>;
+
 struct LinearOptions {
   // false: weight is [out, in] (PyTorch nn.Linear, y = x W^T); true: weight is [in, out] (y = x W).
   bool weight_in_out = false;
@@ -196,11 +209,14 @@ class RopeTable {
   mutable Tensor device_cos_, device_sin_;
 };
 
-enum class Reduction : std::uint8_t { mean, sum };
+// mean: one scalar, over the targets not ignored; sum: one scalar, their sum; none: one loss per
+// target, shaped like the targets (0 where ignored), so that a caller can weigh rows (a
+// sequence's summed log-probability, DPO) and seed the backward pass with a gradient per target.
+enum class Reduction : std::uint8_t { mean, sum, none };
 
 struct CrossEntropyOptions {
-  std::int32_t ignore_index = -100;       // targets equal to it contribute nothing
-  Reduction reduction = Reduction::mean;  // mean: over the targets not ignored
+  std::int32_t ignore_index = -100;  // targets equal to it contribute nothing
+  Reduction reduction = Reduction::mean;
   // linear_cross_entropy only: tokens per chunk of logits; 0 chooses so that one chunk of
   // logits takes at most 256 MiB.
   std::int64_t chunk_tokens = 0;
@@ -248,6 +264,15 @@ class Ops {
   // trainer.z_loss_weight; a weight > 0 needs host-visible memory.
   void set_z_loss_weight(float weight) { z_loss_weight_ = weight; }
   float z_loss_weight() const { return z_loss_weight_; }
+
+  // Low-rank adapters: linear() with a weight that is a whole parameter listed in `adapters` adds
+  // that adapter's product. The table must outlive this Ops; null (the default): none.
+  void set_linear_adapters(const LinearAdapters* adapters) { adapters_ = adapters; }
+  // Called by linear() for each weight that is a whole parameter, with its layout: how the run
+  // layer finds the weights a model multiplies (the targets of adapters) without the model's help.
+  void set_linear_observer(std::function<void(Parameter& weight, bool weight_in_out)> observer) {
+    linear_observer_ = std::move(observer);
+  }
 
   // ---- Linear algebra
   // x [..., in] (any row stride), weight per options, bias [out] or undefined -> [..., out].
@@ -299,7 +324,7 @@ class Ops {
   // table; positions i32 [batch, seq] or undefined (then position_offset + t).
   Tensor rope(const Tensor& x, const RopeTable& table, const Tensor& positions = {}, std::int64_t position_offset = 0);
 
-  // ---- Losses (each returns a scalar tensor)
+  // ---- Losses (each returns a scalar tensor, or with Reduction::none one loss per target)
   // logits [..., vocab] (row-strided), targets i32 [...]. Softmax and loss in one streaming
   // pass per row; the backward pass writes the gradient into the logits buffer itself when this
   // node holds the only reference to it (drop your own handle to the logits to get that),
@@ -308,7 +333,9 @@ class Ops {
   // cross_entropy(linear(x, weight), targets) without ever holding all the logits: chunks of
   // tokens are projected, reduced to their loss and, when recording, turned into the input and
   // weight gradients at once (kept for the backward pass). weight is [vocab, dim] (tied
-  // embeddings use the embedding table).
+  // embeddings use the embedding table). With Reduction::none the gradients depend on the seed
+  // of each target: the backward pass projects the chunks again (one more GEMM than the scalar
+  // reductions) instead.
   Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
                               const CrossEntropyOptions& options = {});
 
@@ -335,6 +362,11 @@ class Ops {
 
  private:
   friend struct detail::CheckpointNode;
+  Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options);
+  Tensor adapted_linear(const LinearAdapter& adapter, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const LinearOptions& options);
+  const LinearAdapters* adapters_ = nullptr;
+  std::function<void(Parameter&, bool)> linear_observer_;
   // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the
   // recomputation takes them from instead of computing them.
   std::vector<Tensor>* remat_save_ = nullptr;

@@ -12,7 +12,7 @@ struct KindInfo {
 };
 
 // In the order `loom plugins` lists them.
-inline constexpr std::array<KindInfo, 9> component_kinds{{
+inline constexpr std::array<KindInfo, 10> component_kinds{{
     {"backend", "implements the tensor operations (cpu, reference)"},
     {"model", "a transformer architecture built from the backend's operations"},
     {"attention", "an attention kernel: forward and backward"},
@@ -22,6 +22,7 @@ inline constexpr std::array<KindInfo, 9> component_kinds{{
     {"lr_schedule", "the learning rate as a function of the step"},
     {"tracker", "records metrics of a run"},
     {"collective", "communication between the processes of a data-parallel run"},
+    {"objective", "what training minimises: the loss of a micro-batch (causal_lm, dpo)"},
 }};
 
 inline constexpr bool is_component_kind(std::string_view kind) {

@@ -240,6 +240,24 @@ class CausalLm : public Model {
     return extra.defined() ? ops.add(loss, extra.view(loss.shape())) : loss;
   }
 
+  Tensor token_losses(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) final {
+    require_built("token_losses");
+    check_batch(tokens, targets, segments, vocab_size(), max_seq_len(), label(), true);
+    const Tensor x = forward(ops, tokens, segments, nullptr);
+    CrossEntropyOptions ce;
+    ce.ignore_index = -1;
+    ce.logit_softcap = final_logit_softcap();
+    ce.reduction = Reduction::none;
+    const Tensor losses = ops.linear_cross_entropy(x, head(), targets, ce);
+    {
+      // The forward pass's auxiliary state is consumed (its metrics kept), its losses not added.
+      std::optional<NoGradGuard> guard;
+      if (ops.tape()) guard.emplace(*ops.tape());
+      auxiliary_loss(ops);
+    }
+    return losses;
+  }
+
   Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
     require_built("logits");
     check_batch(tokens, Tensor(), segments, vocab_size(), max_seq_len(), label(), false);

@@ -37,6 +37,9 @@ RunFiles resolve_run_or_checkpoint(const fs::path& path) {
     dir = latest_checkpoint(path / "checkpoints");
   else if (fs::exists(path / "latest", ec))
     dir = latest_checkpoint(path);
+  // A LoRA run without checkpoints: its final adapters (docs/fine-tuning.md).
+  if (!fs::exists(dir / "model.safetensors", ec) && fs::exists(dir / "adapter_model.safetensors", ec))
+    return {dir, dir / "adapter_model.safetensors"};
   if (!fs::exists(dir / "model.safetensors", ec))
     throw UserError("'" + path.string() +
                     "' is not a loom run or checkpoint: it holds neither model.safetensors nor checkpoints/latest "

@@ -99,7 +99,7 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
   const RunComponents& c = run.components;
   checkpoint::Snapshot snap;
   snap.step = record.step;
-  for (const auto& p : c.parameters) snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+  for (const auto& p : c.saved_parameters()) snap.model.emplace_back(p.parameter->name(), p.parameter->data());
   snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
   snap.optimizer = c.optimizer->state();
   // The weight average (trainer.ema_decay) is training state too: beside the optimizer's.

@@ -1,5 +1,6 @@
 #include "train/components.hpp"
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -45,6 +46,7 @@ RunComponents create_components(const Registry& registry, const Value& config) {
   c.peak_learning_rate = optimizer.get<double>("learning_rate");
   c.max_grad_norm = optimizer.get_optional<double>("max_grad_norm").value_or(0.0);
   c.schedule = create<LrSchedule>(registry, config, "lr_schedule");
+  c.objective = create<Objective>(registry, config, "objective");
   return c;
 }
 
@@ -64,6 +66,34 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
   }
 }
 
+std::string choose_trained_parameters(RunComponents& c, const Value& config, const Options& trainer) {
+  const LoraSettings lora = lora_settings(config);
+  if (!lora.enabled() && !lora.target_modules.empty())
+    throw UserError("lora.target_modules is set but lora.rank is 0, which turns LoRA off; give lora.rank (8 is usual)");
+  if (lora.enabled())
+    c.lora = with_context("while attaching the LoRA adapters (lora)",
+                          [&] { return std::make_shared<LoraAdapters>(*c.model, *c.backend, lora); });
+  const std::vector<ModelParameter> all = c.model->parameters();
+  c.parameters = select_trainable(all, trainer.get<std::vector<std::string>>("trainable"),
+                                  trainer.get<std::vector<std::string>>("frozen"), lora.enabled());
+  const bool chosen = !trainer.get<std::vector<std::string>>("trainable").empty() ||
+                      !trainer.get<std::vector<std::string>>("frozen").empty();
+  if (!c.lora && !chosen) return {};
+  std::int64_t total = 0, trained = 0;
+  for (const auto& p : all) total += p.parameter->shape().numel();
+  if (c.lora)
+    for (const auto& p : c.lora->parameters()) c.parameters.push_back(p);
+  for (const auto& p : c.parameters) trained += p.parameter->shape().numel();
+  std::string line = c.lora ? "lora: rank " + std::to_string(lora.rank) + " adapters on " +
+                                  std::to_string(c.lora->target_names().size()) + " weights, "
+                            : "frozen: " + std::to_string(all.size() - c.parameters.size()) + " of " +
+                                  std::to_string(all.size()) + " parameters, ";
+  char share[32];
+  std::snprintf(share, sizeof share, "%.2f%%", 100.0 * static_cast<double>(trained) / static_cast<double>(total));
+  return line + std::to_string(trained) + " trained values (" + share + " of the model's " + std::to_string(total) +
+         ")";
+}
+
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
                                                bool init_from, const std::function<bool(const Parameter*)>& optimizes) {
   c.model->initialize(seed);
@@ -71,7 +101,8 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'",
                          [&] { return load_initial_weights(*c.model, from); });
-  c.parameters = c.model->parameters();
+  if (c.lora) c.lora->initialize(seed);
+  if (c.parameters.empty()) c.parameters = c.model->parameters();
 
   std::vector<OptimizerParameter> opt_params;
   const bool decay_emb = trainer.get<bool>("decay_embeddings"), decay_norm = trainer.get<bool>("decay_norms"),
@@ -97,6 +128,19 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   }
   c.optimizer->init(OptimizerSetup{std::move(opt_params), c.backend.get()});
   return notes;
+}
+
+void create_reference_model(RunComponents& c, const Registry& registry, const Value& config, const Options& trainer,
+                            std::uint64_t seed) {
+  if (!c.objective->needs_reference_model()) return;
+  with_context("while making the reference model of the objective", [&] {
+    c.reference = create<Model>(registry, config, "model");
+    c.reference->build(ModelSetup{c.tokenizer->vocab_size()});
+    c.reference->initialize(seed);
+    if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
+      load_initial_weights(*c.reference, from);
+    for (auto& p : c.reference->parameters()) p.parameter->set_requires_grad(false);
+  });
 }
 
 void start_trackers(RunComponents& c, const Registry& registry, const Options& trainer, const RunInfo& run) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,10 +13,12 @@
 #include "loom/kinds/dataset.hpp"
 #include "loom/kinds/lr_schedule.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/kinds/objective.hpp"
 #include "loom/kinds/optimizer.hpp"
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/kinds/tracker.hpp"
 #include "loom/options.hpp"
+#include "loom/run/lora.hpp"
 
 namespace loom::training {
 
@@ -27,7 +30,15 @@ struct RunComponents {
   Handle<Optimizer> optimizer;
   Handle<LrSchedule> schedule;
   std::vector<Handle<Tracker>> trackers;
-  std::vector<ModelParameter> parameters;  // the model's, once it is initialised
+  Handle<Objective> objective;  // what the step minimises
+  Handle<Model> reference;      // the frozen starting weights, when the objective needs them
+  // The trained parameters: the model's (less those trainer.frozen / trainable freeze), or under
+  // LoRA the adapters. Set by choose_trained_parameters (or initialize_parameters: all).
+  std::vector<ModelParameter> parameters;
+  std::shared_ptr<LoraAdapters> lora;  // under lora.rank > 0
+  // What checkpoints and the final weights hold: every parameter of the model, or under LoRA the
+  // adapters alone (the base comes from trainer.init_from).
+  std::vector<ModelParameter> saved_parameters() const { return lora ? parameters : model->parameters(); }
   // The optimizer section's options that the trainer applies (not the optimizer plugin's).
   double peak_learning_rate = 0;  // optimizer.learning_rate, which the schedule shapes
   double max_grad_norm = 0;       // optimizer.max_grad_norm; 0 (or null in the config): no clip
@@ -44,6 +55,11 @@ RunComponents create_components(const Registry& registry, const Value& config);
 // model's vocabulary.
 void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed);
 
+// Applies the `lora` section and trainer.trainable / trainer.frozen to the built model: the
+// adapters are created, the frozen parameters stop requiring gradients, and `parameters` lists
+// the trained ones. Returns a line for the log under LoRA, trainable or frozen (else empty).
+std::string choose_trained_parameters(RunComponents& components, const Value& config, const Options& trainer);
+
 // Initialises the model's weights from `seed`, then (when `init_from` and trainer.init_from is
 // set) loads them from there, and hands the optimizer its parameters, each with the weight decay
 // trainer.decay_embeddings, decay_norms and decay_biases give its role. Returns what init_from
@@ -53,6 +69,13 @@ void build_model_and_data(RunComponents& components, std::int64_t batch_size, st
 std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed,
                                                bool init_from,
                                                const std::function<bool(const Parameter*)>& optimizes = {});
+
+// When the objective needs one (Objective::needs_reference_model), a second instance of the
+// model section, built like the first and holding the run's starting weights: the initialisation
+// of `seed`, then trainer.init_from, also when the run resumes (the reference never trains).
+// Its parameters take no gradient.
+void create_reference_model(RunComponents& components, const Registry& registry, const Value& config,
+                            const Options& trainer, std::uint64_t seed);
 
 // Creates the trackers trainer.trackers names and starts them on the run.
 void start_trackers(RunComponents& components, const Registry& registry, const Options& trainer, const RunInfo& run);

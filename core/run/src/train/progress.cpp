@@ -84,17 +84,18 @@ void ProgressPrinter::step(const StepReport& r) {
   }
 }
 
-void ProgressPrinter::eval(std::int64_t step, double loss) {
+void ProgressPrinter::eval(std::int64_t step, double loss, const std::string& details) {
   std::ostringstream line;
-  line << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << loss << ", perplexity "
-       << std::setprecision(2) << std::exp(loss);
+  line << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << loss;
+  if (!details.empty()) line << ", " << details;
   say(line.str());
 }
 
-void ProgressPrinter::final_eval(double loss, std::int64_t batches) {
+void ProgressPrinter::final_eval(double loss, std::int64_t batches, const std::string& details) {
   std::ostringstream line;
-  line << "final eval: loss " << std::fixed << std::setprecision(4) << loss << ", perplexity " << std::setprecision(2)
-       << std::exp(loss) << " (" << batches << " validation batches)";
+  line << "final eval: loss " << std::fixed << std::setprecision(4) << loss;
+  if (!details.empty()) line << ", " << details;
+  line << " (" << batches << " validation batches)";
   say(line.str());
 }
 

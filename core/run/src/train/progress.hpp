@@ -49,8 +49,9 @@ class ProgressPrinter {
 
   void header(const RunHeader& run);
   void step(const StepReport& report);
-  void eval(std::int64_t step, double loss);
-  void final_eval(double loss, std::int64_t batches);
+  // `details`: what follows the loss ("perplexity 1.82", or an objective's metrics).
+  void eval(std::int64_t step, double loss, const std::string& details);
+  void final_eval(double loss, std::int64_t batches, const std::string& details);
   void sample(std::int64_t step, const std::string& text);
   void final_sample(const std::string& text);
   // Ends the live step line, if one is open, so what follows starts on a line of its own.

@@ -224,7 +224,8 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
   const safetensors::Reader reader(weights);
   std::vector<std::string> problems;
   std::set<std::string> names;
-  for (const auto& p : c.parameters) {
+  const std::vector<ModelParameter> saved_parameters = c.saved_parameters();
+  for (const auto& p : saved_parameters) {
     const std::string& name = p.parameter->name();
     names.insert(name);
     if (!reader.contains(name))
@@ -278,7 +279,7 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
     }
   }
 
-  with_context("while loading " + weights.string(), [&] { safetensors::load_parameters(weights, c.parameters); });
+  with_context("while loading " + weights.string(), [&] { safetensors::load_parameters(weights, saved_parameters); });
   with_context("while loading " + (point.dir / "optimizer.safetensors").string(),
                [&] { c.optimizer->load_state(saved); });
   return average;

@@ -1,6 +1,8 @@
 #include "train/run_setup.hpp"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -66,6 +68,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
 
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
+  if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
+    throw UserError(
+        "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
+        std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
+        "micro-batch size is " + std::to_string(run.micro_size) +
+        ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
 
   // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
   // the other ranks (which read it from the same path: one machine, or a shared file system).
@@ -124,16 +132,29 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   // to a shortened run) says what it changed.
   for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
     progress.say("warning: " + w);
-  if (resume && !trainer.get<std::string>("init_from").empty())
+  // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
+  const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
+  // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
+  const bool base_from_init = !resume || c.lora;
+  if (!base_from_init && !trainer.get<std::string>("init_from").empty())
     progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
   // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
   if (trainer.get<bool>("shard_optimizer_state"))
-    parallel.shard(c.model->parameters());
+    parallel.shard(c.parameters);
   else
-    parallel.attach(c.model->parameters());
-  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/!resume,
+    parallel.attach(c.parameters);
+  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
                                                 [&](const Parameter* p) { return parallel.owns(p); }))
     progress.say("init_from: " + note);
+  if (!trained_line.empty()) {
+    std::int64_t state_bytes = 0;
+    for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
+    std::ostringstream line;
+    line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
+         << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
+    progress.say(line.str());
+  }
+  create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
   if (trainer.get<bool>("skip_bad_steps"))
     run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
   std::vector<std::pair<std::string, Tensor>> saved_average;

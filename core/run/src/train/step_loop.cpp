@@ -73,30 +73,55 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (run.state.ema) run.state.ema->swap();
     return result;
   };
+  // Evaluation and samples see the adapters (merged for the while: any code path of the model).
+  auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
+  const ObjectiveModels models{*c.model, c.reference.get()};
+  const std::vector<std::string> metric_names = c.objective->metric_names();
   // A mixture of datasets also has each dataset's own validation loss.
   std::vector<std::pair<std::string, double>> eval_parts;
   auto evaluate_now = [&] {
     eval_parts.clear();
     return parallel.is_primary() ? with_average([&] {
-      return evaluate(*c.model, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts);
+      return with_adapters([&] {
+        return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts);
+      });
     })
-                                 : -1.0;
+                                 : Evaluation{};
   };
-  auto eval_scalars = [&](double loss) {
-    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", loss}, {"eval/perplexity", std::exp(loss)}};
-    std::ostringstream line;
-    line << std::fixed << std::setprecision(4);
-    for (const auto& [name, part] : eval_parts) {
-      scalars.emplace_back("eval/" + name + "/loss", part);
-      line << (line.tellp() > 0 ? ", " : "") << name << " " << part;
-    }
-    if (!eval_parts.empty()) progress.say("  per dataset: " + line.str());
-    return scalars;
+  // The objective's metrics under `prefix` ("train/", "eval/"), by name.
+  auto named = [&](const std::string& prefix, const std::vector<double>& values) {
+    std::vector<std::pair<std::string, double>> out;
+    for (std::size_t i = 0; i < metric_names.size() && i < values.size(); ++i)
+      out.emplace_back(prefix + metric_names[i], values[i]);
+    return out;
   };
   auto log = [&](std::int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
+  };
+  auto log_eval = [&](std::int64_t step, const Evaluation& e) {
+    // The tracker's scalars and the printed details: the perplexity of a token-level loss, the
+    // objective's metrics.
+    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", e.loss}};
+    std::ostringstream line;
+    line << std::fixed;
+    if (c.objective->loss_is_token_cross_entropy()) {
+      scalars.emplace_back("eval/perplexity", std::exp(e.loss));
+      line << "perplexity " << std::setprecision(2) << std::exp(e.loss);
+    }
+    for (auto& [name, value] : named("eval/", e.metrics)) {
+      scalars.emplace_back(name, value);
+      line << (line.tellp() > 0 ? ", " : "") << name.substr(5) << " " << std::setprecision(4) << value;
+    }
+    std::ostringstream parts;
+    parts << std::fixed << std::setprecision(4);
+    for (const auto& [name, part] : eval_parts) {
+      scalars.emplace_back("eval/" + name + "/loss", part);
+      parts << (parts.tellp() > 0 ? ", " : "") << name << " " << part;
+    }
+    log(step, scalars);
+    return std::pair{line.str(), parts.str()};
   };
 
   const auto run_start = Clock::now();
@@ -197,6 +222,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         }
         // The model's own scalars (a mixture of experts' router losses and expert loads).
         for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);
+        for (auto& entry : named("train/", result.metrics)) scalars.push_back(std::move(entry));
         log(step + 1, scalars);
         progress.step(report);
         summary.final_train_loss = report.mean_loss;
@@ -206,14 +232,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         interval.steps = 0;
       }
       if (steps_per_eval > 0 && (step + 1) % steps_per_eval == 0 && !last) {
-        const double eval_loss = evaluate_now();
-        if (eval_loss >= 0) {
-          progress.eval(step + 1, eval_loss);
-          log(step + 1, eval_scalars(eval_loss));
+        const Evaluation e = evaluate_now();
+        if (e.loss >= 0) {
+          const auto [details, parts] = log_eval(step + 1, e);
+          progress.eval(step + 1, e.loss, details);
+          if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
-        const std::string text = sampler.sample(sample_length);
+        const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
       }
@@ -257,18 +284,24 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       interval.train_seconds > 0 ? tokens_per_step * static_cast<double>(num_steps) / interval.train_seconds : 0;
   summary.mfu = run.flops_per_token * summary.tokens_per_second / run.peak_flops;
 
-  summary.final_eval_loss = evaluate_now();
+  const Evaluation final_eval = evaluate_now();
+  summary.final_eval_loss = final_eval.loss;
   if (summary.final_eval_loss >= 0) {
-    progress.final_eval(summary.final_eval_loss, max_eval_batches);
-    log(num_steps, eval_scalars(summary.final_eval_loss));
+    const auto [details, parts] = log_eval(num_steps, final_eval);
+    progress.final_eval(summary.final_eval_loss, max_eval_batches, details);
+    if (!parts.empty()) progress.say("  per dataset: " + parts);
+    for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
   if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
-      run.directory.save_weights(c.parameters, num_steps);
+      if (c.lora)  // the adapters alone, in PEFT's layout
+        c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
+      else
+        run.directory.save_weights(c.saved_parameters(), num_steps);
       return 0;
     });
   if (sample_length > 0 && parallel.is_primary()) {
-    summary.final_sample = sampler.sample(sample_length);
+    summary.final_sample = with_adapters([&] { return sampler.sample(sample_length); });
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);
   }

@@ -22,7 +22,8 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   StepResult result;
   // Each rank's part of the loss and gradients, then their sums over the ranks: every rank sees
   // the same norm, takes the same skip decision and applies the same update.
-  result.loss = parallel_.sum(accumulate_gradients(batch, step));
+  result.loss = parallel_.sum(accumulate_gradients(batch, step, result.metrics));
+  for (double& m : result.metrics) m = parallel_.sum(m);
   parallel_.reduce_gradients();
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
@@ -42,14 +43,17 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   return result;
 }
 
-double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
+double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, std::vector<double>& metrics) {
   for (auto& p : components_.parameters) p.parameter->zero_grad();
   const std::int64_t micro_steps = batch.batch_size / settings_.micro_size;
+  Objective& objective = *components_.objective;
+  const ObjectiveModels models{*components_.model, components_.reference.get()};
+  metrics.assign(objective.metric_names().size(), 0.0);
 
-  // Each micro-batch's loss is a mean over its counted targets; weighting it by its share of
-  // the batch's counted targets makes the accumulated gradient the gradient of the whole
-  // batch's mean loss, as one big batch would give.
-  const std::int64_t total_counted = count_targets(batch.targets);
+  // Each micro-batch's loss is a mean over its count() (counted targets, or pairs); weighting
+  // it by its share of the batch's count makes the accumulated gradient the gradient of the
+  // whole batch's loss, as one big batch would give.
+  const std::int64_t total_counted = objective.count(batch.targets, batch.seq_len);
   if (total_counted == 0) throw UserError("step " + std::to_string(step) + ": the batch has no targets to learn");
 
   double loss_sum = 0;
@@ -71,10 +75,23 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step) {
         Ops ops(*components_.backend, &tape);
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         ops.set_z_loss_weight(settings_.z_loss_weight);
-        Tensor loss = components_.model->loss(ops, micro.tokens, micro.targets, micro.segments);
-        const double weight = static_cast<double>(micro.counted) / static_cast<double>(total_counted);
-        loss_sum += static_cast<double>(loss.item()) * weight;
-        tape.backward(loss, static_cast<float>(weight));
+        if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
+        ObjectiveLoss loss = objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
+        const std::int64_t counted =
+            objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
+                                                          static_cast<std::size_t>(micro.targets.numel())),
+                            batch.seq_len);
+        const double weight = static_cast<double>(counted) / static_cast<double>(total_counted);
+        loss_sum += loss.value * weight;
+        for (std::size_t i = 0; i < metrics.size() && i < loss.metrics.size(); ++i)
+          metrics[i] += loss.metrics[i] * weight;
+        if (!loss.gradient.defined()) {
+          tape.backward(loss.output, static_cast<float>(weight));
+        } else {
+          float* g = loss.gradient.data<float>();
+          for (std::int64_t i = 0; i < loss.gradient.numel(); ++i) g[i] = static_cast<float>(g[i] * weight);
+          tape.backward(loss.output, std::move(loss.gradient));
+        }
         if (!first) add_set_aside_gradients();
         first = false;
       },

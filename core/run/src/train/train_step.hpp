@@ -25,10 +25,11 @@ struct StepSettings {
 };
 
 struct StepResult {
-  double loss = 0;       // the batch's mean loss over its counted targets
-  double grad_norm = 0;  // global, before clipping
-  double lr = 0;         // the scheduled learning rate
-  bool skipped = false;  // by the skip-bad-step rule
+  double loss = 0;              // the batch's loss: the objective's mean over the batch's count()
+  double grad_norm = 0;         // global, before clipping
+  double lr = 0;                // the scheduled learning rate
+  bool skipped = false;         // by the skip-bad-step rule
+  std::vector<double> metrics;  // the objective's metric_names(), over the batch
 };
 
 class TrainStep {
@@ -44,8 +45,10 @@ class TrainStep {
 
  private:
   // Zeroes the gradients, then forward and backward over each micro-batch, weighted so that the
-  // accumulated gradient is the gradient of the whole batch's mean loss. Returns that loss.
-  double accumulate_gradients(const Batch& batch, std::int64_t step);
+  // accumulated gradient is the gradient of the whole batch's loss (a mean over the objective's
+  // count()). Returns that loss, this rank's part; `metrics` gets this rank's part of the
+  // objective's metrics.
+  double accumulate_gradients(const Batch& batch, std::int64_t step, std::vector<double>& metrics);
   // Around each micro-batch after a rank's first: its gradients are computed afresh and then
   // added to the sum of the earlier ones, so the sum is ((g0 + g1) + g2) + ..., in micro-batch
   // order, exactly what the data-parallel reduction does with one micro-batch per rank.

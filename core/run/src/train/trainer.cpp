@@ -57,7 +57,16 @@ OptionSchema trainer_schema() {
   s.string("init_from", "",
            "Start from these weights instead of the initialisation: a Hugging Face model directory (config.json "
            "and safetensors), a loom run or checkpoint directory, or a model.safetensors; empty: none. Relative "
-           "to the current directory. Ignored when the run resumes from a checkpoint.");
+           "to the current directory. Ignored when the run resumes from a checkpoint, except by the reference model of "
+           "an objective that has one (dpo: the starting weights, always) and under LoRA (its checkpoints hold the "
+           "adapters alone: the base weights come from here again).");
+  s.list(
+      "trainable", OptionType::string, Value::List{},
+      "Parameter-name patterns of the parameters to train (\"h.*.attn.*\", \"*.bias\", \"ln_f\"); the others are "
+      "frozen: no gradient, no optimizer state. Empty: every parameter. A pattern that matches nothing is an error.");
+  s.list("frozen", OptionType::string, Value::List{},
+         "Parameter-name patterns of parameters to freeze (after trainable): constants to the backward pass, with no "
+         "gradient buffer and no optimizer state. A pattern that matches nothing is an error.");
   s.number("z_loss_weight", 0.0,
            "z-loss (PaLM, MaxText): adds z_loss_weight * log(Z)^2 per target to the training loss, Z being the "
            "softmax normaliser of the output logits; 0: none (1e-4 is PaLM's).")

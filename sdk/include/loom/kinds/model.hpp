@@ -82,6 +82,13 @@ class Model : public Component {
   // undefined). A scalar, recorded on ops' tape when it is recording. The model never
   // materialises a second logits-sized buffer (Ops::linear_cross_entropy).
   virtual Tensor loss(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments) = 0;
+  // The cross-entropy of each target given `tokens`: f32 [batch, seq], 0 where the target is -1,
+  // recorded on ops' tape like loss(); a backward pass seeds it with one gradient per target. For
+  // objectives that weigh whole sequences (DPO sums a response's log-probabilities). Auxiliary
+  // losses (a mixture of experts' router losses) are not part of it. The default computes
+  // Ops::cross_entropy (Reduction::none) over logits(), holding every logit at once; CausalLm
+  // (model_support.hpp) uses Ops::linear_cross_entropy, which does not.
+  virtual Tensor token_losses(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments);
   // Logits [batch, seq, vocab] of every position: for evaluation tools and tests.
   virtual Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) = 0;
 

@@ -32,6 +32,7 @@
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/kinds/tokenizer.hpp"
+#include "loom/run/lora.hpp"
 
 namespace loom {
 
@@ -163,9 +164,15 @@ struct LoadedRun {
   Handle<Model> model;
   DocumentBoundary documents;  // from the run's generation.json (write_generation_info)
   std::filesystem::path run_dir;
+  // A LoRA run's adapters (lora.rank > 0), loaded; merged into the model's weights unless
+  // load_run was asked not to.
+  std::shared_ptr<LoraAdapters> lora;
 };
 class Runtime;
-LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights);
+// A LoRA run (its config has lora.rank > 0) is its base model (trainer.seed's initialisation,
+// then trainer.init_from) with the adapters of `run_or_weights` (a checkpoint's model.safetensors
+// or the run directory's adapter_model.safetensors) merged in, unless merge_lora is false.
+LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights, bool merge_lora = true);
 
 // Writes RUN_DIR/generation.json: what generation needs to know about the run's training data
 // (Dataset::separator_ends_documents). A run without it (written before it existed) is read as

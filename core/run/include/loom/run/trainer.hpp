@@ -31,6 +31,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/core/runtime.hpp"
@@ -45,6 +46,8 @@ struct TrainSummary {
   std::int64_t steps = 0;
   double final_train_loss = 0;  // mean over the last log interval
   double final_eval_loss = -1;  // -1 when there was no evaluation
+  // The objective's metrics at the final evaluation ("reward_accuracy" for dpo); none for causal_lm.
+  std::vector<std::pair<std::string, double>> final_eval_metrics;
   double wall_seconds = 0;
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   double mfu = 0;                // model FLOPs utilisation over the whole run

@@ -1,0 +1,124 @@
+// Parameter-efficient fine-tuning: low-rank adapters (LoRA, Hu et al. 2021) on any model, and
+// freezing parameters by name (docs/fine-tuning.md).
+//
+// The model plugin takes no part. The weights a model multiplies in Ops::linear are found by
+// running its loss once over a few tokens with an observer on the Ops (Ops::set_linear_observer);
+// those whose names match lora.target_modules get an adapter (A [rank, in], B [out, rank]), and
+// the Ops of every step carries the table of adapters (Ops::set_linear_adapters), so linear adds
+// alpha / rank * dropout(x) A^T B^T to each adapted product. The base weights are frozen
+// (Parameter::set_requires_grad(false)): no gradient, no gradient buffer, no optimizer state.
+//
+// Files: a run saves its adapters in PEFT's layout (adapter_model.safetensors and
+// adapter_config.json, tensors named after the Hugging Face modules:
+// "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"), which peft.PeftModel loads on
+// the base model; checkpoints hold the adapters under loom's names
+// ("h.0.attn.c_attn.lora_A.weight") with their optimizer state.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/autograd.hpp"
+#include "loom/kinds/backend.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/options.hpp"
+#include "loom/value.hpp"
+
+namespace loom {
+
+// The run config's `lora` section.
+OptionSchema lora_schema();
+
+struct LoraSettings {
+  std::int64_t rank = 0;                    // 0: no adapters
+  double alpha = 16.0;                      // the adapters' product is scaled by alpha / rank
+  double dropout = 0.0;                     // on the adapters' input
+  std::vector<std::string> target_modules;  // parameter-name patterns; empty: every linear weight
+  bool enabled() const { return rank > 0; }
+  float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
+};
+
+// The `lora` section of a resolved run config (defaults when it is absent).
+LoraSettings lora_settings(const Value& run_config);
+
+// Whether `pattern` names the parameter `name`. A pattern is a glob (`*` any characters, dots
+// included; `?` one character) matched against the whole name, against each of its dot-separated
+// suffixes, and against both without the name's last part: "c_attn", "attn.c_attn",
+// "h.*.attn.c_attn.weight", "*.bias" and "ln_f" all name parameters of GPT-2's layers.
+bool parameter_pattern_matches(std::string_view pattern, std::string_view name);
+
+class LoraAdapters {
+ public:
+  // Finds the weights `model` (built) multiplies in Ops::linear, keeps those the settings'
+  // target_modules name (every one but embedding tables when there are none), and allocates
+  // their adapters on `backend`. It runs the model once on zeroed weights: initialise (or load)
+  // the model afterwards. Throws UserError naming a pattern that matches no such weight (with the
+  // names that could be targeted).
+  LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings);
+  ~LoraAdapters();
+  LoraAdapters(const LoraAdapters&) = delete;
+  LoraAdapters& operator=(const LoraAdapters&) = delete;
+
+  const LoraSettings& settings() const { return settings_; }
+  // A Kaiming-uniform (as PEFT: bound 1 / sqrt(in)) from the initialisation stream of `seed`, B
+  // zero: the adapted model starts as the base model.
+  void initialize(std::uint64_t seed);
+  // A and B of every adapter, in the model's parameter order: the trained parameters.
+  std::vector<ModelParameter> parameters() const;
+  // For Ops::set_linear_adapters.
+  const LinearAdapters& table() const { return table_; }
+  // The adapted weights' names ("h.0.attn.c_attn.weight").
+  std::vector<std::string> target_names() const;
+  // Whether any adapted weight is [in, out] (GPT-2's Conv1D: PEFT's fan_in_fan_out).
+  bool any_in_out() const;
+
+  // Writes adapter_model.safetensors and adapter_config.json into `dir` (created), named after
+  // the model's Hugging Face layout (loom::HfModel; UserError when it has none).
+  // `base_model` goes into base_model_name_or_path. Returns the files written.
+  std::vector<std::string> save_peft(Model& model, const std::filesystem::path& dir,
+                                     const std::string& base_model) const;
+  // Reads the adapters from `weights`: a PEFT adapter_model.safetensors, or a file holding
+  // loom's names (a checkpoint's model.safetensors).
+  void load(Model& model, const std::filesystem::path& weights);
+  // W += alpha / rank * B A (transposed for an [in, out] weight), for every adapted weight.
+  void merge_into_weights(Backend& backend);
+  // Runs `body` with the adapters merged into the base weights, then puts the base weights back
+  // exactly (from copies): evaluation and sampling see the adapted model through any code path.
+  template <class F>
+  auto with_merged(Backend& backend, F&& body) {
+    keep_base();
+    merge_into_weights(backend);
+    struct Restore {
+      LoraAdapters* self;
+      ~Restore() { self->restore_base(); }
+    } restore{this};
+    return body();
+  }
+
+ private:
+  void keep_base();
+  void restore_base();
+  struct Entry;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  LinearAdapters table_;
+  LoraSettings settings_;
+};
+
+// Applies trainer.trainable and trainer.frozen (and, under LoRA, freezes every base weight) to
+// the model's parameters: set_requires_grad on each. Returns the trainable ones, in order.
+// Throws UserError naming a pattern that matches no parameter, or when nothing is left to train.
+std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& parameters,
+                                             const std::vector<std::string>& trainable,
+                                             const std::vector<std::string>& frozen, bool lora);
+
+// Loads a LoRA run's model (built) for `loom generate` and `loom export`: the base (the model's
+// initialisation from trainer.seed, then trainer.init_from), then the adapters from `weights` (a
+// checkpoint's model.safetensors or the run's adapter_model.safetensors), merged when `merge`.
+std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
+                                              const std::filesystem::path& weights, bool merge);
+
+}  // namespace loom

@@ -1,0 +1,376 @@
+// LoRA adapters on any model, freezing by parameter-name pattern, and PEFT's adapter files.
+#include "loom/run/lora.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_set>
+
+#include "loom/error.hpp"
+#include "loom/hf_interop.hpp"
+#include "loom/random.hpp"
+#include "loom/run/hf_interop.hpp"
+#include "loom/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom {
+
+namespace {
+
+// The adapters' initialisation stream: the init stream's tag (1) with a counter no model uses.
+constexpr std::uint64_t lora_init_counter = 0x10ea;
+
+bool glob_matches(std::string_view pattern, std::string_view text) {
+  std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+bool matches_any_suffix(std::string_view pattern, std::string_view name) {
+  for (std::size_t start = 0;;) {
+    if (glob_matches(pattern, name.substr(start))) return true;
+    const std::size_t dot = name.find('.', start);
+    if (dot == std::string_view::npos) return false;
+    start = dot + 1;
+  }
+}
+
+// "h.0.attn.c_attn.weight" -> "h.0.attn.c_attn.lora_A.weight"
+std::string adapter_name(const std::string& weight, const char* which) {
+  const std::string stem = weight.ends_with(".weight") ? weight.substr(0, weight.size() - 7) : weight;
+  return stem + "." + which + ".weight";
+}
+
+std::string some_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 6; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 6) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+void check_patterns_match(const std::vector<std::string>& patterns, const std::vector<std::string>& names,
+                          const std::string& option, const std::string& what) {
+  for (const auto& pattern : patterns) {
+    const bool any = std::any_of(names.begin(), names.end(),
+                                 [&](const std::string& n) { return parameter_pattern_matches(pattern, n); });
+    if (!any)
+      throw UserError(option + ": '" + pattern + "' matches no " + what + "; they are named like " + some_names(names) +
+                      " (a pattern matches a whole name or a dot-separated end of it, with * and ?)");
+  }
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw UserError("cannot write '" + path.string() + "'");
+}
+
+}  // namespace
+
+OptionSchema lora_schema() {
+  OptionSchema s;
+  s.integer("rank", 0,
+            "Rank of the low-rank adapters (PEFT's r) on the model's linear weights; 0: no LoRA (full training).")
+      .min(0);
+  s.number("alpha", 16.0, "The adapters' product is scaled by alpha / rank (PEFT's lora_alpha).").min(0.0, false);
+  s.number("dropout", 0.0, "Dropout on the adapters' input during training (PEFT's lora_dropout).")
+      .min(0.0)
+      .max(1.0, false);
+  s.list("target_modules", OptionType::string, Value::List{},
+         "Parameter-name patterns of the weights that get adapters (\"c_attn\", \"q_proj\", \"h.*.mlp.*\"); empty: "
+         "every weight the model multiplies in a linear layer, embeddings excepted.");
+  return s;
+}
+
+LoraSettings lora_settings(const Value& run_config) {
+  LoraSettings s;
+  const Value* node = run_config.find("lora");
+  if (!node || !node->is_map()) return s;
+  const Options o(*node, "lora");
+  s.rank = o.get<std::int64_t>("rank");
+  s.alpha = o.get<double>("alpha");
+  s.dropout = o.get<double>("dropout");
+  s.target_modules = o.get<std::vector<std::string>>("target_modules");
+  return s;
+}
+
+bool parameter_pattern_matches(std::string_view pattern, std::string_view name) {
+  if (matches_any_suffix(pattern, name)) return true;
+  const std::size_t dot = name.rfind('.');
+  return dot != std::string_view::npos && matches_any_suffix(pattern, name.substr(0, dot));
+}
+
+struct LoraAdapters::Entry {
+  Parameter* weight = nullptr;
+  bool weight_in_out = false;
+  std::int64_t in = 0, out = 0;
+  std::unique_ptr<Parameter> a, b;
+  Tensor base;  // with_merged's copy of the weight
+};
+
+LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings) : settings_(settings) {
+  if (!settings.enabled()) throw InternalError("LoraAdapters: lora.rank is 0");
+  // Which weights the model multiplies, and how: one loss over a few tokens, observed. The values
+  // are zeros (the model may not be initialised yet): only the calls matter.
+  const std::vector<ModelParameter> params = model.parameters();
+  for (const auto& p : params) p.parameter->data().copy_from(Tensor::zeros(p.parameter->shape()));
+  std::vector<std::pair<Parameter*, bool>> seen;
+  std::unordered_set<const Parameter*> seen_set;
+  {
+    Tape tape;
+    tape.set_enabled(false);
+    Ops ops(backend, &tape);
+    ops.set_training(false);
+    ops.set_linear_observer([&](Parameter& p, bool in_out) {
+      if (seen_set.insert(&p).second) seen.emplace_back(&p, in_out);
+    });
+    const std::int64_t len = std::min<std::int64_t>(model.max_seq_len(), 4);
+    const std::vector<std::int32_t> zeros(static_cast<std::size_t>(len), 0);
+    const Tensor tokens = Tensor::from(std::span<const std::int32_t>(zeros), Shape{1, len});
+    model.loss(ops, tokens, tokens, Tensor());
+  }
+  std::map<const Parameter*, bool> layout;
+  for (const auto& [p, in_out] : seen) layout[p] = in_out;
+  std::vector<std::string> linear_names;
+  for (const auto& p : params)
+    if (layout.contains(p.parameter) && p.role != ParameterRole::embedding) linear_names.push_back(p.parameter->name());
+  if (linear_names.empty())
+    throw UserError("lora: the model multiplies no whole parameter in a linear layer, so no weight can get an adapter");
+  check_patterns_match(settings.target_modules, linear_names, "lora.target_modules",
+                       "weight the model multiplies in a linear layer");
+
+  for (const auto& p : params) {
+    const auto it = layout.find(p.parameter);
+    if (it == layout.end() || p.role == ParameterRole::embedding) continue;
+    const std::string& name = p.parameter->name();
+    if (!settings.target_modules.empty() &&
+        std::none_of(settings.target_modules.begin(), settings.target_modules.end(),
+                     [&](const std::string& pattern) { return parameter_pattern_matches(pattern, name); }))
+      continue;
+    auto e = std::make_unique<Entry>();
+    e->weight = p.parameter;
+    e->weight_in_out = it->second;
+    const Shape& shape = p.parameter->shape();
+    e->in = e->weight_in_out ? shape[0] : shape[1];
+    e->out = e->weight_in_out ? shape[1] : shape[0];
+    BufferType& memory = backend.buffer_type();
+    e->a = std::make_unique<Parameter>(adapter_name(name, "lora_A"),
+                                       Tensor::zeros(Shape{settings.rank, e->in}, DType::f32, memory.device()));
+    e->b = std::make_unique<Parameter>(adapter_name(name, "lora_B"),
+                                       Tensor::zeros(Shape{e->out, settings.rank}, DType::f32, memory.device()));
+    table_[p.parameter] = LinearAdapter{e->a.get(), e->b.get(), settings.scale(), static_cast<float>(settings.dropout)};
+    entries_.push_back(std::move(e));
+  }
+}
+
+LoraAdapters::~LoraAdapters() = default;
+
+void LoraAdapters::initialize(std::uint64_t seed) {
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    Entry& e = *entries_[i];
+    // PEFT: kaiming_uniform_(A, a=sqrt(5)), a bound of 1 / sqrt(fan_in).
+    const std::uint64_t key = stream_key(seed, 1, lora_init_counter + i);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(e.in));
+    Tensor a = Tensor::empty(e.a->shape());
+    float* d = a.data<float>();
+    for (std::int64_t j = 0; j < a.numel(); ++j)
+      d[j] = (2.0f * random_uniform(key, static_cast<std::uint32_t>(j)) - 1.0f) * bound;
+    e.a->data().copy_from(a);
+    e.b->data().copy_from(Tensor::zeros(e.b->shape()));
+  }
+}
+
+std::vector<ModelParameter> LoraAdapters::parameters() const {
+  std::vector<ModelParameter> out;
+  for (const auto& e : entries_) {
+    out.push_back({e->a.get(), ParameterRole::weight});
+    out.push_back({e->b.get(), ParameterRole::weight});
+  }
+  return out;
+}
+
+std::vector<std::string> LoraAdapters::target_names() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e->weight->name());
+  return out;
+}
+
+bool LoraAdapters::any_in_out() const {
+  return std::any_of(entries_.begin(), entries_.end(), [](const auto& e) { return e->weight_in_out; });
+}
+
+namespace {
+
+// One PEFT module of an adapted weight: its Hugging Face module name and the rows of the loom
+// weight it covers (a fused weight, such as llama's qkv_proj, is several modules).
+struct PeftModule {
+  std::string module;  // "transformer.h.0.attn.c_attn"
+  std::int64_t begin = 0, end = 0;
+  bool whole = true;
+};
+
+std::map<std::string, std::vector<PeftModule>> peft_modules(Model& model) {
+  auto* hf = dynamic_cast<HfModel*>(&model);
+  if (!hf)
+    throw UserError(
+        "the model has no Hugging Face mapping (its plugin does not implement loom::HfModel), so its adapters "
+        "cannot be named in PEFT's layout");
+  std::map<std::string, std::int64_t> rows;
+  for (const auto& p : model.parameters()) rows[p.parameter->name()] = p.parameter->shape()[0];
+  std::map<std::string, std::vector<PeftModule>> out;
+  for (const auto& t : hf->hf_tensors().tensors) {
+    std::string module = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : t.name;
+    out[t.parameter].push_back({module, t.begin, t.end, t.begin == 0 && t.end == rows[t.parameter]});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> LoraAdapters::save_peft(Model& model, const fs::path& dir,
+                                                 const std::string& base_model) const {
+  const auto modules = peft_modules(model);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  nlohmann::ordered_json targets = nlohmann::ordered_json::array();
+  for (const auto& e : entries_) {
+    const auto it = modules.find(e->weight->name());
+    if (it == modules.end())
+      throw InternalError("the model's Hugging Face layout does not name '" + e->weight->name() + "'");
+    for (const PeftModule& m : it->second) {
+      if (!m.whole && e->weight_in_out)
+        throw UserError("the adapter of '" + e->weight->name() +
+                        "' cannot be written in PEFT's layout: the weight is [in, out] and Hugging Face splits it "
+                        "into several modules");
+      // B A's rows [begin, end) are B's rows [begin, end) times A: each module has A and its rows of B.
+      tensors.emplace_back("base_model.model." + m.module + ".lora_A.weight", e->a->data());
+      tensors.emplace_back("base_model.model." + m.module + ".lora_B.weight",
+                           m.whole ? e->b->data() : e->b->data().slice(0, m.begin, m.end));
+      targets.push_back(m.module);
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError("cannot create '" + dir.string() + "': " + ec.message());
+  safetensors::save(dir / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  nlohmann::ordered_json config = {
+      {"peft_type", "LORA"},        {"task_type", "CAUSAL_LM"},       {"base_model_name_or_path", base_model},
+      {"r", settings_.rank},        {"lora_alpha", settings_.alpha},  {"lora_dropout", settings_.dropout},
+      {"target_modules", targets},  {"fan_in_fan_out", any_in_out()}, {"bias", "none"},
+      {"modules_to_save", nullptr}, {"init_lora_weights", true},      {"use_rslora", false},
+      {"use_dora", false},          {"inference_mode", true}};
+  write_text(dir / "adapter_config.json", config.dump(2) + "\n");
+  return {"adapter_model.safetensors", "adapter_config.json"};
+}
+
+void LoraAdapters::load(Model& model, const fs::path& weights) {
+  const safetensors::Reader reader(weights);
+  const bool peft = std::any_of(reader.tensors().begin(), reader.tensors().end(),
+                                [](const auto& t) { return t.name.starts_with("base_model.model."); });
+  if (!peft) {
+    safetensors::load_parameters(weights, parameters());
+    return;
+  }
+  const auto modules = peft_modules(model);
+  for (const auto& e : entries_) {
+    const auto it = modules.find(e->weight->name());
+    if (it == modules.end())
+      throw InternalError("the model's Hugging Face layout does not name '" + e->weight->name() + "'");
+    for (const PeftModule& m : it->second) {
+      const std::string prefix = "base_model.model." + m.module;
+      reader.read_into(prefix + ".lora_A.weight", e->a->data());
+      reader.read_into(prefix + ".lora_B.weight", m.whole ? e->b->data() : e->b->data().slice(0, m.begin, m.end));
+    }
+  }
+}
+
+void LoraAdapters::merge_into_weights(Backend& backend) {
+  const float scale = settings_.scale();
+  const std::int64_t r = settings_.rank;
+  for (const auto& e : entries_) {
+    const float* a = e->a->data().device_data<float>();
+    const float* b = e->b->data().device_data<float>();
+    float* w = e->weight->data().device_data<float>();
+    if (e->weight_in_out)  // W[in, out] += scale * A^T[in, r] B^T[r, out]
+      backend.gemm(Transpose::yes, Transpose::yes, e->in, e->out, r, scale, a, e->in, b, r, 1.0f, w, e->out);
+    else  // W[out, in] += scale * B[out, r] A[r, in]
+      backend.gemm(Transpose::no, Transpose::no, e->out, e->in, r, scale, b, r, a, e->in, 1.0f, w, e->in);
+  }
+}
+
+void LoraAdapters::keep_base() {
+  for (const auto& e : entries_) {
+    e->base = Tensor::empty(e->weight->shape(), DType::f32, e->weight->tensor().device());
+    e->base.copy_from(e->weight->data());
+  }
+}
+
+// The copies go back to the allocator: between evaluations a LoRA run holds no second base.
+void LoraAdapters::restore_base() {
+  for (const auto& e : entries_) {
+    e->weight->data().copy_from(e->base);
+    e->base = Tensor();
+  }
+}
+
+std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& parameters,
+                                             const std::vector<std::string>& trainable,
+                                             const std::vector<std::string>& frozen, bool lora) {
+  if (lora && !trainable.empty())
+    throw UserError(
+        "trainer.trainable cannot be used with lora: a LoRA run trains its adapters alone (PEFT's adapter files "
+        "hold nothing else); freeze by pattern without lora, or adapt those weights too (lora.target_modules)");
+  std::vector<std::string> names;
+  for (const auto& p : parameters) names.push_back(p.parameter->name());
+  check_patterns_match(trainable, names, "trainer.trainable", "parameter of the model");
+  check_patterns_match(frozen, names, "trainer.frozen", "parameter of the model");
+  auto any = [](const std::vector<std::string>& patterns, const std::string& name) {
+    return std::any_of(patterns.begin(), patterns.end(),
+                       [&](const std::string& pattern) { return parameter_pattern_matches(pattern, name); });
+  };
+  std::vector<ModelParameter> out;
+  for (const auto& p : parameters) {
+    const std::string& name = p.parameter->name();
+    const bool train = !lora && (trainable.empty() || any(trainable, name)) && !any(frozen, name);
+    p.parameter->set_requires_grad(train);
+    if (train) out.push_back(p);
+  }
+  if (out.empty() && !lora)
+    throw UserError("trainer.trainable and trainer.frozen leave no parameter of the model to train");
+  return out;
+}
+
+std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
+                                              const fs::path& weights, bool merge) {
+  const LoraSettings settings = lora_settings(run_config);
+  auto adapters = std::make_shared<LoraAdapters>(model, backend, settings);
+  const Value* trainer = run_config.find("trainer");
+  const Options o(trainer ? *trainer : Value::map(), "trainer");
+  model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
+  if (const std::string from = o.get<std::string>("init_from"); !from.empty())
+    with_context("while loading the base weights (trainer.init_from '" + from + "')",
+                 [&] { load_initial_weights(model, from); });
+  with_context("while loading the adapters from " + weights.string(), [&] { adapters->load(model, weights); });
+  if (merge) adapters->merge_into_weights(backend);
+  return adapters;
+}
+
+}  // namespace loom

@@ -1,0 +1,148 @@
+// LoRA adapters against Hugging Face PEFT (docs/fine-tuning.md). For a gpt2 ([in, out] Conv1D
+// weights: fan_in_fan_out) and a llama (a fused qkv_proj that PEFT sees as q_proj, k_proj and
+// v_proj): a base run is exported with `loom export`, a LoRA run from its weights exports its
+// adapters (PEFT's files) and, with --merge-lora, the merged model. peft_reference.py (in the
+// Python environment of scripts/setup-python-env.sh with peft added, or LOOM_PEFT_PYTHON) loads
+// base + adapters with peft.PeftModel.from_pretrained, and the merged model with transformers.
+// Their logits must agree with loom's adapted model (Ops with the adapters) and loom's merged
+// model to a relative error of 1e-4:
+//   error = max |loom - reference| / max |reference|
+// The test skips, saying why, where peft is not installed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../core/test_support.hpp"
+#include "loom/autograd.hpp"
+#include "loom/core/runtime.hpp"
+#include "loom/run/generate.hpp"
+#include "loom/run/lora.hpp"
+#include "loom/run/trainer.hpp"
+#include "loom/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom {
+namespace {
+
+constexpr double tolerance = 1e-4;
+
+double relative_error(const std::vector<float>& got, const Tensor& expected) {
+  const auto e = expected.to_vector();
+  if (got.size() != e.size()) return INFINITY;
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - e[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+void train_in(const fs::path& yaml, const fs::path& run_dir, std::vector<std::string> overrides) {
+  RuntimeOptions options;
+  options.config = yaml;
+  options.plugin_paths = {LOOM_PLUGIN_DIR};
+  options.default_plugin_path = false;
+  overrides.push_back("trainer.run_dir=" + run_dir.string());
+  options.overrides = overrides;
+  Runtime runtime(options);
+  std::ostringstream log;
+  TrainOptions train_options;
+  train_options.out = &log;
+  train(runtime, train_options);
+}
+
+void export_run(const fs::path& run, const fs::path& out, bool merge) {
+  std::vector<std::string> command = {LOOM_BINARY, "export", run.string(), "--format", "hf", out.string()};
+  if (merge) command.push_back("--merge-lora");
+  const auto r = test::run_command(command);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+struct Case {
+  std::string name;
+  std::string model;
+};
+
+class Peft : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Peft, AdaptersAgreeWithPeft) {
+  std::error_code ec;
+  if (!fs::exists(LOOM_PEFT_PYTHON, ec))
+    GTEST_SKIP() << "peft is not available: there is no Python environment at " << LOOM_PEFT_PYTHON
+                 << " (scripts/setup-python-env.sh makes it; set LOOM_PEFT_PYTHON to one with peft)";
+  test::TempDir work;
+  const fs::path dir = work.path() / GetParam().name;
+  fs::create_directories(dir);
+  const auto yaml = work.write("run.yaml", "model: " + GetParam().model + R"(
+tokenizer: byte
+data: {type: synthetic, num_documents: 100}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_length: 0, trackers: [],
+          peak_flops: 1.0e9}
+)");
+  train_in(yaml, work.path() / "base_run", {});
+  export_run(work.path() / "base_run", dir / "base", false);
+  train_in(yaml, work.path() / "lora_run",
+           {"trainer.init_from=" + (work.path() / "base_run").string(), "lora.rank=4", "lora.alpha=8",
+            "trainer.num_train_steps=6"});
+  export_run(work.path() / "lora_run", dir / "adapters", false);
+  export_run(work.path() / "lora_run", dir / "merged", true);
+
+  std::vector<std::int32_t> ids(2 * 12);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 29 + 7) % 256);
+  const Tensor tokens = Tensor::from(std::span<const std::int32_t>(ids), Shape{2, 12});
+  safetensors::save(dir / "tokens.safetensors", std::vector<std::pair<std::string, Tensor>>{{"tokens", tokens}});
+
+  const auto r = test::run_command({LOOM_PEFT_PYTHON, LOOM_PEFT_REFERENCE_SCRIPT, work.path().string()});
+  if (r.exit_code == 77) GTEST_SKIP() << r.err.substr(0, r.err.find('\n'));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream report_file(dir / "peft.json");
+  const auto report = nlohmann::json::parse(report_file);
+  EXPECT_TRUE(report["reached"].get<bool>()) << r.err;
+  EXPECT_EQ(report["lora_modules"].get<int>() * 2, report["tensors"].get<int>());
+  const safetensors::Reader reference(dir / "peft.safetensors");
+
+  auto logits = [&](bool merge) {
+    RuntimeOptions reload;
+    reload.config = work.path() / "lora_run" / "config.yaml";
+    reload.plugin_paths = {LOOM_PLUGIN_DIR};
+    reload.default_plugin_path = false;
+    Runtime runtime(reload);
+    LoadedRun run = load_run(runtime, work.path() / "lora_run", merge);
+    Tape tape;
+    tape.set_enabled(false);
+    Ops ops(*run.backend, &tape);
+    ops.set_training(false);
+    if (!merge) ops.set_linear_adapters(&run.lora->table());
+    return run.model->logits(ops, tokens, Tensor()).to_vector();
+  };
+  const std::vector<float> loom_adapted = logits(false);
+  EXPECT_GT(relative_error(loom_adapted, reference.read("base_logits")), 1e-3) << "the adapters change the logits";
+  const double adapted = relative_error(loom_adapted, reference.read("peft_logits"));
+  const double merged = relative_error(logits(true), reference.read("merged_logits"));
+  std::cout << std::scientific << std::setprecision(2) << "peft " << GetParam().name
+            << ": loom adapted vs PEFT logits relative error " << adapted << ", loom merged vs transformers (merged "
+            << "export) " << merged << "\n";
+  RecordProperty("adapted_vs_peft", std::to_string(adapted));
+  RecordProperty("merged_vs_transformers", std::to_string(merged));
+  EXPECT_LE(adapted, tolerance);
+  EXPECT_LE(merged, tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, Peft,
+    ::testing::Values(Case{"gpt2", "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 2, num_heads: 4}"},
+                      Case{"llama",
+                           "{type: llama, seq_len: 16, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, "
+                           "num_heads: 4, num_kv_heads: 2}"}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace loom
