@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The optimizer study of docs/optimizers.md: the quickstart model (a 4-layer GPT-2 on the
-synthetic corpus) trained for a fixed number of steps with each optimizer at each learning rate of
+"""The optimizer study of docs/optimizers.md: the quickstart model (a 4-layer GPT-2) on
+character-level tiny Shakespeare (--data synthetic: on the quickstart's synthetic corpus) trained
+for a fixed number of steps with each optimizer at each learning rate of
 a small grid; the best rate of each optimizer (lowest final validation loss) is run once more, the
 six best runs back to back so that their seconds compare, and goes into a Markdown table (loss
 after the step budget and after a budget of seconds) and a plot of the loss against steps and
 seconds, both made from the runs' metrics.jsonl.
 
-    benchmarks/optimizers/study.py [--build build] [--steps 150] [--out benchmarks/optimizers/results]
+    benchmarks/optimizers/study.py [--build build] [--steps 150] [--data shakespeare|synthetic]
+                                   [--out benchmarks/optimizers/results]
     benchmarks/optimizers/study.py --report-only --out DIR     (table and plot from earlier runs)
 
 The plot needs matplotlib (e.g. the loom Python environment: pip install matplotlib); without it
@@ -19,6 +21,8 @@ import os
 import subprocess
 import sys
 
+ARGS = None  # the parsed command line
+
 # optimizer -> (extra overrides, learning rates); the grid brackets each optimizer's usual rate.
 GRID = {
     "adamw": ([], [2e-3, 4e-3, 8e-3]),
@@ -30,6 +34,13 @@ GRID = {
 }
 
 
+# --data: the overrides that choose the corpus (the byte tokenizer makes ASCII text character-level).
+DATA = {
+    "shakespeare": ["data.type=text", "data.paths=[../shared/data/tinyshakespeare.txt]"],
+    "synthetic": [],
+}
+
+
 def run(build, out, name, lr, extra, steps):
     run_dir = os.path.join(out, "%s-lr%g" % (name, lr))
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
@@ -37,7 +48,7 @@ def run(build, out, name, lr, extra, steps):
     cmd = [os.path.join(build, "bin", "loom"), "train", "configs/quickstart.yaml", "optimizer.type=" + name,
            "optimizer.learning_rate=%g" % lr, "trainer.num_train_steps=%d" % steps, "lr_schedule.warmup=%d" % (steps // 10),
            "trainer.log_every=5", "trainer.steps_per_eval=0", "trainer.sample_length=0", "trainer.save_final=false",
-           "trainer.trackers=[jsonl]", "trainer.run_dir=" + run_dir] + extra
+           "trainer.trackers=[jsonl]", "trainer.run_dir=" + run_dir] + DATA[ARGS.data] + extra
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return run_dir
@@ -64,8 +75,11 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--out", default=os.path.join("benchmarks", "optimizers", "results"))
+    parser.add_argument("--data", choices=sorted(DATA), default="shakespeare")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
+    global ARGS
+    ARGS = args
     os.makedirs(args.out, exist_ok=True)
 
     best = {}
@@ -129,7 +143,8 @@ def main():
         ax.set_ylim(top=4.0)
         ax.grid(alpha=0.3)
     by_step.legend()
-    fig.suptitle("quickstart GPT-2 (4 layers, 128 wide) on the synthetic corpus, best rate of each optimizer")
+    corpus = "tiny Shakespeare, characters" if args.data == "shakespeare" else "the synthetic corpus"
+    fig.suptitle("quickstart GPT-2 (4 layers, 128 wide) on %s, best rate of each optimizer" % corpus)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "optimizers.png"), dpi=90)
 
