@@ -135,15 +135,7 @@ class GemmaModel final : public loom::models::TransformerLm {
         layout.tensors.push_back({name, name, 0, vocab_});
         continue;
       }
-      const auto fused = name.find("self_attn.qkv_proj.");
-      if (fused == std::string::npos) {
-        layout.tensors.push_back({"model." + name, name, 0, p.parameter->data().size(0)});
-        continue;
-      }
-      const std::string head = "model." + name.substr(0, fused) + "self_attn.";
-      layout.tensors.push_back({head + "q_proj.weight", name, 0, q});
-      layout.tensors.push_back({head + "k_proj.weight", name, q, q + kv});
-      layout.tensors.push_back({head + "v_proj.weight", name, q + kv, q + 2 * kv});
+      loom::models::add_llama_layout_tensors(layout, name, p.parameter->data().size(0), q, kv);
     }
     if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
     return layout;

@@ -227,17 +227,7 @@ class LlamaModel final : public loom::models::TransformerLm {
           layout.tensors.push_back({head + std::to_string(e) + "." + tail, name, e * n, (e + 1) * n});
         continue;
       }
-      const auto fused = name.find("self_attn.qkv_proj.");
-      if (fused == std::string::npos) {
-        layout.tensors.push_back({"model." + name, name, 0, p.parameter->data().size(0)});
-        continue;
-      }
-      // Rows [q heads | k heads | v heads] of the fused projection, weight or bias alike.
-      const std::string head = "model." + name.substr(0, fused) + "self_attn.";
-      const std::string tail = name.substr(fused + std::string("self_attn.qkv_proj").size());  // ".weight"
-      layout.tensors.push_back({head + "q_proj" + tail, name, 0, q});
-      layout.tensors.push_back({head + "k_proj" + tail, name, q, q + kv});
-      layout.tensors.push_back({head + "v_proj" + tail, name, q + kv, q + 2 * kv});
+      loom::models::add_llama_layout_tensors(layout, name, p.parameter->data().size(0), q, kv);
     }
     // Older transformers saved each layer's RoPE frequencies; they are recomputed from rope_theta.
     layout.ignored_suffixes = {".rotary_emb.inv_freq"};

@@ -28,6 +28,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -323,7 +324,10 @@ class Soap final : public loom::OptimizerBase {
   }
 
   void update(ParameterState& state, const loom::Tensor& grad) override {
-    const Plan p = plan(state.parameter->shape());
+    // The plan depends on the shape and the options only: made on the first update, then kept.
+    auto cached = plans_.find(state.parameter);
+    if (cached == plans_.end()) cached = plans_.emplace(state.parameter, plan(state.parameter->shape())).first;
+    const Plan& p = cached->second;
     const std::int64_t n = grad.numel();
     float* param = state.parameter->data().data<float>();
     const float* g_full = grad.data<float>();
@@ -432,6 +436,7 @@ class Soap final : public loom::OptimizerBase {
   double lr_ = 0;
   std::vector<float> ping_, pong_, outer_, projected_, direction_, sorted_v_;
   std::vector<float> block_g_, block_m_, block_v_, block_dir_;
+  std::unordered_map<const loom::Parameter*, Plan> plans_;  // per parameter, from its first update
 };
 
 loom::OptionSchema soap_options() {

@@ -396,6 +396,25 @@ inline double training_flops_per_token(const TransformerShape& s, std::int64_t s
                                        static_cast<double>(s.head_dim) * static_cast<double>(keys);
 }
 
+// The Hugging Face tensors of one parameter of a Llama-layout model (base_model_prefix "model"):
+// a fused "self_attn.qkv_proj.weight" (or ".bias") is rows [q | k | v] of q_proj, k_proj and
+// v_proj (q = num_heads * head_dim rows, kv = num_kv_heads * head_dim each for k and v); any
+// other parameter is one tensor, "model." + its name, of all its `rows`.
+inline void add_llama_layout_tensors(HfTensorLayout& layout, const std::string& name, std::int64_t rows, std::int64_t q,
+                                     std::int64_t kv) {
+  static const std::string fused_name = "self_attn.qkv_proj";
+  const auto fused = name.find(fused_name + ".");
+  if (fused == std::string::npos) {
+    layout.tensors.push_back({"model." + name, name, 0, rows});
+    return;
+  }
+  const std::string head = "model." + name.substr(0, fused) + "self_attn.";
+  const std::string tail = name.substr(fused + fused_name.size());  // ".weight"
+  layout.tensors.push_back({head + "q_proj" + tail, name, 0, q});
+  layout.tensors.push_back({head + "k_proj" + tail, name, q, q + kv});
+  layout.tensors.push_back({head + "v_proj" + tail, name, q + kv, q + 2 * kv});
+}
+
 // What the built-in transformer models (gpt2, llama, gemma) share beyond CausalLm: parameters
 // declared in a ParameterStore by build(), the vocabulary size resolved there, the parameter and
 // FLOPs counts (from the model's TransformerShape), and the model_type check that starts every
