@@ -110,6 +110,7 @@ Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor&
   if (a.params.scale == 0.0f) a.params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   a.out = out.device_data<float>();
   a.lse = lse.device_data<float>();
+  a.compute = backend_->matmul_dtype();
   kernel.forward(a);
 
   if (auto* rec = detail::recording_state(tape_, {&q, &k, &v}, op)) {

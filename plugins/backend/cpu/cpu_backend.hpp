@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   bool supports_op(BackendOp op, DType dtype) const override {
     return dtype == DType::f32 || (dtype == DType::bf16 && op == BackendOp::gemm && has_bf16_);
   }
+  DType matmul_dtype() const override { return bf16_matmuls_ ? DType::bf16 : DType::f32; }
 
   void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;

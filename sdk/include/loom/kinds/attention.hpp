@@ -36,6 +36,7 @@
 
 #include "loom/component.hpp"
 #include "loom/device.hpp"
+#include "loom/tensor.hpp"
 
 namespace loom {
 
@@ -62,6 +63,11 @@ struct AttentionForwardArgs {
   AttentionParams params;                     // scale already resolved (never 0 here)
   float* out = nullptr;                       // [batch, q_len, q_heads, head_dim], contiguous
   float* lse = nullptr;                       // [batch, q_heads, q_len]
+  // The dtype of the kernel's tile products, set by Ops::attention from the backend's
+  // Backend::matmul_dtype(): f32, or bf16 (Q, K, V, P, dO and dS rounded to bfloat16 as they
+  // enter a product, float32 accumulation; softmax statistics, the log-sum-exp, out and the
+  // gradients stay float32). A kernel without a bf16 path computes f32 whatever it says.
+  DType compute = DType::f32;
 };
 
 // A gradient destination: same strides convention as AttentionOperand, plus whether to add.

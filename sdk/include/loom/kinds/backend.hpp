@@ -100,6 +100,12 @@ class Backend : public Component {
     return dtype == DType::f32;
   }
 
+  // The dtype this backend computes its matrix products in for float32 operands: f32, or bf16
+  // when it runs mixed precision (every gemm, gemm_batched and linear_forward a gemm_bf16; the
+  // cpu backend's matmul_precision). The operations pass it on to the attention kernels
+  // (AttentionForwardArgs::compute) so that their tile products follow the same policy.
+  virtual DType matmul_dtype() const { return DType::f32; }
+
   // ---------------------------------------------------------------------------------------------
   // Matrix products (row-major, BLAS semantics).
 
