@@ -10,11 +10,19 @@
 //
 // Each kernel also runs with every integer option at its declared minimum (for tiled kernels:
 // the smallest tiles, so that short test sequences still cross many tile boundaries).
+//
+// Mixed precision: every kernel also runs every case with AttentionForwardArgs::compute = bf16
+// and is compared with naive's float32 result within bf16 rounding (see bf16_tolerance below); a
+// kernel without a bf16 path computes float32 and passes trivially. `flash` has one on CPUs with
+// AVX512-BF16, and is checked to round its tile operands to nearest-even bf16 (exact values on a
+// problem built for it) and to change its results against float32 (rounding happened), while its
+// float32 results stay the float32 path's, unaffected by bf16 calls on the same kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <loom/autograd.hpp>
@@ -459,6 +467,45 @@ void expect_close(const Results& got, const Results& want, const std::string& wh
   EXPECT_LE(relative_error(got.dv, want.dv), gradient_tolerance) << "dv, " << what;
 }
 
+// bf16 tile products (compute = bf16) against float32. bf16 keeps 8 significant bits, so
+// round-to-nearest-even changes an operand by at most u = 2^-9 of its magnitude, and a product
+// of two rounded operands by at most 2u of |a b|; the sums accumulate in float32. The rounding
+// errors of the d terms of a score are independent and of either sign, so they grow like
+// sqrt(d), not d: relative to the scale of the scores (scale * |q| |k| = about 1 here), a score
+// moves by a few u, the softmax turns that into the same relative change of P, and out = P V
+// adds V's and P's own 2u. The backward chains three products (dP = dO V^T; dS = P (dP - D),
+// where D cancels most of dP; dQ = dS K and dK = dS^T Q), each adding a few u of its inputs'
+// scale. (D must see dO rounded as dP does: with float32 dO, a row with one visible key, whose
+// exact dS is 0, keeps dO's rounding, u |dO| |V|, about 100u of dq's scale in the window-1 case.) Measured on the 52
+// cases below (head_dim up to 64; AMD EPYC Zen 5): at most 3.8u for out, 1.8u for lse, 7.3u for dq and dk, 8.5u for dv;
+// the limits are 8u for the forward and 16u for the gradients (relative to each result's largest magnitude, as
+// relative_error takes it). A wrong mask, a dropped tile, a missing scale or a product in the wrong layout gives errors
+// of order 1, and float32 instead of bf16 is caught by the flash tests below.
+constexpr double bf16_unit = 1.0 / 512.0;  // u = 2^-9
+constexpr double bf16_forward_tolerance = 8 * bf16_unit;
+constexpr double bf16_gradient_tolerance = 16 * bf16_unit;
+
+bool cpu_has_bf16() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+// x rounded to bfloat16, nearest even (the model of VCVTNE2PS2BF16 for finite x).
+float round_bf16(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  float r = 0.0f;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(AttentionConformance, BuildRegistersTheShippedKernels) {
@@ -540,17 +587,146 @@ TEST(AttentionConformance, EveryKernelSkipsGradientsNobodyWants) {
 }
 
 TEST(AttentionConformance, EveryKernelIsDeterministic) {
+  for (const KernelVariant& variant : kernel_variants())
+    for (const loom::DType compute : {loom::DType::f32, loom::DType::bf16}) {
+      SCOPED_TRACE(variant.label + (compute == loom::DType::bf16 ? ", compute bf16" : ""));
+      auto kernel = make_kernel(variant.name, variant.node);
+      std::mt19937 rng(5);
+      const Case c{3, 37, 37, 4, 2, 16, true, 0, 0.0f, true, false};
+      Problem p = make_problem(c, rng);
+      p.args.compute = compute;
+      const Results first = run(*kernel, p), second = run(*kernel, p);
+      EXPECT_EQ(first.out, second.out);
+      EXPECT_EQ(first.dq, second.dq);
+      EXPECT_EQ(first.dk, second.dk);
+      EXPECT_EQ(first.dv, second.dv);
+    }
+}
+
+// compute = bf16 on every case (and with accumulate on the corners) against naive's float32
+// result, within the bf16 tolerances justified above.
+TEST(AttentionConformance, EveryKernelInBf16StaysWithinBf16RoundingOfFloat32) {
+  auto naive = make_kernel("naive");
   for (const KernelVariant& variant : kernel_variants()) {
-    SCOPED_TRACE(variant.label);
+    SCOPED_TRACE(variant.label + ", compute bf16");
     auto kernel = make_kernel(variant.name, variant.node);
-    std::mt19937 rng(5);
-    const Case c{3, 37, 37, 4, 2, 16, true, 0, 0.0f, true, false};
-    const Problem p = make_problem(c, rng);
-    const Results first = run(*kernel, p), second = run(*kernel, p);
-    EXPECT_EQ(first.out, second.out);
-    EXPECT_EQ(first.dq, second.dq);
-    EXPECT_EQ(first.dk, second.dk);
-    EXPECT_EQ(first.dv, second.dv);
+    std::mt19937 rng(8);
+    double worst[5] = {0, 0, 0, 0, 0};
+    const std::vector<Case> cases = all_cases();
+    for (std::size_t n = 0; n < cases.size(); ++n) {
+      const Case& c = cases[n];
+      Problem p = make_problem(c, rng);
+      const Results want = run(*naive, p);
+      p.args.compute = loom::DType::bf16;
+      const Results got = run(*kernel, p, /*accumulate=*/n < corner_cases().size());
+      const double errors[5] = {relative_error(got.out, want.out), relative_error(got.lse, want.lse),
+                                relative_error(got.dq, want.dq), relative_error(got.dk, want.dk),
+                                relative_error(got.dv, want.dv)};
+      EXPECT_LE(errors[0], bf16_forward_tolerance) << "out, " << c.str();
+      EXPECT_LE(errors[1], bf16_forward_tolerance) << "lse, " << c.str();
+      EXPECT_LE(errors[2], bf16_gradient_tolerance) << "dq, " << c.str();
+      EXPECT_LE(errors[3], bf16_gradient_tolerance) << "dk, " << c.str();
+      EXPECT_LE(errors[4], bf16_gradient_tolerance) << "dv, " << c.str();
+      for (int i = 0; i < 5; ++i) worst[i] = std::max(worst[i], errors[i]);
+    }
+    std::cout << "[ bf16     ] " << variant.label << ": largest relative error against float32 (in u = 2^-9) out "
+              << worst[0] / bf16_unit << ", lse " << worst[1] / bf16_unit << ", dq " << worst[2] / bf16_unit << ", dk "
+              << worst[3] / bf16_unit << ", dv " << worst[4] / bf16_unit << "\n";
+  }
+}
+
+bool flash_built() {
+  return loom::conformance::setup().subject.empty() && registry().find("attention", "flash") != nullptr;
+}
+
+// A problem whose exact bf16 results are known: head_dim 1, scale 1, one key seen by three
+// queries (bidirectional), with inputs on or next to ties of bf16's rounding. Then lse_i = q_i k
+// rounded as the tile product takes it, out_i = v and dv = sum_i dout_i (P = 1), each with its
+// operands rounded to nearest even; truncation, or no rounding, gives other values.
+TEST(AttentionConformance, FlashBf16RoundsTileOperandsToNearestEven) {
+  if (!flash_built()) GTEST_SKIP() << "a check of loom's own flash kernel";
+  if (!cpu_has_bf16()) GTEST_SKIP() << "this CPU has no AVX512-BF16: flash computes float32 (checked below)";
+  for (const KernelVariant& variant : kernel_variants()) {
+    if (variant.name != "flash") continue;
+    SCOPED_TRACE(variant.label);
+    auto flash = make_kernel(variant.name, variant.node);
+    std::mt19937 rng(9);
+    Problem p = make_problem({1, 3, 1, 1, 1, 1, false, 0, 0.0f, false, false}, rng);
+    const float tie_down = 1.0f + 0x1p-8f;                 // halfway between 1 and 1 + 2^-7: to 1
+    const float tie_up = 1.0f + 3 * 0x1p-8f;               // halfway, odd below: to 1 + 2^-6
+    const float above_tie = 1.0f + 0x1p-8f + 0x1p-20f;     // just above halfway: to 1 + 2^-7
+    const float key = 2.0f + 3 * 0x1p-7f, value = tie_up;  // to 2 + 2^-5 and 1 + 2^-6
+    const float queries[3] = {tie_down, tie_up, above_tie}, douts[3] = {above_tie, tie_down, tie_up};
+    for (int64_t i = 0; i < 3; ++i) {
+      p.q_buf[static_cast<std::size_t>(i * p.q_token_stride)] = queries[i];
+      p.dout[static_cast<std::size_t>(i)] = douts[i];
+    }
+    p.kv_buf[static_cast<std::size_t>(p.k_offset)] = key;
+    p.kv_buf[static_cast<std::size_t>(p.v_offset)] = value;
+    p.args.params.scale = 1.0f;
+    p.args.compute = loom::DType::bf16;
+    const Results r = run(*flash, p);
+    EXPECT_EQ(round_bf16(tie_down), 1.0f);
+    EXPECT_EQ(round_bf16(tie_up), 1.0f + 0x1p-6f);
+    EXPECT_EQ(round_bf16(above_tie), 1.0f + 0x1p-7f);
+    EXPECT_EQ(round_bf16(key), 2.0f + 0x1p-5f);
+    float dv = 0.0f;
+    for (int64_t i = 0; i < 3; ++i) {
+      const std::size_t at = static_cast<std::size_t>(i);
+      EXPECT_EQ(r.lse[at], round_bf16(queries[i]) * round_bf16(key)) << "row " << i;
+      EXPECT_NE(r.lse[at], queries[i] * key) << "row " << i << ": not rounded";
+      EXPECT_EQ(r.out[at], round_bf16(value)) << "row " << i;
+      dv += round_bf16(douts[i]);
+    }
+    EXPECT_EQ(r.dv[0], dv);
+    EXPECT_NE(r.dv[0], douts[0] + douts[1] + douts[2]);
+  }
+}
+
+// With AVX512-BF16, compute = bf16 changes every result of flash against its float32 run by more
+// than float32 rounding could (at least u / 16 = 1.2e-4 of the scale, where flash and naive in
+// float32 differ by about 1e-7), on causal, windowed, soft-capped, GQA and packed problems; the
+// float32 run before the bf16 run and the one after it are bit-identical (no bf16 state leaks
+// into the float32 path). Without AVX512-BF16, compute = bf16 gives the float32 bits.
+TEST(AttentionConformance, FlashBf16ChangesResultsAndLeavesFloat32Alone) {
+  if (!flash_built()) GTEST_SKIP() << "a check of loom's own flash kernel";
+  const bool bf16 = cpu_has_bf16();
+  const Case cases[] = {
+      {2, 70, 70, 4, 2, 64, true, 0, 0.0f, false, true},   // causal GQA over several tiles, fused qkv
+      {1, 45, 45, 2, 2, 16, true, 9, 0.0f, true, false},   // window and segments
+      {1, 21, 33, 3, 1, 7, false, 0, 3.0f, false, false},  // MQA, soft-cap, a cache, odd head_dim
+  };
+  for (const KernelVariant& variant : kernel_variants()) {
+    if (variant.name != "flash") continue;
+    auto flash = make_kernel(variant.name, variant.node);
+    std::mt19937 rng(10);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(variant.label + ", " + c.str());
+      Problem p = make_problem(c, rng);
+      const Results before = run(*flash, p);
+      p.args.compute = loom::DType::bf16;
+      const Results rounded = run(*flash, p);
+      p.args.compute = loom::DType::f32;
+      const Results after = run(*flash, p);
+      EXPECT_EQ(before.out, after.out);
+      EXPECT_EQ(before.lse, after.lse);
+      EXPECT_EQ(before.dq, after.dq);
+      EXPECT_EQ(before.dk, after.dk);
+      EXPECT_EQ(before.dv, after.dv);
+      if (bf16) {
+        EXPECT_GT(relative_error(rounded.out, before.out), bf16_unit / 16) << "out not rounded";
+        EXPECT_GT(relative_error(rounded.lse, before.lse), bf16_unit / 16) << "lse not rounded";
+        EXPECT_GT(relative_error(rounded.dq, before.dq), bf16_unit / 16) << "dq not rounded";
+        EXPECT_GT(relative_error(rounded.dk, before.dk), bf16_unit / 16) << "dk not rounded";
+        EXPECT_GT(relative_error(rounded.dv, before.dv), bf16_unit / 16) << "dv not rounded";
+      } else {
+        EXPECT_EQ(rounded.out, before.out);
+        EXPECT_EQ(rounded.lse, before.lse);
+        EXPECT_EQ(rounded.dq, before.dq);
+        EXPECT_EQ(rounded.dk, before.dk);
+        EXPECT_EQ(rounded.dv, before.dv);
+      }
+    }
   }
 }
 

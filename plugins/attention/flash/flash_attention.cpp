@@ -29,6 +29,15 @@
 // this size; a 64 x 64 transpose in registers costs a few percent of one product. With block_q = block_kv = 64 and
 // head_dim 64 a query tile, a key tile, a value tile, the score tile and the output tile take 80 KiB, inside the 1 MiB
 // L2 of a core of this machine (and the score tile alone fits the 32 KiB L1).
+//
+// Mixed precision (AttentionForwardArgs::compute == bf16, on a CPU with AVX512-BF16): the tile
+// products take bf16 operands and accumulate in float32 (bf16_tiles.hpp), everything else is the
+// float32 code above (the same template, with other tile products: F32*Tiles and Bf16*Tiles).
+// Each operand tile is rounded to bf16 once per use site that can share it: the forward keeps the
+// bf16 key and value tiles of the (batch, kv head) it is working on for all its query tiles, the
+// backward the bf16 query and output-gradient tiles of the (batch, kv head) for all its key
+// tiles; P and dS are rounded as they enter their products. Otherwise (f32 asked, or no
+// AVX512-BF16) the float32 path runs.
 #include <cblas.h>
 
 #include <algorithm>
@@ -42,12 +51,15 @@
 #include <loom/tensor.hpp>
 #include <memory>
 
+#include "bf16_tiles.hpp"
 #include "row_math.hpp"
 
 namespace {
 
 using std::int64_t;
+using std::uint32_t;
 namespace rows = loom::flash;
+namespace bf16 = loom::flash::bf16;
 
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
 
@@ -60,38 +72,335 @@ void zero_rows(float* data, int64_t count, int64_t width, int64_t ld) {
   for (int64_t r = 0; r < count; ++r) std::memset(data + r * ld, 0, sizeof(float) * static_cast<size_t>(width));
 }
 
+uint32_t* words(loom::Tensor& t) {
+  return reinterpret_cast<uint32_t*>(t.data<std::int32_t>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forward pass's tile products, float32 and bf16. Each object is one thread's scratch for a
+// chunk of work items: `scores` (block_q x block_kv), the running row `max` and `sum`, and what
+// its products need. forward_tile calls begin() once per query tile, then for each key tile it
+// does not skip scores() (S = scale Q K_j^T into `scores`) and, once `scores` holds P, add_pv()
+// (out += P V_j).
+
+class F32ForwardTiles {
+ public:
+  F32ForwardTiles(const loom::AttentionForwardArgs& a, int64_t block_q, int64_t block_kv)
+      : scratch_(loom::Tensor::empty(loom::Shape{block_q * block_kv + a.head_dim * block_kv + 2 * block_q})),
+        block_kv_(block_kv) {
+    scores = scratch_.data<float>();
+    keys_t_ = scores + block_q * block_kv;
+    max = keys_t_ + a.head_dim * block_kv;
+    sum = max + block_q;
+  }
+  void begin(const loom::AttentionForwardArgs&, int64_t, int64_t, const float*, int64_t) {}
+  // As Q times an explicit K^T (see the comment at the top).
+  void scores_tile(const loom::AttentionForwardArgs& a, const float* q, int64_t count, const float* k, int64_t,
+                   int64_t cols) {
+    rows::transpose(k, cols, a.head_dim, a.k.token_stride, keys_t_, block_kv_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(a.head_dim),
+                a.params.scale, q, to_blas(a.q.token_stride), keys_t_, to_blas(block_kv_), 0.0f, scores,
+                to_blas(block_kv_));
+  }
+  void add_pv(const loom::AttentionForwardArgs& a, int64_t count, const float* v, int64_t, int64_t cols, float* out,
+              int64_t out_ld) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(a.head_dim), to_blas(cols), 1.0f,
+                scores, to_blas(block_kv_), v, to_blas(a.v.token_stride), 1.0f, out, to_blas(out_ld));
+  }
+
+  float *scores, *max, *sum;
+
+ private:
+  loom::Tensor scratch_;
+  float* keys_t_;
+  int64_t block_kv_;
+};
+
+// bf16: the query tile is rounded once per begin(); the key and value tiles of the current
+// (batch, kv head) once each, the first time a query tile reads them, and kept for the items of
+// the chunk that follow (items run query tiles of one head after another, and the heads of a
+// group share their keys). Layouts: Q and P in rows, K in column pairs, V in row pairs.
+class Bf16ForwardTiles {
+ public:
+  Bf16ForwardTiles(const loom::AttentionForwardArgs& a, int64_t block_q, int64_t block_kv)
+      : block_kv_(block_kv),
+        d_pairs_(bf16::pairs_of(a.head_dim)),
+        kv_pairs_(bf16::pairs_of(block_kv)),
+        kv_width_(bf16::padded_width(block_kv)),
+        d_width_(bf16::padded_width(a.head_dim)),
+        key_words_(d_pairs_ * kv_width_),
+        value_words_(kv_pairs_ * d_width_),
+        kv_tiles_((a.kv_len + block_kv - 1) / block_kv) {
+    floats_ = loom::Tensor::empty(loom::Shape{block_q * block_kv + 2 * block_q});
+    scores = floats_.data<float>();
+    max = scores + block_q * block_kv;
+    sum = max + block_q;
+    words_ = loom::Tensor::empty(
+        loom::Shape{block_q * d_pairs_ + block_q * kv_pairs_ + kv_tiles_ * (key_words_ + value_words_) + kv_tiles_},
+        loom::DType::i32);
+    q_ = words(words_);
+    p_ = q_ + block_q * d_pairs_;
+    keys_ = p_ + block_q * kv_pairs_;
+    values_ = keys_ + kv_tiles_ * key_words_;
+    ready_ = values_ + kv_tiles_ * value_words_;
+  }
+  void begin(const loom::AttentionForwardArgs& a, int64_t b, int64_t g, const float* q, int64_t count) {
+    if (b != b_ || g != g_) {
+      std::fill(ready_, ready_ + kv_tiles_, 0u);
+      b_ = b;
+      g_ = g;
+    }
+    bf16::pack_rows(q, count, a.head_dim, a.q.token_stride, q_, d_pairs_);
+  }
+  void scores_tile(const loom::AttentionForwardArgs& a, const float*, int64_t count, const float* k, int64_t kt,
+                   int64_t cols) {
+    uint32_t* keys = keys_ + kt * key_words_;
+    if (ready_[kt] == 0) {
+      const float* v = a.v.data + b_ * a.v.batch_stride + kt * block_kv_ * a.v.token_stride + g_ * a.head_dim;
+      bf16::pack_column_pairs(k, cols, a.head_dim, a.k.token_stride, keys, kv_width_);
+      bf16::pack_row_pairs(v, cols, a.head_dim, a.v.token_stride, values_ + kt * value_words_, d_width_);
+      ready_[kt] = 1;
+    }
+    bf16::product(q_, d_pairs_, 1, count, keys, kv_width_, cols, d_pairs_, a.params.scale, false, scores, block_kv_);
+  }
+  void add_pv(const loom::AttentionForwardArgs& a, int64_t count, const float*, int64_t kt, int64_t cols, float* out,
+              int64_t out_ld) {
+    bf16::pack_rows(scores, count, cols, block_kv_, p_, kv_pairs_);
+    bf16::product(p_, kv_pairs_, 1, count, values_ + kt * value_words_, d_width_, a.head_dim, bf16::pairs_of(cols),
+                  1.0f, true, out, out_ld);
+  }
+
+  float *scores, *max, *sum;
+
+ private:
+  int64_t block_kv_, d_pairs_, kv_pairs_, kv_width_, d_width_, key_words_, value_words_, kv_tiles_;
+  loom::Tensor floats_, words_;
+  uint32_t *q_, *p_, *keys_, *values_, *ready_;
+  int64_t b_ = -1, g_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The backward pass's tile products. Scratch: `capped` (soft-capped scores, read for the cap's
+// derivative), `probs` (P, recomputed from the log-sum-exp) and `grads` (dP, then dS), each
+// block_q x block_kv. backward_key_tile calls key_tile() once per key tile, query_tile() once per
+// (head, query tile) it visits, then scores() (into `capped`), add_dv() (dV += P^T dO), dp()
+// (dP = dO V^T into `grads`), and with dS in `grads` add_dq() (dQ += scale dS K) and add_dk()
+// (dK += scale dS^T Q).
+
+class F32BackwardTiles {
+ public:
+  F32BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv) : block_kv_(block_kv) {
+    const int64_t tile = block_q * block_kv, operand = args.forward->head_dim * block_kv;
+    scratch_ = loom::Tensor::empty(loom::Shape{3 * tile + 2 * operand});
+    capped = scratch_.data<float>();
+    probs = capped + tile;
+    grads = probs + tile;
+    keys_t_ = grads + tile;
+    values_t_ = keys_t_ + operand;
+  }
+  static float delta(const float* dout, const float* out, int64_t d) { return rows::dot(dout, out, d); }
+  // K_j^T and V_j^T for the products with K^T and V^T (see the comment at the top).
+  void key_tile(const loom::AttentionForwardArgs& a, const float* k, const float* v, int64_t cols) {
+    rows::transpose(k, cols, a.head_dim, a.k.token_stride, keys_t_, block_kv_);
+    rows::transpose(v, cols, a.head_dim, a.v.token_stride, values_t_, block_kv_);
+  }
+  void query_tile(const loom::AttentionBackwardArgs&, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
+                  int64_t) {}
+  void scores(const loom::AttentionForwardArgs& a, const float* q, int64_t count, int64_t cols) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(a.head_dim),
+                a.params.scale, q, to_blas(a.q.token_stride), keys_t_, to_blas(block_kv_), 0.0f, capped,
+                to_blas(block_kv_));
+  }
+  void add_dv(const loom::AttentionForwardArgs& a, const float* dout, int64_t out_ld, int64_t count, int64_t cols,
+              float* dv, int64_t ld) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(cols), to_blas(a.head_dim), to_blas(count), 1.0f,
+                probs, to_blas(block_kv_), dout, to_blas(out_ld), 1.0f, dv, to_blas(ld));
+  }
+  void dp(const loom::AttentionForwardArgs& a, const float* dout, int64_t out_ld, int64_t count, int64_t cols) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(a.head_dim), 1.0f,
+                dout, to_blas(out_ld), values_t_, to_blas(block_kv_), 0.0f, grads, to_blas(block_kv_));
+  }
+  void add_dq(const loom::AttentionForwardArgs& a, const float* k, int64_t count, int64_t cols, float* dq, int64_t ld) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(a.head_dim), to_blas(cols),
+                a.params.scale, grads, to_blas(block_kv_), k, to_blas(a.k.token_stride), 1.0f, dq, to_blas(ld));
+  }
+  void add_dk(const loom::AttentionForwardArgs& a, const float* q, int64_t count, int64_t cols, float* dk, int64_t ld) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(cols), to_blas(a.head_dim), to_blas(count),
+                a.params.scale, grads, to_blas(block_kv_), q, to_blas(a.q.token_stride), 1.0f, dk, to_blas(ld));
+  }
+
+  float *capped, *probs, *grads;
+
+ private:
+  loom::Tensor scratch_;
+  float *keys_t_, *values_t_;
+  int64_t block_kv_;
+};
+
+// bf16: a key tile is rounded once per key_tile() (K in column pairs for Q K^T and in row pairs
+// for dS K, V in column pairs for dO V^T) and serves every head of the group and every query
+// tile. The query and output-gradient tiles of the current (batch, kv head) are rounded the first
+// time query_tile() meets them (Q in rows for Q K^T and in row pairs for dS^T Q, dO in rows for
+// dO V^T and in row pairs for P^T dO) and kept for the later key tiles. P and dS are rounded as
+// they enter a product (row pairs for P^T dO and dS^T Q, rows for dS K).
+class Bf16BackwardTiles {
+ public:
+  Bf16BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv)
+      : block_kv_(block_kv),
+        d_pairs_(bf16::pairs_of(args.forward->head_dim)),
+        kv_pairs_(bf16::pairs_of(block_kv)),
+        q_pairs_(bf16::pairs_of(block_q)),
+        kv_width_(bf16::padded_width(block_kv)),
+        d_width_(bf16::padded_width(args.forward->head_dim)),
+        rows_words_(block_q * d_pairs_),
+        pairs_words_(q_pairs_ * d_width_),
+        q_tiles_((args.forward->q_len + block_q - 1) / block_q),
+        group_(args.forward->q_heads / args.forward->kv_heads) {
+    const int64_t tile = block_q * block_kv;
+    floats_ = loom::Tensor::empty(loom::Shape{3 * tile});
+    capped = floats_.data<float>();
+    probs = capped + tile;
+    grads = probs + tile;
+    // Key tile: K in column pairs and in row pairs, V in column pairs; P / dS in row pairs, dS in
+    // rows; per (head of the group, query tile): Q and dO in rows and in row pairs; ready flags.
+    const int64_t key_words = 2 * d_pairs_ * kv_width_ + kv_pairs_ * d_width_;
+    const int64_t entries = group_ * q_tiles_;
+    words_ = loom::Tensor::empty(loom::Shape{key_words + q_pairs_ * kv_width_ + block_q * kv_pairs_ +
+                                             entries * 2 * (rows_words_ + pairs_words_) + entries},
+                                 loom::DType::i32);
+    keys_ = words(words_);
+    values_ = keys_ + d_pairs_ * kv_width_;
+    keys_by_rows_ = values_ + d_pairs_ * kv_width_;
+    transposed_ = keys_by_rows_ + kv_pairs_ * d_width_;
+    ds_rows_ = transposed_ + q_pairs_ * kv_width_;
+    cache_ = ds_rows_ + block_q * kv_pairs_;
+    ready_ = cache_ + entries * 2 * (rows_words_ + pairs_words_);
+    entries_ = entries;
+  }
+  // D = rowsum(bf16(dO) * O): with dO rounded as in dP = dO V^T, so that dP - D cancels where the
+  // exact gradient of the scores is zero (a row with one visible key: P = 1, O = V), as it does in
+  // float32; with float32 dO, the difference would be dO's rounding, of order u |dO| |V|.
+  static float delta(const float* dout, const float* out, int64_t d) { return bf16::dot_rounded(dout, out, d); }
+  void key_tile(const loom::AttentionForwardArgs& a, const float* k, const float* v, int64_t cols) {
+    bf16::pack_column_pairs(k, cols, a.head_dim, a.k.token_stride, keys_, kv_width_);
+    bf16::pack_column_pairs(v, cols, a.head_dim, a.v.token_stride, values_, kv_width_);
+    bf16::pack_row_pairs(k, cols, a.head_dim, a.k.token_stride, keys_by_rows_, d_width_);
+  }
+  void query_tile(const loom::AttentionBackwardArgs& args, int64_t b, int64_t g, int64_t h, int64_t qt, const float* q,
+                  const float* dout, int64_t count) {
+    const loom::AttentionForwardArgs& a = *args.forward;
+    if (b != b_ || g != g_) {
+      std::fill(ready_, ready_ + entries_, 0u);
+      b_ = b;
+      g_ = g;
+    }
+    const int64_t entry = (h - g * group_) * q_tiles_ + qt;
+    q_rows_ = cache_ + entry * 2 * (rows_words_ + pairs_words_);
+    dout_rows_ = q_rows_ + rows_words_;
+    q_pairs_at_ = dout_rows_ + rows_words_;
+    dout_pairs_ = q_pairs_at_ + pairs_words_;
+    if (ready_[entry] != 0) return;
+    const int64_t out_ld = a.q_heads * a.head_dim;
+    bf16::pack_rows(q, count, a.head_dim, a.q.token_stride, q_rows_, d_pairs_);
+    bf16::pack_row_pairs(dout, count, a.head_dim, out_ld, dout_pairs_, d_width_);
+    if (args.dq.data != nullptr || args.dk.data != nullptr)
+      bf16::pack_rows(dout, count, a.head_dim, out_ld, dout_rows_, d_pairs_);
+    if (args.dk.data != nullptr) bf16::pack_row_pairs(q, count, a.head_dim, a.q.token_stride, q_pairs_at_, d_width_);
+    ready_[entry] = 1;
+  }
+  void scores(const loom::AttentionForwardArgs& a, const float*, int64_t count, int64_t cols) {
+    bf16::product(q_rows_, d_pairs_, 1, count, keys_, kv_width_, cols, d_pairs_, a.params.scale, false, capped,
+                  block_kv_);
+  }
+  void add_dv(const loom::AttentionForwardArgs& a, const float*, int64_t, int64_t count, int64_t cols, float* dv,
+              int64_t ld) {
+    bf16::pack_row_pairs(probs, count, cols, block_kv_, transposed_, kv_width_);
+    bf16::product(transposed_, 1, kv_width_, cols, dout_pairs_, d_width_, a.head_dim, bf16::pairs_of(count), 1.0f, true,
+                  dv, ld);
+  }
+  void dp(const loom::AttentionForwardArgs&, const float*, int64_t, int64_t count, int64_t cols) {
+    bf16::product(dout_rows_, d_pairs_, 1, count, values_, kv_width_, cols, d_pairs_, 1.0f, false, grads, block_kv_);
+  }
+  void add_dq(const loom::AttentionForwardArgs& a, const float*, int64_t count, int64_t cols, float* dq, int64_t ld) {
+    bf16::pack_rows(grads, count, cols, block_kv_, ds_rows_, kv_pairs_);
+    bf16::product(ds_rows_, kv_pairs_, 1, count, keys_by_rows_, d_width_, a.head_dim, bf16::pairs_of(cols),
+                  a.params.scale, true, dq, ld);
+  }
+  void add_dk(const loom::AttentionForwardArgs& a, const float*, int64_t count, int64_t cols, float* dk, int64_t ld) {
+    bf16::pack_row_pairs(grads, count, cols, block_kv_, transposed_, kv_width_);
+    bf16::product(transposed_, 1, kv_width_, cols, q_pairs_at_, d_width_, a.head_dim, bf16::pairs_of(count),
+                  a.params.scale, true, dk, ld);
+  }
+
+  float *capped, *probs, *grads;
+
+ private:
+  int64_t block_kv_, d_pairs_, kv_pairs_, q_pairs_, kv_width_, d_width_, rows_words_, pairs_words_, q_tiles_, group_;
+  int64_t entries_ = 0;
+  loom::Tensor floats_, words_;
+  uint32_t *keys_, *values_, *keys_by_rows_, *transposed_, *ds_rows_, *cache_, *ready_;
+  uint32_t *q_rows_ = nullptr, *dout_rows_ = nullptr, *q_pairs_at_ = nullptr, *dout_pairs_ = nullptr;
+  int64_t b_ = -1, g_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+
 class FlashAttention final : public loom::AttentionKernel {
  public:
   FlashAttention(loom::ExecutionContext& execution, int64_t block_q, int64_t block_kv)
-      : execution_(execution), block_q_(block_q), block_kv_(block_kv) {}
+      : execution_(execution), block_q_(block_q), block_kv_(block_kv), has_bf16_(bf16::cpu_supported()) {}
 
   void forward(const loom::AttentionForwardArgs& a) override {
     if (a.batch == 0 || a.q_heads == 0 || a.q_len == 0) return;
+    if (a.compute == loom::DType::bf16 && has_bf16_)
+      forward_with<Bf16ForwardTiles>(a);
+    else
+      forward_with<F32ForwardTiles>(a);
+  }
+
+  void backward(const loom::AttentionBackwardArgs& args) override {
+    if (args.forward->compute == loom::DType::bf16 && has_bf16_)
+      backward_with<Bf16BackwardTiles>(args);
+    else
+      backward_with<F32BackwardTiles>(args);
+  }
+
+ private:
+  // dQ of head h, row i of one batch element starts at data + i * token_stride + h * head_stride
+  // (head_stride 0 means the heads sit within a token: offset h * head_dim).
+  struct DqTarget {
+    float* data;
+    int64_t token_stride;
+    int64_t head_stride;
+  };
+
+  // Query tiles in the order 0, n-1, 1, n-2, ...: under a causal mask the cost of a tile grows
+  // with its index, so consecutive items pair a cheap tile with a dear one and the equal-length
+  // chunks of parallel_for carry similar work.
+  static int64_t balanced_tile(int64_t k, int64_t n) { return k % 2 == 0 ? k / 2 : n - 1 - k / 2; }
+
+  template <class Tiles>
+  void forward_with(const loom::AttentionForwardArgs& a) {
     const int64_t q_tiles = (a.q_len + block_q_ - 1) / block_q_;
     const int64_t items = a.batch * a.q_heads * q_tiles;
     execution_.parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-      loom::Tensor scratch =
-          loom::Tensor::empty(loom::Shape{block_q_ * block_kv_ + a.head_dim * block_kv_ + 2 * block_q_});
-      float* scores = scratch.data<float>();
-      float* keys_t = scores + block_q_ * block_kv_;
-      float* max = keys_t + a.head_dim * block_kv_;
-      float* sum = max + block_q_;
+      Tiles tiles(a, block_q_, block_kv_);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t bh = item / q_tiles;
-        forward_tile(a, bh / a.q_heads, bh % a.q_heads, balanced_tile(item % q_tiles, q_tiles), scores, keys_t, max,
-                     sum);
+        forward_tile(a, bh / a.q_heads, bh % a.q_heads, balanced_tile(item % q_tiles, q_tiles), tiles);
       }
     });
   }
 
-  void backward(const loom::AttentionBackwardArgs& args) override {
+  template <class Tiles>
+  void backward_with(const loom::AttentionBackwardArgs& args) {
     const loom::AttentionForwardArgs& a = *args.forward;
     const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr, want_dv = args.dv.data != nullptr;
     if (a.batch == 0 || a.kv_heads == 0 || (!want_dq && !want_dk && !want_dv)) return;
     const int64_t d = a.head_dim, group = a.q_heads / a.kv_heads, out_ld = a.q_heads * d;
     const int64_t q_tiles = (a.q_len + block_q_ - 1) / block_q_, kv_tiles = (a.kv_len + block_kv_ - 1) / block_kv_;
 
-    // D_i = rowsum(dO_i * O_i), [batch, q_heads, q_len].
+    // D_i = rowsum(dO_i * O_i), [batch, q_heads, q_len] (with dO as the products see it).
     loom::Tensor delta_buffer = loom::Tensor::empty(loom::Shape{a.batch, a.q_heads, a.q_len});
     float* delta = delta_buffer.data<float>();
     execution_.parallel_for(a.batch * a.q_heads, 1, [&](int64_t begin, int64_t end) {
@@ -99,7 +408,7 @@ class FlashAttention final : public loom::AttentionKernel {
         const int64_t b = bh / a.q_heads, h = bh % a.q_heads;
         for (int64_t i = 0; i < a.q_len; ++i) {
           const int64_t row = (b * a.q_len + i) * out_ld + h * d;
-          delta[bh * a.q_len + i] = rows::dot(args.dout + row, a.out + row, d);
+          delta[bh * a.q_len + i] = Tiles::delta(args.dout + row, a.out + row, d);
         }
       }
     });
@@ -114,10 +423,7 @@ class FlashAttention final : public loom::AttentionKernel {
     float* partials = stripes > 1 ? partial_buffer.data<float>() : nullptr;
 
     execution_.parallel_for(pairs * stripes, 1, [&](int64_t begin, int64_t end) {
-      const int64_t tile = block_q_ * block_kv_, operand = d * block_kv_;
-      loom::Tensor scratch = loom::Tensor::empty(loom::Shape{3 * tile + 2 * operand});
-      float* base = scratch.data<float>();
-      BackwardTiles tiles{base, base + tile, base + 2 * tile, base + 3 * tile, base + 3 * tile + operand};
+      Tiles tiles(args, block_q_, block_kv_);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t pair = item / stripes, stripe = item % stripes;
         const int64_t b = pair / a.kv_heads, g = pair % a.kv_heads;
@@ -155,29 +461,8 @@ class FlashAttention final : public loom::AttentionKernel {
     }
   }
 
- private:
-  struct BackwardTiles {
-    float* capped;  // soft-capped scores (read for the cap's derivative)
-    float* probs;   // P, recomputed from the log-sum-exp
-    float* grads;   // dP, then dS
-    float* keys_t;  // K_j^T and V_j^T (head_dim x block_kv)
-    float* values_t;
-  };
-  // dQ of head h, row i of one batch element starts at data + i * token_stride + h * head_stride
-  // (head_stride 0 means the heads sit within a token: offset h * head_dim).
-  struct DqTarget {
-    float* data;
-    int64_t token_stride;
-    int64_t head_stride;
-  };
-
-  // Query tiles in the order 0, n-1, 1, n-2, ...: under a causal mask the cost of a tile grows
-  // with its index, so consecutive items pair a cheap tile with a dear one and the equal-length
-  // chunks of parallel_for carry similar work.
-  static int64_t balanced_tile(int64_t k, int64_t n) { return k % 2 == 0 ? k / 2 : n - 1 - k / 2; }
-
-  void forward_tile(const loom::AttentionForwardArgs& a, int64_t b, int64_t h, int64_t qt, float* scores, float* keys_t,
-                    float* max, float* sum) const {
+  template <class Tiles>
+  void forward_tile(const loom::AttentionForwardArgs& a, int64_t b, int64_t h, int64_t qt, Tiles& tiles) const {
     const loom::AttentionMask mask(a);
     const int64_t d = a.head_dim, g = h / (a.q_heads / a.kv_heads);
     const int64_t i0 = qt * block_q_, count = std::min(block_q_, a.q_len - i0);
@@ -185,9 +470,11 @@ class FlashAttention final : public loom::AttentionKernel {
     const int64_t out_ld = a.q_heads * d;
     float* out = a.out + (b * a.q_len + i0) * out_ld + h * d;
     float* lse = a.lse + (b * a.q_heads + h) * a.q_len + i0;
+    float *scores = tiles.scores, *max = tiles.max, *sum = tiles.sum;
     zero_rows(out, count, d, out_ld);
     std::fill(max, max + count, negative_infinity);
     std::fill(sum, sum + count, 0.0f);
+    tiles.begin(a, b, g, q, count);
 
     const int64_t kv_tiles = (a.kv_len + block_kv_ - 1) / block_kv_;
     for (int64_t kt = 0; kt < kv_tiles; ++kt) {
@@ -196,10 +483,7 @@ class FlashAttention final : public loom::AttentionKernel {
       if (cover == loom::MaskCover::none) continue;
       const float* k = a.k.data + b * a.k.batch_stride + j0 * a.k.token_stride + g * d;
       const float* v = a.v.data + b * a.v.batch_stride + j0 * a.v.token_stride + g * d;
-      // S = scale Q K^T, as Q times an explicit K^T (see the comment at the top).
-      rows::transpose(k, cols, d, a.k.token_stride, keys_t, block_kv_);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d), a.params.scale,
-                  q, to_blas(a.q.token_stride), keys_t, to_blas(block_kv_), 0.0f, scores, to_blas(block_kv_));
+      tiles.scores_tile(a, q, count, k, kt, cols);  // S = scale Q K^T
       for (int64_t r = 0; r < count; ++r) {
         float* row = scores + r * block_kv_;
         if (a.params.softcap > 0.0f) rows::softcap_row(row, cols, a.params.softcap);
@@ -214,9 +498,7 @@ class FlashAttention final : public loom::AttentionKernel {
         max[r] = new_max;
         if (rescale != 1.0f) rows::scale_row(out + r * out_ld, d, rescale);
       }
-      // out += P V
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(d), to_blas(cols), 1.0f, scores,
-                  to_blas(block_kv_), v, to_blas(a.v.token_stride), 1.0f, out, to_blas(out_ld));
+      tiles.add_pv(a, count, v, kt, cols, out, out_ld);  // out += P V
     }
     for (int64_t r = 0; r < count; ++r) {
       if (sum[r] == 0.0f) {  // no visible key: out stays 0
@@ -229,8 +511,9 @@ class FlashAttention final : public loom::AttentionKernel {
   }
 
   // Key tile kt of kv head g: dK and dV rows complete, dQ contributions added to `dq`.
+  template <class Tiles>
   void backward_key_tile(const loom::AttentionBackwardArgs& args, int64_t b, int64_t g, int64_t kt, int64_t q_tiles,
-                         const float* delta, const DqTarget& dq, const BackwardTiles& tiles) const {
+                         const float* delta, const DqTarget& dq, Tiles& tiles) const {
     const loom::AttentionForwardArgs& a = *args.forward;
     const loom::AttentionMask mask(a);
     const int64_t d = a.head_dim, group = a.q_heads / a.kv_heads, out_ld = a.q_heads * d;
@@ -242,9 +525,7 @@ class FlashAttention final : public loom::AttentionKernel {
     float* dv = args.dv.data ? args.dv.data + b * args.dv.batch_stride + j0 * args.dv.token_stride + g * d : nullptr;
     if (dk && !args.dk.accumulate) zero_rows(dk, cols, d, args.dk.token_stride);
     if (dv && !args.dv.accumulate) zero_rows(dv, cols, d, args.dv.token_stride);
-    const blasint bk = to_blas(block_kv_);
-    rows::transpose(k, cols, d, a.k.token_stride, tiles.keys_t, block_kv_);
-    rows::transpose(v, cols, d, a.v.token_stride, tiles.values_t, block_kv_);
+    tiles.key_tile(a, k, v, cols);
 
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const float* lse = a.lse + (b * a.q_heads + h) * a.q_len;
@@ -255,8 +536,8 @@ class FlashAttention final : public loom::AttentionKernel {
         if (cover == loom::MaskCover::none) continue;
         const float* q = a.q.data + b * a.q.batch_stride + i0 * a.q.token_stride + h * d;
         const float* dout = args.dout + (b * a.q_len + i0) * out_ld + h * d;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d),
-                    a.params.scale, q, to_blas(a.q.token_stride), tiles.keys_t, bk, 0.0f, tiles.capped, bk);
+        tiles.query_tile(args, b, g, h, qt, q, dout, count);
+        tiles.scores(a, q, count, cols);  // S = scale Q K^T
         for (int64_t r = 0; r < count; ++r) {
           float* capped = tiles.capped + r * block_kv_;
           float* p = tiles.probs + r * block_kv_;
@@ -268,32 +549,25 @@ class FlashAttention final : public loom::AttentionKernel {
           rows::exp_shift(capped, p, cols, lse[i0 + r]);
           if (cover == loom::MaskCover::partial) mask.apply(b, i0 + r, j0, cols, p, 0.0f);
         }
-        if (dv)  // dV += P^T dO
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(cols), to_blas(d), to_blas(count), 1.0f,
-                      tiles.probs, bk, dout, to_blas(out_ld), 1.0f, dv, to_blas(args.dv.token_stride));
+        if (dv) tiles.add_dv(a, dout, out_ld, count, cols, dv, args.dv.token_stride);  // dV += P^T dO
         if (!dk && !dq.data) continue;
         // dP = dO V^T, then dS = P (dP - D) (times the cap's derivative)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(cols), to_blas(d), 1.0f, dout,
-                    to_blas(out_ld), tiles.values_t, bk, 0.0f, tiles.grads, bk);
+        tiles.dp(a, dout, out_ld, count, cols);
         for (int64_t r = 0; r < count; ++r)
           rows::softmax_grad_row(tiles.grads + r * block_kv_, tiles.probs + r * block_kv_, tiles.capped + r * block_kv_,
                                  cols, row_delta[i0 + r], cap);
         if (dq.data) {  // dQ += scale dS K
           float* target = dq.data + (dq.head_stride == 0 ? h * d : h * dq.head_stride) + i0 * dq.token_stride;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(count), to_blas(d), to_blas(cols),
-                      a.params.scale, tiles.grads, bk, k, to_blas(a.k.token_stride), 1.0f, target,
-                      to_blas(dq.token_stride));
+          tiles.add_dq(a, k, count, cols, target, dq.token_stride);
         }
-        if (dk)  // dK += scale dS^T Q
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(cols), to_blas(d), to_blas(count),
-                      a.params.scale, tiles.grads, bk, q, to_blas(a.q.token_stride), 1.0f, dk,
-                      to_blas(args.dk.token_stride));
+        if (dk) tiles.add_dk(a, q, count, cols, dk, args.dk.token_stride);  // dK += scale dS^T Q
       }
     }
   }
 
   loom::ExecutionContext& execution_;
   int64_t block_q_, block_kv_;
+  bool has_bf16_;  // the CPU has AVX512-BF16 (+BW, VL): compute == bf16 takes the bf16 products
 };
 
 loom::OptionSchema options() {
