@@ -1,7 +1,7 @@
 // loom bench TARGET ...: measurements of components. Targets: attention, gemm.
 //
-//   loom bench attention --kernels naive,flash [--seq-lens 256,512,1024,2048] [--batch 4]
-//                        [--heads 12] [--head-dim 64] [--repeats 3] [--threads N] [CONFIG]
+//   loom bench attention --kernels naive,flash [--dtypes f32,bf16] [--seq-lens 256,512,1024,2048]
+//                        [--batch 4] [--heads 12] [--head-dim 64] [--repeats 3] [--threads N] [CONFIG]
 //   loom bench gemm [--backends cpu] [--dtypes f32,bf16] [--tokens 1024] [--shapes qkv,...]
 //                   [--no-libraries] [--repeats 3] [--threads N]
 #include <algorithm>
@@ -42,7 +42,7 @@ ComponentRef attention_ref(const Value& node, const std::string& path) {
 int run_bench_attention(const std::vector<std::string>& args) {
   CommonOptions common;
   AttentionBenchOptions bench;
-  std::string kernels, seq_lens = "256,512,1024,2048";
+  std::string kernels, seq_lens = "256,512,1024,2048", dtypes = "f32";
   int threads = 0;
   bool bidirectional = false;
   po::options_description options("options");
@@ -50,6 +50,9 @@ int run_bench_attention(const std::vector<std::string>& args) {
   options.add_options()("kernels", po::value(&kernels),
                         "attention kernels to compare, comma-separated; the first is "
                         "the baseline of the ratios (after the config's, if given)")(
+      "dtypes", po::value(&dtypes)->default_value(dtypes),
+      "compute dtypes of the tile products, comma-separated: f32, bf16 (bfloat16 operands, float32 "
+      "accumulation, where the kernel has such a path on this CPU); each kernel runs in each")(
       "seq-lens", po::value(&seq_lens)->default_value(seq_lens), "sequence lengths, comma-separated")(
       "batch", po::value(&bench.batch)->default_value(bench.batch), "sequences per batch")(
       "heads", po::value(&bench.heads)->default_value(bench.heads), "query heads")(
@@ -66,11 +69,12 @@ int run_bench_attention(const std::vector<std::string>& args) {
   positional.add("positional", -1);
   po::variables_map vm;
   if (!parse(args, options, positional, vm,
-             "usage: loom bench attention [--kernels K1,K2,...] [CONFIG [a.b=c ...]] [options]\n\n"
+             "usage: loom bench attention [--kernels K1,K2,...] [--dtypes f32,bf16] [CONFIG [a.b=c ...]] [options]\n\n"
              "Times the forward and the forward+backward pass of attention kernels and measures the extra memory\n"
-             "each takes from the allocator, at several sequence lengths (GPT-2 small's heads by default), and\n"
-             "prints a table per length with ratios against the first kernel. A CONFIG contributes its\n"
-             "model.attention (with its options) as the first kernel."))
+             "each takes from the allocator, at several sequence lengths (GPT-2 small's heads by default), in\n"
+             "each compute dtype (--dtypes f32,bf16: the tile products in float32, or in bfloat16 with float32\n"
+             "accumulation), and prints a table per length with ratios against the first row and each dtype's\n"
+             "speed-up over f32. A CONFIG contributes its model.attention (with its options) as the first kernel."))
     return 0;
   if (vm.count("positional") == 0 && kernels.empty())
     throw UserError("name the kernels to measure (--kernels naive,flash) or give a config with model.attention");
@@ -104,11 +108,15 @@ int run_bench_attention(const std::vector<std::string>& args) {
     bench.seq_lens.push_back(value);
   }
   bench.params.causal = !bidirectional;
+  bench.dtypes.clear();
+  for (const std::string& name : split_list(dtypes)) bench.dtypes.push_back(parse_compute_dtype(name, "--dtypes"));
 
   const int pool_threads = runtime.registry().execution().num_threads();
   bool started = false;
   const auto results = run_attention_bench(runtime.registry(), bench, [&started](const AttentionBenchResult& r) {
-    std::cerr << (started ? " " : "measured ") << r.kernel << "@" << r.seq_len << std::flush;
+    std::cerr << (started ? " " : "measured ") << r.kernel
+              << (r.dtype == DType::f32 ? "" : "/" + std::string(dtype_name(r.dtype))) << "@" << r.seq_len
+              << std::flush;
     started = true;
   });
   if (started) std::cerr << "\n";

@@ -30,6 +30,19 @@ TEST(AttentionBenchCommand, PrintsOneTablePerLengthWithRatiosAgainstTheFirstKern
   EXPECT_LT(r.out.find("naive"), r.out.find("flash")) << r.out;
 }
 
+TEST(AttentionBenchCommand, ComparesComputeDtypesByName) {
+  const auto r = loom_bench(with_tiny({"attention", "--kernels", "flash", "--dtypes", "f32,bf16", "--seq-lens", "20"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto f32 = r.out.find(" f32 "), bf16 = r.out.find(" bf16 ");
+  ASSERT_NE(f32, std::string::npos) << r.out;
+  ASSERT_NE(bf16, std::string::npos) << r.out;
+  EXPECT_LT(f32, bf16) << r.out;
+  EXPECT_NE(r.out.find("vs f32"), std::string::npos) << r.out;
+  const auto bad = loom_bench(with_tiny({"attention", "--kernels", "flash", "--dtypes", "fp8", "--seq-lens", "20"}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--dtypes"), std::string::npos) << bad.err;
+}
+
 TEST(AttentionBenchCommand, TakesTheConfigsKernelWithItsOptionsFirst) {
   loom::test::TempDir dir;
   const auto config = dir.write("model.yaml", "model:\n  attention: {type: flash, block_q: 16, block_kv: 8}\n");

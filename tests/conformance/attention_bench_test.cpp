@@ -51,6 +51,42 @@ TEST(AttentionBench, MeasuresEveryKernelAtEveryLength) {
   EXPECT_NE(table.find("flash"), std::string::npos) << table;
 }
 
+// Each kernel in each compute dtype: naive has no bf16 path, so its bf16 row is marked as the
+// float32 result; flash's is not where the CPU has AVX512-BF16.
+TEST(AttentionBench, ComparesComputeDtypesPerKernel) {
+  loom::AttentionBenchOptions o;
+  o.kernels = {{"attention", "flash", loom::Value(), "--kernels"}, {"attention", "naive", loom::Value(), "--kernels"}};
+  o.dtypes = {loom::DType::f32, loom::DType::bf16};
+  o.seq_lens = {70};
+  o.batch = 1;
+  o.heads = 2;
+  o.head_dim = 16;
+  o.repeats = 1;
+  const auto results = loom::run_attention_bench(registry(), o);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(results[0].kernel, "flash");
+  EXPECT_EQ(results[0].dtype, loom::DType::f32);
+  EXPECT_EQ(results[1].kernel, "flash");
+  EXPECT_EQ(results[1].dtype, loom::DType::bf16);
+  EXPECT_EQ(results[3].kernel, "naive");
+  EXPECT_EQ(results[3].dtype, loom::DType::bf16);
+  EXPECT_FALSE(results[0].fallback);
+  EXPECT_TRUE(results[3].fallback);
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool bf16 =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  const bool bf16 = false;
+#endif
+  EXPECT_EQ(results[1].fallback, !bf16);
+  const std::string table = loom::format_attention_bench(o, results, 2);
+  EXPECT_NE(table.find("vs f32"), std::string::npos) << table;
+  EXPECT_NE(table.find("naive (fallback)  bf16"), std::string::npos) << table;
+  o.dtypes.clear();
+  EXPECT_THROW(loom::run_attention_bench(registry(), o), loom::UserError);
+}
+
 TEST(AttentionBench, RejectsInvalidOptionsWithUserErrors) {
   loom::AttentionBenchOptions o;
   o.seq_lens = {8};

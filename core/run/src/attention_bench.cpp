@@ -105,6 +105,7 @@ std::vector<AttentionBenchResult> run_attention_bench(
     const Registry& registry, const AttentionBenchOptions& o,
     const std::function<void(const AttentionBenchResult&)>& progress) {
   if (o.kernels.empty()) throw UserError("no attention kernel to measure: name at least one (--kernels naive,flash)");
+  if (o.dtypes.empty()) throw UserError("no compute dtype to measure: name at least one (--dtypes f32,bf16)");
   require_positive(o.batch, "the batch size");
   require_positive(o.heads, "the number of heads");
   require_positive(o.head_dim, "head_dim");
@@ -124,23 +125,43 @@ std::vector<AttentionBenchResult> run_attention_bench(
     Problem p = make_problem(o, seq_len);
     for (std::size_t k = 0; k < kernels.size(); ++k) {
       AttentionKernel& kernel = *kernels[k];
-      AttentionBenchResult r;
-      r.kernel = label(o.kernels[k]);
-      r.seq_len = seq_len;
-      auto both = [&] {
-        kernel.forward(p.forward);
-        kernel.backward(p.backward);
+      std::vector<float> f32_out;  // the float32 output, to tell whether bf16 changed anything
+      auto float32_out = [&] {
+        if (f32_out.empty()) {
+          p.forward.compute = DType::f32;
+          kernel.forward(p.forward);
+          f32_out = p.out.to_vector();
+        }
+        return f32_out;
       };
-      both();  // warm-up: first-touch pages, the allocator's cache, the thread pool
-      r.forward_ms = median_ms(o.repeats, [&] { kernel.forward(p.forward); });
-      r.forward_backward_ms = median_ms(o.repeats, both);
-      const std::size_t before = allocator_stats().bytes_in_use;
-      allocator_reset_peak();
-      both();
-      const std::size_t peak = allocator_stats().peak_bytes_in_use;
-      r.peak_extra_bytes = peak > before ? peak - before : 0;
-      if (progress) progress(r);
-      results.push_back(r);
+      for (DType dtype : o.dtypes) {
+        AttentionBenchResult r;
+        r.kernel = label(o.kernels[k]);
+        r.dtype = dtype;
+        r.seq_len = seq_len;
+        if (dtype != DType::f32) {
+          const std::vector<float> reference = float32_out();
+          p.forward.compute = dtype;
+          kernel.forward(p.forward);
+          r.fallback = p.out.to_vector() == reference;
+        }
+        p.forward.compute = dtype;
+        auto both = [&] {
+          kernel.forward(p.forward);
+          kernel.backward(p.backward);
+        };
+        both();  // warm-up: first-touch pages, the allocator's cache, the thread pool
+        r.forward_ms = median_ms(o.repeats, [&] { kernel.forward(p.forward); });
+        r.forward_backward_ms = median_ms(o.repeats, both);
+        const std::size_t before = allocator_stats().bytes_in_use;
+        allocator_reset_peak();
+        both();
+        const std::size_t peak = allocator_stats().peak_bytes_in_use;
+        r.peak_extra_bytes = peak > before ? peak - before : 0;
+        if (dtype == DType::f32 && f32_out.empty()) f32_out = p.out.to_vector();
+        if (progress) progress(r);
+        results.push_back(r);
+      }
     }
   }
   return results;
@@ -150,7 +171,11 @@ std::string format_attention_bench(const AttentionBenchOptions& o, const std::ve
                                    int threads) {
   const int64_t kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
   std::size_t name_width = 6;
-  for (const auto& r : results) name_width = std::max(name_width, r.kernel.size());
+  bool any_fallback = false;
+  for (const auto& r : results) {
+    name_width = std::max(name_width, r.kernel.size() + (r.fallback ? 11 : 0));
+    any_fallback = any_fallback || r.fallback;
+  }
   std::ostringstream s;
   char line[512];
   for (std::size_t first = 0; first < results.size();) {
@@ -163,24 +188,34 @@ std::string format_attention_bench(const AttentionBenchOptions& o, const std::ve
     if (o.params.window > 0) s << ", window " << o.params.window;
     if (o.params.softcap > 0.0f) s << ", softcap " << o.params.softcap;
     s << ", " << threads << (threads == 1 ? " thread" : " threads") << ", median of " << o.repeats << ")\n";
-    std::snprintf(line, sizeof line, "  %-*s %12s %12s %14s %10s %12s %12s\n", static_cast<int>(name_width), "kernel",
-                  "forward ms", "fwd+bwd ms", "peak extra MiB", "fwd speed", "fwd+bwd speed", "memory");
+    std::snprintf(line, sizeof line, "  %-*s %5s %12s %12s %14s %10s %12s %12s %8s\n", static_cast<int>(name_width),
+                  "kernel", "dtype", "forward ms", "fwd+bwd ms", "peak extra MiB", "fwd speed", "fwd+bwd speed",
+                  "memory", "vs f32");
     s << line;
     for (std::size_t i = first; i < last; ++i) {
       const AttentionBenchResult& r = results[i];
       const double mib = static_cast<double>(r.peak_extra_bytes) / (1024.0 * 1024.0);
       const double memory =
           base.peak_extra_bytes == 0 ? 0.0 : static_cast<double>(r.peak_extra_bytes) / base.peak_extra_bytes;
-      std::snprintf(line, sizeof line, "  %-*s %12.2f %12.2f %14.2f %9.2fx %12.2fx %11.3fx\n",
-                    static_cast<int>(name_width), r.kernel.c_str(), r.forward_ms, r.forward_backward_ms, mib,
-                    base.forward_ms / r.forward_ms, base.forward_backward_ms / r.forward_backward_ms, memory);
+      char vs_f32[32] = "-";
+      for (std::size_t j = first; j < last; ++j)
+        if (r.dtype != DType::f32 && results[j].kernel == r.kernel && results[j].dtype == DType::f32)
+          std::snprintf(vs_f32, sizeof vs_f32, "%.2fx", results[j].forward_backward_ms / r.forward_backward_ms);
+      const std::string name = r.kernel + (r.fallback ? " (fallback)" : "");
+      std::snprintf(line, sizeof line, "  %-*s %5s %12.2f %12.2f %14.2f %9.2fx %12.2fx %11.3fx %8s\n",
+                    static_cast<int>(name_width), name.c_str(), std::string(dtype_name(r.dtype)).c_str(), r.forward_ms,
+                    r.forward_backward_ms, mib, base.forward_ms / r.forward_ms,
+                    base.forward_backward_ms / r.forward_backward_ms, memory, vs_f32);
       s << line;
     }
     s << "\n";
     first = last;
   }
-  s << "speed: the first kernel's time divided by this kernel's (above 1: faster); memory: this kernel's peak\n"
-       "extra memory divided by the first kernel's.\n";
+  s << "speed: the first row's time divided by this row's (above 1: faster); memory: this row's peak extra\n"
+       "memory divided by the first row's; vs f32: the same kernel's f32 fwd+bwd time divided by this row's.\n";
+  if (any_fallback)
+    s << "(fallback): the kernel has no bf16 path (or this CPU no AVX512-BF16): its bf16 output is its f32 output,\n"
+         "bit for bit.\n";
   return s.str();
 }
 

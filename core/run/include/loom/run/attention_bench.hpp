@@ -8,6 +8,11 @@
 // from the core's allocator (allocator.hpp: peak_bytes_in_use above what was in use before the
 // call) at any point of a forward and backward pass: its scratch, not the inputs, outputs and
 // gradients that every kernel shares.
+//
+// Compute dtypes: every kernel runs once per entry of `dtypes` (AttentionForwardArgs::compute):
+// f32, or bf16 (the tile products in bfloat16 with float32 accumulation, where the kernel has
+// such a path on this CPU: `flash` with AVX512-BF16). A kernel that computes float32 whatever it
+// is asked gives bit-identical outputs for bf16; the bench checks that and marks the row.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +27,8 @@
 namespace loom {
 
 struct AttentionBenchOptions {
-  std::vector<ComponentRef> kernels;  // the first is the baseline of the ratios
+  std::vector<ComponentRef> kernels;      // the first is the baseline of the ratios
+  std::vector<DType> dtypes{DType::f32};  // per kernel, in this order
   std::vector<std::int64_t> seq_lens{256, 512, 1024, 2048};
   std::int64_t batch = 4;
   std::int64_t heads = 12;     // query heads
@@ -35,22 +41,26 @@ struct AttentionBenchOptions {
 
 struct AttentionBenchResult {
   std::string kernel;  // the label: name, plus options when given
+  DType dtype = DType::f32;
+  bool fallback = false;  // bf16 asked, and the output is the float32 run's, bit for bit
   std::int64_t seq_len = 0;
   double forward_ms = 0.0;
   double forward_backward_ms = 0.0;
   std::size_t peak_extra_bytes = 0;
 };
 
-// Runs every kernel at every length (lengths outer). `progress`, when set, is called after each
-// result. Throws UserError for invalid options (no kernel, a non-positive size, heads not a
-// multiple of kv_heads, an unknown kernel or invalid kernel options).
+// Runs every kernel in every dtype at every length (lengths outer, then kernels, then dtypes).
+// `progress`, when set, is called after each result. Throws UserError for invalid options (no
+// kernel or dtype, a non-positive size, heads not a multiple of kv_heads, an unknown kernel or
+// invalid kernel options).
 std::vector<AttentionBenchResult> run_attention_bench(
     const Registry& registry, const AttentionBenchOptions& options,
     const std::function<void(const AttentionBenchResult&)>& progress = {});
 
-// One table per sequence length: forward ms, forward+backward ms, peak extra MiB, and each
-// kernel's speed-up over the first kernel (its time divided into the first kernel's) and memory
-// relative to the first kernel's.
+// One table per sequence length: forward ms, forward+backward ms, peak extra MiB, and each row's
+// speed-up over the first row (its time divided into the first row's), memory relative to the
+// first row's, and for a dtype other than f32 the forward+backward speed-up over the same
+// kernel's f32 row.
 std::string format_attention_bench(const AttentionBenchOptions& options,
                                    const std::vector<AttentionBenchResult>& results, int threads);
 
