@@ -301,32 +301,57 @@ LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t ir0, int64_t rows, int64_
   }
 }
 
-// The product of A's rows [0, m) and B's columns [0, n) on the calling thread, with scratch of
-// its own. A is packed once for the whole of k before the column blocks (it used to be packed
-// again for each block of kNc columns, which cost as much as a tenth of the product at GPT-2's
-// shapes); B is packed once per block.
-LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64_t m, int64_t n, int64_t k, float alpha,
-                                       float beta, float* c, int64_t ldc) {
-  thread_local std::vector<std::uint32_t> packed_a, packed_b;
+// Fully packed operands. Block pc (k pairs pc .. pc + kc, pc a multiple of kKc) of a packed A
+// starts at m_pad * pc, and the strip of its rows ir .. ir + kMr at block + ir * kc; likewise a
+// packed B's block at n_pad * pc, the strip of its columns j .. j + kNr at block + j * kc.
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+// Packs B's columns c0 .. c0 + cols over pairs pc .. pc + kc, the strip of column c0 + j at
+// out + j * kc.
+LOOM_BF16_TARGET void pack_b_block(const Operand& b, int64_t c0, int64_t cols, int64_t pc, int64_t kc, int64_t k,
+                                   std::uint32_t* out) {
+  if (b.sr == 1 && b.sk != 1) {
+    pack_b_columns(b, c0, cols, pc, kc, k, out);
+    return;
+  }
+  for (int64_t jr = 0; jr < cols; jr += kNr) pack(b, c0 + jr, std::min(kNr, cols - jr), kNr, pc, kc, k, out + jr * kc);
+}
+
+// A's rows r0 .. r1 (r0 a multiple of kMr), all of k, into a packed A of m_pad rows.
+LOOM_BF16_TARGET void pack_a_full(const Operand& a, int64_t r0, int64_t r1, int64_t k, int64_t m_pad,
+                                  std::uint32_t* out) {
   const int64_t k_pairs = (k + 1) / 2;
-  const int64_t m_pad = (m + kMr - 1) / kMr * kMr;
-  // Block pc of packed A starts at m_pad * pc; its strip ir at ir * kc within the block.
-  packed_a.resize(static_cast<std::size_t>(m_pad * k_pairs));
-  packed_b.resize(static_cast<std::size_t>(kNc * kKc));
+  for (int64_t pc = 0; pc < k_pairs; pc += kKc)
+    pack_a(a, r0, r1 - r0, pc, std::min(kKc, k_pairs - pc), k, out + m_pad * pc);
+}
+
+// B's columns c0 .. c1 (c0 a multiple of kNr), all of k, into a packed B of n_pad columns.
+LOOM_BF16_TARGET void pack_b_full(const Operand& b, int64_t c0, int64_t c1, int64_t k, int64_t n_pad,
+                                  std::uint32_t* out) {
+  const int64_t k_pairs = (k + 1) / 2;
   for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
     const int64_t kc = std::min(kKc, k_pairs - pc);
-    pack_a(a, 0, m, pc, kc, k, packed_a.data() + m_pad * pc);
+    pack_b_block(b, c0, c1 - c0, pc, kc, k, out + n_pad * pc + c0 * kc);
   }
-  for (int64_t jc = 0; jc < n; jc += kNc) {
-    const int64_t nc = std::min(kNc, n - jc);
+}
+
+// C's columns j0 .. j1 (all m rows) from a packed A: B is packed block by block (kNc columns x
+// kKc pairs) into the calling thread's scratch, each block right before the micro-kernels that
+// read it. An element of C is summed over the k blocks in order (the first writes C).
+LOOM_BF16_TARGET void compute_with_packed_a(const std::uint32_t* packed_a, int64_t m_pad, const Operand& b, int64_t j0,
+                                            int64_t j1, int64_t m, int64_t k, float alpha, float beta, float* c,
+                                            int64_t ldc) {
+  thread_local std::vector<std::uint32_t> packed_b;
+  packed_b.resize(static_cast<std::size_t>(kNc * kKc));
+  const int64_t k_pairs = (k + 1) / 2;
+  for (int64_t jc = j0; jc < j1; jc += kNc) {
+    const int64_t nc = std::min(kNc, j1 - jc);
     for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
       const int64_t kc = std::min(kKc, k_pairs - pc);
-      if (b.sr == 1 && b.sk != 1)
-        pack_b_columns(b, jc, nc, pc, kc, k, packed_b.data());
-      else
-        for (int64_t jr = 0; jr < nc; jr += kNr)
-          pack(b, jc + jr, std::min(kNr, nc - jr), kNr, pc, kc, k, packed_b.data() + jr * kc);
-      const std::uint32_t* block_a = packed_a.data() + m_pad * pc;
+      pack_b_block(b, jc, nc, pc, kc, k, packed_b.data());
+      const std::uint32_t* block_a = packed_a + m_pad * pc;
       for (int64_t ic = 0; ic < m; ic += kMc) {
         const int64_t mc = std::min(kMc, m - ic);
         for (int64_t jr = 0; jr < nc; jr += kNr)
@@ -335,6 +360,50 @@ LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64
                          std::min(kMr, m - ir), std::min(kNr, nc - jr), alpha, beta, pc == 0);
       }
     }
+  }
+}
+
+// C's rows i0 .. i1 (all n columns) from a packed B: A is packed block by block (kMc rows x kKc
+// pairs) into the calling thread's scratch, each block right before the micro-kernels that read
+// it, so a tall A (the output layer's weight gradient: 50257 rows) streams through the cache
+// once instead of being packed whole and read back once per block of B's columns.
+LOOM_BF16_TARGET void compute_with_packed_b(const Operand& a, const std::uint32_t* packed_b, int64_t n_pad, int64_t i0,
+                                            int64_t i1, int64_t n, int64_t k, float alpha, float beta, float* c,
+                                            int64_t ldc) {
+  thread_local std::vector<std::uint32_t> packed_a;
+  packed_a.resize(static_cast<std::size_t>(kMc * kKc));
+  const int64_t k_pairs = (k + 1) / 2;
+  for (int64_t ic = i0; ic < i1; ic += kMc) {
+    const int64_t mc = std::min(kMc, i1 - ic);
+    const Operand block{a.data + ic * a.sr, a.sr, a.sk};
+    for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
+      const int64_t kc = std::min(kKc, k_pairs - pc);
+      pack_a(block, 0, mc, pc, kc, k, packed_a.data());
+      const std::uint32_t* block_b = packed_b + n_pad * pc;
+      for (int64_t jr = 0; jr < n; jr += kNr)
+        for (int64_t ir = 0; ir < mc; ir += kMr)
+          micro_kernel(packed_a.data() + ir * kc, block_b + jr * kc, kc, c + (ic + ir) * ldc + jr, ldc,
+                       std::min(kMr, mc - ir), std::min(kNr, n - jr), alpha, beta, pc == 0);
+    }
+  }
+}
+
+// The product on the calling thread, with scratch of its own: the smaller operand is packed
+// whole, the other block by block.
+LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64_t m, int64_t n, int64_t k, float alpha,
+                                       float beta, float* c, int64_t ldc) {
+  thread_local std::vector<std::uint32_t> whole;
+  const int64_t k_pairs = (k + 1) / 2;
+  if (m >= n) {
+    const int64_t n_pad = round_up(n, kNr);
+    whole.resize(static_cast<std::size_t>(n_pad * k_pairs));
+    pack_b_full(b, 0, n, k, n_pad, whole.data());
+    compute_with_packed_b(a, whole.data(), n_pad, 0, m, n, k, alpha, beta, c, ldc);
+  } else {
+    const int64_t m_pad = round_up(m, kMr);
+    whole.resize(static_cast<std::size_t>(m_pad * k_pairs));
+    pack_a_full(a, 0, m, k, m_pad, whole.data());
+    compute_with_packed_a(whole.data(), m_pad, b, 0, n, m, k, alpha, beta, c, ldc);
   }
 }
 
@@ -368,10 +437,11 @@ void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int6
   const Operand oa{a, ta ? 1 : lda, ta ? lda : 1};
   const Operand ob{b, tb ? ldb : 1, tb ? 1 : ldb};
   const int64_t work = m * n * k;
-  // Panels of rows of C when m is the longer side, else of columns: each thread packs the whole
-  // of the other operand, so it had better be the smaller one (at GPT-2's shapes the weights, n
-  // wide, are packed once instead of once per thread). Every element of C is summed in the same
-  // order whatever the panels, so results do not depend on the cut or the thread count.
+  // Panels of rows of C when m is the longer side, else of columns. The operand that is not cut
+  // (the smaller one: at GPT-2's shapes the weights, or the activations of the output layer) is
+  // packed whole once, by all threads together, into a buffer they share; each thread then packs
+  // its panel of the other block by block. Every element of C is summed in the same order
+  // whatever the panels, so results do not depend on the cut or the thread count.
   const bool by_rows = m >= n;
   const int64_t panels = std::min<int64_t>({ex_.num_threads(), (by_rows ? m / kPanelRows : n / kNr),
                                             work / std::max<int64_t>(1, options_.gemm_parallel_min_work)});
@@ -379,16 +449,29 @@ void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int6
     gemm_bf16_single(oa, ob, m, n, k, alpha, beta, c, ldc);
     return;
   }
+  const int64_t k_pairs = (k + 1) / 2;
+  const int64_t pad = by_rows ? round_up(n, kNr) : round_up(m, kMr);
+  bf16_packed_.resize(static_cast<std::size_t>(pad * k_pairs));
+  std::uint32_t* packed = bf16_packed_.data();
+  ex_.parallel_for(panels, 1, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      if (by_rows) {
+        const int64_t s = panel_start(n, p, panels, kNr), e = panel_start(n, p + 1, panels, kNr);
+        if (s < e) pack_b_full(ob, s, e, k, pad, packed);
+      } else {
+        const int64_t s = panel_start(m, p, panels, 8 * kMr), e = panel_start(m, p + 1, panels, 8 * kMr);
+        if (s < e) pack_a_full(oa, s, e, k, pad, packed);
+      }
+    }
+  });
   ex_.parallel_for(panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
       if (by_rows) {
         const int64_t s = panel_start(m, p, panels, kPanelRows), e = panel_start(m, p + 1, panels, kPanelRows);
-        if (s >= e) continue;
-        gemm_bf16_single({oa.data + s * oa.sr, oa.sr, oa.sk}, ob, e - s, n, k, alpha, beta, c + s * ldc, ldc);
+        if (s < e) compute_with_packed_b(oa, packed, pad, s, e, n, k, alpha, beta, c, ldc);
       } else {
         const int64_t s = panel_start(n, p, panels, kNr), e = panel_start(n, p + 1, panels, kNr);
-        if (s >= e) continue;
-        gemm_bf16_single(oa, {ob.data + s * ob.sr, ob.sr, ob.sk}, m, e - s, k, alpha, beta, c + s, ldc);
+        if (s < e) compute_with_packed_a(packed, pad, ob, s, e, m, k, alpha, beta, c, ldc);
       }
     }
   });
