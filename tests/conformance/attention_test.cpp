@@ -730,6 +730,29 @@ TEST(AttentionConformance, FlashBf16ChangesResultsAndLeavesFloat32Alone) {
   }
 }
 
+// flash's bf16 backward keeps the rounded query and output-gradient tiles of a (batch, kv head)
+// for its later key tiles (within bf16_cache_mib) or rounds them at every use (past it): the
+// same bits either way, across heads of a group, batches and (with dq partials) key stripes.
+TEST(AttentionConformance, FlashBf16CacheOfRoundedTilesDoesNotChangeResults) {
+  if (!flash_built()) GTEST_SKIP() << "a check of loom's own flash kernel";
+  loom::Value uncached = loom::Value::map();
+  uncached.set("type", loom::Value("flash"));
+  uncached.set("bf16_cache_mib", loom::Value(std::int64_t{0}));
+  auto cached_kernel = make_kernel("flash"), uncached_kernel = make_kernel("flash", uncached);
+  std::mt19937 rng(11);
+  for (const Case& c : {Case{3, 150, 150, 4, 2, 16, true, 0, 0.0f, true, false},
+                        Case{1, 70, 140, 3, 1, 64, false, 30, 0.0f, false, false}}) {
+    SCOPED_TRACE(c.str());
+    Problem p = make_problem(c, rng);
+    p.args.compute = loom::DType::bf16;
+    const Results cached = run(*cached_kernel, p), again = run(*uncached_kernel, p);
+    EXPECT_EQ(cached.out, again.out);
+    EXPECT_EQ(cached.dq, again.dq);
+    EXPECT_EQ(cached.dk, again.dk);
+    EXPECT_EQ(cached.dv, again.dv);
+  }
+}
+
 TEST(AttentionConformance, RowsWithNoVisibleKeyGiveZeroAndMinusInfinity) {
   for (const KernelVariant& variant : kernel_variants()) {
     SCOPED_TRACE(variant.label);

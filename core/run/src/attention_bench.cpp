@@ -126,7 +126,7 @@ std::vector<AttentionBenchResult> run_attention_bench(
     for (std::size_t k = 0; k < kernels.size(); ++k) {
       AttentionKernel& kernel = *kernels[k];
       std::vector<float> f32_out;  // the float32 output, to tell whether bf16 changed anything
-      auto float32_out = [&] {
+      auto float32_out = [&]() -> const std::vector<float>& {
         if (f32_out.empty()) {
           p.forward.compute = DType::f32;
           kernel.forward(p.forward);
@@ -140,7 +140,7 @@ std::vector<AttentionBenchResult> run_attention_bench(
         r.dtype = dtype;
         r.seq_len = seq_len;
         if (dtype != DType::f32) {
-          const std::vector<float> reference = float32_out();
+          const std::vector<float>& reference = float32_out();
           p.forward.compute = dtype;
           kernel.forward(p.forward);
           r.fallback = p.out.to_vector() == reference;

@@ -189,7 +189,8 @@ class Bf16ForwardTiles {
 
 class F32BackwardTiles {
  public:
-  F32BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv) : block_kv_(block_kv) {
+  F32BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv, int64_t)
+      : block_kv_(block_kv) {
     const int64_t tile = block_q * block_kv, operand = args.forward->head_dim * block_kv;
     scratch_ = loom::Tensor::empty(loom::Shape{3 * tile + 2 * operand});
     capped = scratch_.data<float>();
@@ -241,11 +242,13 @@ class F32BackwardTiles {
 // for dS K, V in column pairs for dO V^T) and serves every head of the group and every query
 // tile. The query and output-gradient tiles of the current (batch, kv head) are rounded the first
 // time query_tile() meets them (Q in rows for Q K^T and in row pairs for dS^T Q, dO in rows for
-// dO V^T and in row pairs for P^T dO) and kept for the later key tiles. P and dS are rounded as
+// dO V^T and in row pairs for P^T dO) and kept for the later key tiles, within bf16_cache_mib
+// (16 MiB a thread by default: a group of 8 heads of 128 at 2048 tokens); beyond that they are
+// rounded at every use. P and dS are rounded as
 // they enter a product (row pairs for P^T dO and dS^T Q, rows for dS K).
 class Bf16BackwardTiles {
  public:
-  Bf16BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv)
+  Bf16BackwardTiles(const loom::AttentionBackwardArgs& args, int64_t block_q, int64_t block_kv, int64_t cache_bytes)
       : block_kv_(block_kv),
         d_pairs_(bf16::pairs_of(args.forward->head_dim)),
         kv_pairs_(bf16::pairs_of(block_kv)),
@@ -263,8 +266,12 @@ class Bf16BackwardTiles {
     grads = probs + tile;
     // Key tile: K in column pairs and in row pairs, V in column pairs; P / dS in row pairs, dS in
     // rows; per (head of the group, query tile): Q and dO in rows and in row pairs; ready flags.
+    // The cache holds every query tile of the group (8 group q_len head_dim bytes) up to
+    // cache_bytes (option bf16_cache_mib); past that, one entry, rounded again at each use.
     const int64_t key_words = 2 * d_pairs_ * kv_width_ + kv_pairs_ * d_width_;
-    const int64_t entries = group_ * q_tiles_;
+    const int64_t all = group_ * q_tiles_, entry_bytes = 8 * (rows_words_ + pairs_words_);
+    cache_all_ = all * entry_bytes <= cache_bytes;
+    const int64_t entries = cache_all_ ? all : 1;
     words_ = loom::Tensor::empty(loom::Shape{key_words + q_pairs_ * kv_width_ + block_q * kv_pairs_ +
                                              entries * 2 * (rows_words_ + pairs_words_) + entries},
                                  loom::DType::i32);
@@ -294,12 +301,12 @@ class Bf16BackwardTiles {
       b_ = b;
       g_ = g;
     }
-    const int64_t entry = (h - g * group_) * q_tiles_ + qt;
+    const int64_t entry = cache_all_ ? (h - g * group_) * q_tiles_ + qt : 0;
     q_rows_ = cache_ + entry * 2 * (rows_words_ + pairs_words_);
     dout_rows_ = q_rows_ + rows_words_;
     q_pairs_at_ = dout_rows_ + rows_words_;
     dout_pairs_ = q_pairs_at_ + pairs_words_;
-    if (ready_[entry] != 0) return;
+    if (cache_all_ && ready_[entry] != 0) return;
     const int64_t out_ld = a.q_heads * a.head_dim;
     bf16::pack_rows(q, count, a.head_dim, a.q.token_stride, q_rows_, d_pairs_);
     bf16::pack_row_pairs(dout, count, a.head_dim, out_ld, dout_pairs_, d_width_);
@@ -336,6 +343,7 @@ class Bf16BackwardTiles {
 
  private:
   int64_t block_kv_, d_pairs_, kv_pairs_, q_pairs_, kv_width_, d_width_, rows_words_, pairs_words_, q_tiles_, group_;
+  bool cache_all_ = true;
   int64_t entries_ = 0;
   loom::Tensor floats_, words_;
   uint32_t *keys_, *values_, *keys_by_rows_, *transposed_, *ds_rows_, *cache_, *ready_;
@@ -347,8 +355,12 @@ class Bf16BackwardTiles {
 
 class FlashAttention final : public loom::AttentionKernel {
  public:
-  FlashAttention(loom::ExecutionContext& execution, int64_t block_q, int64_t block_kv)
-      : execution_(execution), block_q_(block_q), block_kv_(block_kv), has_bf16_(bf16::cpu_supported()) {}
+  FlashAttention(loom::ExecutionContext& execution, int64_t block_q, int64_t block_kv, int64_t bf16_cache_mib)
+      : execution_(execution),
+        block_q_(block_q),
+        block_kv_(block_kv),
+        bf16_cache_bytes_(bf16_cache_mib << 20),
+        has_bf16_(bf16::cpu_supported()) {}
 
   void forward(const loom::AttentionForwardArgs& a) override {
     if (a.batch == 0 || a.q_heads == 0 || a.q_len == 0) return;
@@ -423,7 +435,7 @@ class FlashAttention final : public loom::AttentionKernel {
     float* partials = stripes > 1 ? partial_buffer.data<float>() : nullptr;
 
     execution_.parallel_for(pairs * stripes, 1, [&](int64_t begin, int64_t end) {
-      Tiles tiles(args, block_q_, block_kv_);
+      Tiles tiles(args, block_q_, block_kv_, bf16_cache_bytes_);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t pair = item / stripes, stripe = item % stripes;
         const int64_t b = pair / a.kv_heads, g = pair % a.kv_heads;
@@ -566,7 +578,7 @@ class FlashAttention final : public loom::AttentionKernel {
   }
 
   loom::ExecutionContext& execution_;
-  int64_t block_q_, block_kv_;
+  int64_t block_q_, block_kv_, bf16_cache_bytes_;
   bool has_bf16_;  // the CPU has AVX512-BF16 (+BW, VL): compute == bf16 takes the bf16 products
 };
 
@@ -574,6 +586,11 @@ loom::OptionSchema options() {
   loom::OptionSchema s;
   s.integer("block_q", 64, "Query rows per tile (the score tile is block_q x block_kv floats).").range(4, 1024);
   s.integer("block_kv", 64, "Keys per tile.").range(4, 1024);
+  s.integer("bf16_cache_mib", 16,
+            "With bf16 tile products: how much memory (MiB per thread) the backward pass may keep bf16 copies "
+            "of the query and output-gradient tiles of a (batch, kv head) in, to round each once; beyond it, "
+            "they are rounded at each use.")
+      .range(0, 65536);
   return s;
 }
 
@@ -585,7 +602,7 @@ void register_components(loom::Registrar& registrar) {
        .options = options()},
       [](const loom::Options& o, const loom::CreateContext& context) {
         return std::make_unique<FlashAttention>(context.execution(), o.get<std::int64_t>("block_q"),
-                                                o.get<std::int64_t>("block_kv"));
+                                                o.get<std::int64_t>("block_kv"), o.get<std::int64_t>("bf16_cache_mib"));
       });
 }
 
