@@ -31,13 +31,16 @@
 // L2 of a core of this machine (and the score tile alone fits the 32 KiB L1).
 //
 // Mixed precision (AttentionForwardArgs::compute == bf16, on a CPU with AVX512-BF16): the tile
-// products take bf16 operands and accumulate in float32 (bf16_tiles.hpp), everything else is the
-// float32 code above (the same template, with other tile products: F32*Tiles and Bf16*Tiles).
-// Each operand tile is rounded to bf16 once per use site that can share it: the forward keeps the
-// bf16 key and value tiles of the (batch, kv head) it is working on for all its query tiles, the
-// backward the bf16 query and output-gradient tiles of the (batch, kv head) for all its key
-// tiles; P and dS are rounded as they enter their products. Otherwise (f32 asked, or no
-// AVX512-BF16) the float32 path runs.
+// products take bf16 operands and accumulate in float32 (bf16_tiles.hpp); everything else is the
+// float32 code, shared: forward_tile and backward_key_tile are templates over their tile products
+// (F32ForwardTiles / F32BackwardTiles, the cblas_sgemm calls described above, and
+// Bf16ForwardTiles / Bf16BackwardTiles). Each operand tile is rounded to bf16 once where it can
+// be shared: the forward keeps the bf16 key and value tiles of the (batch, kv head) it is working
+// on for all its query tiles, the backward the bf16 query and output-gradient tiles of the
+// (batch, kv head) for all its key tiles; P and dS are rounded as they enter their products. D
+// takes dO rounded (Bf16BackwardTiles::delta). Otherwise (f32 asked, or no AVX512-BF16) the
+// float32 path runs, the same bits as before the bf16 path existed. Determinism is unchanged:
+// the bf16 products sum in a fixed order, and the work is split as in float32.
 #include <cblas.h>
 
 #include <algorithm>
