@@ -164,7 +164,7 @@ TEST(CpuBackendBf16, MatmulPrecisionBf16MakesEveryGemmABf16Product) {
   Value options = Value::map();
   options.set("matmul_precision", Value("bf16"));
   Handle<Backend> mixed = make_backend("cpu", nullptr, options);
-  Handle<Backend> plain = make_backend("cpu");
+  Handle<Backend> plain = make_f32_backend("cpu");
   const bool bf16 = plain->supports_op(BackendOp::gemm, DType::bf16);
   const std::int64_t m = 150, n = 70, k = 300, batch = 3;
   const auto a = random_vector(static_cast<std::size_t>(batch * m * k), 6);
@@ -194,6 +194,47 @@ TEST(CpuBackendBf16, MatmulPrecisionBf16MakesEveryGemmABf16Product) {
     std::vector<float> f32(static_cast<std::size_t>(m * n));
     plain->gemm(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, f32.data(), n);
     EXPECT_FALSE(all_close(f32, pre, 1e-5)) << "the products were not rounded to bf16";
+  }
+}
+
+// matmul_precision: auto, the default, is bf16 where the CPU has AVX512-BF16 and float32
+// elsewhere; f32 and bf16 ask for one (bf16 falls back to float32 without AVX512-BF16).
+// matmul_dtype() says what the backend computes in, and its products are those of that dtype.
+TEST(CpuBackendBf16, MatmulPrecisionAutoIsBf16WhereTheCpuHasAvx512Bf16) {
+  const auto names = registered("backend");
+  if (std::find(names.begin(), names.end(), "cpu") == names.end()) GTEST_SKIP() << "no cpu backend in this build";
+  const bool has_bf16 = cpu_has_avx512_bf16();
+  const DType native = has_bf16 ? DType::bf16 : DType::f32;
+  auto with = [](const std::string& precision) {
+    Value options = Value::map();
+    if (!precision.empty()) options.set("matmul_precision", Value(precision));
+    return make_backend("cpu", nullptr, options);
+  };
+  Handle<Backend> by_default = with(""), automatic = with("auto"), f32 = with("f32"), bf16 = with("bf16");
+  EXPECT_EQ(by_default->matmul_dtype(), native);
+  EXPECT_EQ(automatic->matmul_dtype(), native);
+  EXPECT_EQ(f32->matmul_dtype(), DType::f32);
+  EXPECT_EQ(bf16->matmul_dtype(), native);
+  EXPECT_EQ(by_default->supports_op(BackendOp::gemm, DType::bf16), has_bf16);
+
+  // The products follow: the default's gemm is the bf16 product on such a CPU, float32 elsewhere.
+  const std::int64_t m = 97, n = 130, k = 300;
+  const auto a = random_vector(static_cast<std::size_t>(m * k), 8);
+  const auto b = random_vector(static_cast<std::size_t>(k * n), 9);
+  auto product = [&](Backend& be, bool rounded) {
+    std::vector<float> c(static_cast<std::size_t>(m * n));
+    if (rounded)
+      be.gemm_bf16(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    else
+      be.gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    return c;
+  };
+  const std::vector<float> float32 = product(*f32, false), mixed = product(*f32, true);
+  const std::vector<float>& want = has_bf16 ? mixed : float32;
+  EXPECT_TRUE(bitwise_equal(product(*by_default, false), want));
+  EXPECT_TRUE(bitwise_equal(product(*automatic, false), want));
+  if (has_bf16) {
+    EXPECT_FALSE(all_close(float32, mixed, 1e-5)) << "the bf16 products were not rounded";
   }
 }
 

@@ -89,7 +89,9 @@ CpuBackend::Split CpuBackend::gemm_split(int64_t m, int64_t n, int64_t k) const 
 
 void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (bf16_matmuls_) {
+  // An empty product (k == 0: C scaled by beta) takes the float32 path below: gemm_bf16 hands
+  // empty products back to gemm, which would come here again.
+  if (bf16_matmuls_ && m > 0 && n > 0 && k > 0) {
     // The bf16 product has its own cut (rows or columns, gemm_bf16.cpp).
     gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
