@@ -9,6 +9,7 @@
 //    per element (each input is off by at most 2^-9 relative, so each product by about 2^-8).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -57,11 +58,11 @@ class BackendBf16 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BackendBf16, GemmBf16IsTheProductOfTheRoundedInputs) {
   Handle<Backend> backend = make_backend(GetParam());
-  // Small ones; odd k; ones past the cpu kernel's blocks (192 rows, 256 columns, 768 k) and its
-  // threshold for splitting into row panels.
+  // Small ones; odd k; ones past the cpu kernel's blocks (192 rows, 256 columns, 1024 k) and its
+  // threshold for splitting into panels, cut by columns (m < n) and by rows (m >= n).
   for (Gemm g : {Gemm{7, 9, 11, false, false, 0.7f, 0.0f}, Gemm{1, 13, 5, false, false, 1.0f, 0.3f},
                  Gemm{301, 67, 129, false, false, 0.7f, 0.0f}, Gemm{33, 517, 131, false, false, 1.0f, 0.3f},
-                 Gemm{130, 530, 1031, false, false, 1.0f, 0.0f}}) {
+                 Gemm{130, 530, 1031, false, false, 1.0f, 0.0f}, Gemm{530, 130, 1031, false, false, 1.0f, 0.3f}}) {
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         g.ta = ta;
@@ -124,18 +125,26 @@ TEST_P(BackendBf16, GemmBf16WithEmptyInnerDimensionScalesC) {
 }
 
 TEST_P(BackendBf16, GemmBf16DoesNotDependOnTheThreadCount) {
-  const std::int64_t m = 384, n = 256, k = 300;
-  const auto a = random_vector(static_cast<std::size_t>(m * k), 4),
-             b = random_vector(static_cast<std::size_t>(k * n), 5);
-  std::vector<std::vector<float>> results;
-  for (int threads : {1, 2}) {
-    auto pool = make_execution_context(threads);
-    Handle<Backend> backend = make_backend(GetParam(), pool.get());
-    std::vector<float> c(static_cast<std::size_t>(m * n));
-    backend->gemm_bf16(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
-    results.push_back(c);
-  }
-  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+  // Cut by rows (m >= n) and by columns, one block of k and several, every layout of A and B.
+  for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{384, 256, 300}, std::array<std::int64_t, 3>{250, 700, 1100},
+                                std::array<std::int64_t, 3>{700, 130, 1100}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                     " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+        const auto a = random_vector(static_cast<std::size_t>(m * k), 4),
+                   b = random_vector(static_cast<std::size_t>(k * n), 5);
+        std::vector<std::vector<float>> results;
+        for (int threads : {1, 2}) {
+          auto pool = make_execution_context(threads);
+          Handle<Backend> backend = make_backend(GetParam(), pool.get());
+          std::vector<float> c(static_cast<std::size_t>(m * n));
+          backend->gemm_bf16(ta ? Transpose::yes : Transpose::no, tb ? Transpose::yes : Transpose::no, m, n, k, 1.0f,
+                             a.data(), ta ? m : k, b.data(), tb ? k : n, 0.0f, c.data(), n);
+          results.push_back(c);
+        }
+        EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+      }
 }
 
 // cpu declares bf16 GEMMs exactly where the CPU has AVX512-BF16 (and nothing else in bf16).

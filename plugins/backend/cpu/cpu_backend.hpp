@@ -141,6 +141,7 @@ class CpuBackend final : public Backend {
   bool has_bf16_;
   bool bf16_matmuls_;  // options_.bf16_matmuls, where the CPU can
   std::vector<float> scratch_;
+  std::vector<std::uint32_t> bf16_packed_;  // gemm_bf16's operand packed whole, shared by the threads
 };
 
 }  // namespace loom::cpu

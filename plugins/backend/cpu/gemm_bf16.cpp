@@ -33,11 +33,12 @@ namespace {
 
 constexpr int64_t kMr = 6;   // rows of the micro-tile
 constexpr int64_t kNr = 64;  // columns of the micro-tile (four zmm of float32)
-// Blocks: a packed B strip (kKc x kNr words, 96 KiB) streams from L2 (Zen 5: 48 KiB L1, 1 MiB
-// L2), beside the packed A block (kMc x kKc, 288 KiB) and B block (kKc x kNc, 384 KiB).
-// kKc = 384 pairs takes all of k = 768 in one block: C is read and written once per 768 k
-// instead of once per 256, which measured 10% less CPU time than 128 pairs on GPT-2's products.
-constexpr int64_t kKc = 384;        // k pairs per block (768 k)
+// Blocks: a packed B strip (kKc x kNr words, 128 KiB) streams from L2 (Zen 5: 48 KiB L1, 1 MiB
+// L2), beside the packed A block (kMc x kKc, 384 KiB) and B block (kKc x kNc, 512 KiB).
+// kKc = 512 pairs takes all of k = 768 and of the weight gradients' k = 1024 (tokens per step)
+// in one block: C is read and written once. 384 pairs (768 k) measured 10% less CPU time than
+// 128 on GPT-2's products; 512 another 4-7% less on the k = 1024 and 3072 ones.
+constexpr int64_t kKc = 512;        // k pairs per block (1024 k)
 constexpr int64_t kMc = 192;        // rows per packed A block (a multiple of kMr)
 constexpr int64_t kNc = 256;        // columns per packed B block (a multiple of kNr)
 constexpr int64_t kPanelRows = 48;  // row panels start at multiples of this (a multiple of kMr)
@@ -159,8 +160,11 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
 }
 
 // C tile (rows x cols, rows <= kMr, cols <= kNr) = first ? alpha * AB + beta * C : C + alpha * AB,
-// AB over `pairs` pairs of the packed strips a (kMr words per pair) and b (kNr words per pair).
-// beta == 0 with `first` does not read C.
+// AB over `pairs` pairs of the packed strips a and b (kNr words per pair). A's strip holds kMr
+// words per pair (word r of pair p at a[p * kMr + r]), or, with kRowsA, one run of `pairs` words
+// per row (a[r * pairs + p]: what pack_a_rows writes without a transpose). beta == 0 with
+// `first` does not read C.
+template <bool kRowsA>
 LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* b, int64_t pairs, float* c, int64_t ldc,
                                    int64_t rows, int64_t cols, float alpha, float beta, bool first) {
   constexpr int kNv = static_cast<int>(kNr / 16);  // zmm per row of the tile
@@ -173,10 +177,10 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
     __m512bh bv[kNv];
 #pragma GCC unroll 4
     for (int h = 0; h < kNv; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * kNr + 16 * h);
-    const std::uint32_t* ap = a + p * kMr;
 #pragma GCC unroll 16
     for (int r = 0; r < kMr; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r]));
+      const std::uint32_t word = kRowsA ? a[r * pairs + p] : a[p * kMr + r];
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
 #pragma GCC unroll 4
       for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
     }
@@ -203,30 +207,55 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
 }
 
 // Packs the strip of A's rows r0 .. r0 + rows (rows <= kMr) over pairs p0 .. p0 + pairs into
-// `out` (kMr words per pair), for row-major A (x.sk == 1): each row's 32 floats become 16 words
-// with one conversion, and the 16 x kMr block of words is transposed with scalar moves (cheaper
-// than a gather per pair for a 6-row strip).
+// `out` row by row (word p of row r at out[r * pairs + p], micro_kernel<true>'s layout), for
+// row-major A (x.sk == 1): each row's 32 floats become 16 words with one conversion, stored as
+// they are (the kMr-words-per-pair layout needed a 16 x 6 transpose of scalar moves here, a
+// sixth of the packing time).
 LOOM_BF16_TARGET void pack_a_rows(const Operand& x, int64_t r0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
                                   std::uint32_t* out) {
-  alignas(64) std::uint32_t block[kMr][16];
-  for (int64_t p = 0; p < pairs; p += 16) {
-    const int64_t kk = 2 * (p0 + p);
-    const int64_t left = std::max<int64_t>(0, std::min<int64_t>(32, k - kk));
-    const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
-    const __mmask16 hi_mask = static_cast<__mmask16>(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
-    for (int64_t r = 0; r < kMr; ++r) {
+  for (int64_t r = 0; r < kMr; ++r) {
+    const float* row = x.data + (r0 + r) * x.sr;
+    std::uint32_t* dst = out + r * pairs;
+    for (int64_t p = 0; p < pairs; p += 16) {
+      const int64_t n_pairs = std::min<int64_t>(16, pairs - p);
+      const __mmask16 store_mask = static_cast<__mmask16>(n_pairs >= 16 ? 0xffff : (1u << n_pairs) - 1);
       __m512i words = _mm512_setzero_si512();
       if (r < rows) {
-        const float* row = x.data + (r0 + r) * x.sr + kk;
-        words =
-            (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi_mask, row + 16), _mm512_maskz_loadu_ps(lo_mask, row));
+        const int64_t kk = 2 * (p0 + p);
+        const int64_t left = std::max<int64_t>(0, std::min<int64_t>(32, k - kk));
+        const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
+        const __mmask16 hi_mask = static_cast<__mmask16>(left >= 32   ? 0xffff
+                                                         : left <= 16 ? 0
+                                                                      : (1u << (left - 16)) - 1);
+        words = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi_mask, row + kk + 16),
+                                             _mm512_maskz_loadu_ps(lo_mask, row + kk));
       }
-      _mm512_store_si512(reinterpret_cast<__m512i*>(block[r]), words);
+      _mm512_mask_storeu_epi32(dst + p, store_mask, words);
     }
-    const int64_t n_pairs = std::min<int64_t>(16, pairs - p);
-    std::uint32_t* dst = out + p * kMr;
-    for (int64_t q = 0; q < n_pairs; ++q)
-      for (int64_t r = 0; r < kMr; ++r) dst[q * kMr + r] = block[r][q];
+  }
+}
+
+// Pairs ahead that the packing loops over k rows prefetch: the rows are a stride apart (a k row
+// of the weights, or of the output gradient), each a separate stream that the hardware
+// prefetchers pick up late; the loads were most of the packing time.
+constexpr int64_t kPrefetchPairs = 4;
+
+// Prefetches the cache line at p into L1. Inline assembly: GCC 12 at -O2 drops
+// __builtin_prefetch (and _mm_prefetch) inside these loops.
+inline void prefetch_line(const char* p) {
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+}
+
+// Prefetches X(r0 .. r0 + rows, kk) and X(.., kk + 1), for an X whose rows are contiguous
+// (x.sr == 1), into L1.
+inline void prefetch_rows(const Operand& x, int64_t r0, int64_t rows, int64_t kk, int64_t k) {
+  if (kk >= k) return;
+  const char* even = reinterpret_cast<const char*>(x.data + kk * x.sk + r0);
+  const int64_t bytes = rows * static_cast<int64_t>(sizeof(float));
+  for (int64_t b = 0; b < bytes; b += 64) prefetch_line(even + b);
+  if (kk + 1 < k) {
+    const char* odd = even + x.sk * static_cast<int64_t>(sizeof(float));
+    for (int64_t b = 0; b < bytes; b += 64) prefetch_line(odd + b);
   }
 }
 
@@ -242,6 +271,7 @@ LOOM_BF16_TARGET void pack_b_columns(const Operand& x, int64_t c0, int64_t cols,
     const int64_t kk = 2 * (p0 + p);
     const float* even = x.data + kk * x.sk + c0;
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    prefetch_rows(x, c0, cols, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < width; r += 16) {
       const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - r));
       const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
@@ -268,6 +298,7 @@ LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows,
     const int64_t kk = 2 * (p0 + p);
     const float* even = x.data + kk * x.sk + r0;
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    prefetch_rows(x, r0, rows, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < strips * kMr; r += 16) {
       const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, rows - r));
       const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
@@ -286,9 +317,15 @@ LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows,
 
 // Strips ir0 .. ir0 + rows of A (kMr words per pair; strip ir at out + ir * pairs), by the
 // fastest route for A's layout.
+// Whether pack_a lays A's strips out row by row (pack_a_rows, for micro_kernel<true>) rather than
+// kMr words per pair.
+bool packs_rows(const Operand& a) {
+  return a.sk == 1;
+}
+
 LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t ir0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
                              std::uint32_t* out) {
-  if (a.sr == 1 && a.sk != 1) {
+  if (a.sr == 1 && !packs_rows(a)) {
     for (int64_t ir = ir0; ir < ir0 + rows; ir += 8 * kMr)
       pack_a_columns(a, ir, std::min(8 * kMr, ir0 + rows - ir), p0, pairs, k, kMr * pairs, out + ir * pairs);
     return;
@@ -301,40 +338,112 @@ LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t ir0, int64_t rows, int64_
   }
 }
 
-// The product of A's rows [0, m) and B's columns [0, n) on the calling thread, with scratch of
-// its own. A is packed once for the whole of k before the column blocks (it used to be packed
-// again for each block of kNc columns, which cost as much as a tenth of the product at GPT-2's
-// shapes); B is packed once per block.
-LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64_t m, int64_t n, int64_t k, float alpha,
-                                       float beta, float* c, int64_t ldc) {
-  thread_local std::vector<std::uint32_t> packed_a, packed_b;
+// Fully packed operands. Block pc (k pairs pc .. pc + kc, pc a multiple of kKc) of a packed A
+// starts at m_pad * pc, and the strip of its rows ir .. ir + kMr at block + ir * kc; likewise a
+// packed B's block at n_pad * pc, the strip of its columns j .. j + kNr at block + j * kc.
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+// Packs B's columns c0 .. c0 + cols over pairs pc .. pc + kc, the strip of column c0 + j at
+// out + j * kc.
+LOOM_BF16_TARGET void pack_b_block(const Operand& b, int64_t c0, int64_t cols, int64_t pc, int64_t kc, int64_t k,
+                                   std::uint32_t* out) {
+  if (b.sr == 1 && b.sk != 1) {
+    pack_b_columns(b, c0, cols, pc, kc, k, out);
+    return;
+  }
+  for (int64_t jr = 0; jr < cols; jr += kNr) pack(b, c0 + jr, std::min(kNr, cols - jr), kNr, pc, kc, k, out + jr * kc);
+}
+
+// A's rows r0 .. r1 (r0 a multiple of kMr), all of k, into a packed A of m_pad rows.
+LOOM_BF16_TARGET void pack_a_full(const Operand& a, int64_t r0, int64_t r1, int64_t k, int64_t m_pad,
+                                  std::uint32_t* out) {
   const int64_t k_pairs = (k + 1) / 2;
-  const int64_t m_pad = (m + kMr - 1) / kMr * kMr;
-  // Block pc of packed A starts at m_pad * pc; its strip ir at ir * kc within the block.
-  packed_a.resize(static_cast<std::size_t>(m_pad * k_pairs));
-  packed_b.resize(static_cast<std::size_t>(kNc * kKc));
+  for (int64_t pc = 0; pc < k_pairs; pc += kKc)
+    pack_a(a, r0, r1 - r0, pc, std::min(kKc, k_pairs - pc), k, out + m_pad * pc);
+}
+
+// B's columns c0 .. c1 (c0 a multiple of kNr), all of k, into a packed B of n_pad columns.
+LOOM_BF16_TARGET void pack_b_full(const Operand& b, int64_t c0, int64_t c1, int64_t k, int64_t n_pad,
+                                  std::uint32_t* out) {
+  const int64_t k_pairs = (k + 1) / 2;
   for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
     const int64_t kc = std::min(kKc, k_pairs - pc);
-    pack_a(a, 0, m, pc, kc, k, packed_a.data() + m_pad * pc);
+    pack_b_block(b, c0, c1 - c0, pc, kc, k, out + n_pad * pc + c0 * kc);
   }
-  for (int64_t jc = 0; jc < n; jc += kNc) {
-    const int64_t nc = std::min(kNc, n - jc);
+}
+
+// C's columns j0 .. j1 (all m rows) from a packed A: B is packed block by block (kNc columns x
+// kKc pairs) into the calling thread's scratch, each block right before the micro-kernels that
+// read it. An element of C is summed over the k blocks in order (the first writes C).
+LOOM_BF16_TARGET void compute_with_packed_a(const std::uint32_t* packed_a, bool rows_a, int64_t m_pad, const Operand& b,
+                                            int64_t j0, int64_t j1, int64_t m, int64_t k, float alpha, float beta,
+                                            float* c, int64_t ldc) {
+  thread_local std::vector<std::uint32_t> packed_b;
+  packed_b.resize(static_cast<std::size_t>(kNc * kKc));
+  const int64_t k_pairs = (k + 1) / 2;
+  for (int64_t jc = j0; jc < j1; jc += kNc) {
+    const int64_t nc = std::min(kNc, j1 - jc);
     for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
       const int64_t kc = std::min(kKc, k_pairs - pc);
-      if (b.sr == 1 && b.sk != 1)
-        pack_b_columns(b, jc, nc, pc, kc, k, packed_b.data());
-      else
-        for (int64_t jr = 0; jr < nc; jr += kNr)
-          pack(b, jc + jr, std::min(kNr, nc - jr), kNr, pc, kc, k, packed_b.data() + jr * kc);
-      const std::uint32_t* block_a = packed_a.data() + m_pad * pc;
+      pack_b_block(b, jc, nc, pc, kc, k, packed_b.data());
+      const std::uint32_t* block_a = packed_a + m_pad * pc;
       for (int64_t ic = 0; ic < m; ic += kMc) {
         const int64_t mc = std::min(kMc, m - ic);
         for (int64_t jr = 0; jr < nc; jr += kNr)
           for (int64_t ir = ic; ir < ic + mc; ir += kMr)
-            micro_kernel(block_a + ir * kc, packed_b.data() + jr * kc, kc, c + ir * ldc + jc + jr, ldc,
-                         std::min(kMr, m - ir), std::min(kNr, nc - jr), alpha, beta, pc == 0);
+            (rows_a ? micro_kernel<true> : micro_kernel<false>)(block_a + ir * kc, packed_b.data() + jr * kc, kc,
+                                                                c + ir * ldc + jc + jr, ldc, std::min(kMr, m - ir),
+                                                                std::min(kNr, nc - jr), alpha, beta, pc == 0);
       }
     }
+  }
+}
+
+// C's rows i0 .. i1 (all n columns) from a packed B: A is packed block by block (kMc rows x kKc
+// pairs) into the calling thread's scratch, each block right before the micro-kernels that read
+// it, so a tall A (the output layer's weight gradient: 50257 rows) streams through the cache
+// once instead of being packed whole and read back once per block of B's columns.
+LOOM_BF16_TARGET void compute_with_packed_b(const Operand& a, const std::uint32_t* packed_b, int64_t n_pad, int64_t i0,
+                                            int64_t i1, int64_t n, int64_t k, float alpha, float beta, float* c,
+                                            int64_t ldc) {
+  thread_local std::vector<std::uint32_t> packed_a;
+  packed_a.resize(static_cast<std::size_t>(kMc * kKc));
+  const bool rows_a = packs_rows(a);
+  const int64_t k_pairs = (k + 1) / 2;
+  for (int64_t ic = i0; ic < i1; ic += kMc) {
+    const int64_t mc = std::min(kMc, i1 - ic);
+    const Operand block{a.data + ic * a.sr, a.sr, a.sk};
+    for (int64_t pc = 0; pc < k_pairs; pc += kKc) {
+      const int64_t kc = std::min(kKc, k_pairs - pc);
+      pack_a(block, 0, mc, pc, kc, k, packed_a.data());
+      const std::uint32_t* block_b = packed_b + n_pad * pc;
+      for (int64_t jr = 0; jr < n; jr += kNr)
+        for (int64_t ir = 0; ir < mc; ir += kMr)
+          (rows_a ? micro_kernel<true> : micro_kernel<false>)(packed_a.data() + ir * kc, block_b + jr * kc, kc,
+                                                              c + (ic + ir) * ldc + jr, ldc, std::min(kMr, mc - ir),
+                                                              std::min(kNr, n - jr), alpha, beta, pc == 0);
+    }
+  }
+}
+
+// The product on the calling thread, with scratch of its own: the smaller operand is packed
+// whole, the other block by block.
+LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64_t m, int64_t n, int64_t k, float alpha,
+                                       float beta, float* c, int64_t ldc) {
+  thread_local std::vector<std::uint32_t> whole;
+  const int64_t k_pairs = (k + 1) / 2;
+  if (m >= n) {
+    const int64_t n_pad = round_up(n, kNr);
+    whole.resize(static_cast<std::size_t>(n_pad * k_pairs));
+    pack_b_full(b, 0, n, k, n_pad, whole.data());
+    compute_with_packed_b(a, whole.data(), n_pad, 0, m, n, k, alpha, beta, c, ldc);
+  } else {
+    const int64_t m_pad = round_up(m, kMr);
+    whole.resize(static_cast<std::size_t>(m_pad * k_pairs));
+    pack_a_full(a, 0, m, k, m_pad, whole.data());
+    compute_with_packed_a(whole.data(), packs_rows(a), m_pad, b, 0, n, m, k, alpha, beta, c, ldc);
   }
 }
 
@@ -368,10 +477,11 @@ void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int6
   const Operand oa{a, ta ? 1 : lda, ta ? lda : 1};
   const Operand ob{b, tb ? ldb : 1, tb ? 1 : ldb};
   const int64_t work = m * n * k;
-  // Panels of rows of C when m is the longer side, else of columns: each thread packs the whole
-  // of the other operand, so it had better be the smaller one (at GPT-2's shapes the weights, n
-  // wide, are packed once instead of once per thread). Every element of C is summed in the same
-  // order whatever the panels, so results do not depend on the cut or the thread count.
+  // Panels of rows of C when m is the longer side, else of columns. The operand that is not cut
+  // (the smaller one: at GPT-2's shapes the weights, or the activations of the output layer) is
+  // packed whole once, by all threads together, into a buffer they share; each thread then packs
+  // its panel of the other block by block. Every element of C is summed in the same order
+  // whatever the panels, so results do not depend on the cut or the thread count.
   const bool by_rows = m >= n;
   const int64_t panels = std::min<int64_t>({ex_.num_threads(), (by_rows ? m / kPanelRows : n / kNr),
                                             work / std::max<int64_t>(1, options_.gemm_parallel_min_work)});
@@ -379,16 +489,29 @@ void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int6
     gemm_bf16_single(oa, ob, m, n, k, alpha, beta, c, ldc);
     return;
   }
+  const int64_t k_pairs = (k + 1) / 2;
+  const int64_t pad = by_rows ? round_up(n, kNr) : round_up(m, kMr);
+  bf16_packed_.resize(static_cast<std::size_t>(pad * k_pairs));
+  std::uint32_t* packed = bf16_packed_.data();
+  ex_.parallel_for(panels, 1, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      if (by_rows) {
+        const int64_t s = panel_start(n, p, panels, kNr), e = panel_start(n, p + 1, panels, kNr);
+        if (s < e) pack_b_full(ob, s, e, k, pad, packed);
+      } else {
+        const int64_t s = panel_start(m, p, panels, 8 * kMr), e = panel_start(m, p + 1, panels, 8 * kMr);
+        if (s < e) pack_a_full(oa, s, e, k, pad, packed);
+      }
+    }
+  });
   ex_.parallel_for(panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
       if (by_rows) {
         const int64_t s = panel_start(m, p, panels, kPanelRows), e = panel_start(m, p + 1, panels, kPanelRows);
-        if (s >= e) continue;
-        gemm_bf16_single({oa.data + s * oa.sr, oa.sr, oa.sk}, ob, e - s, n, k, alpha, beta, c + s * ldc, ldc);
+        if (s < e) compute_with_packed_b(oa, packed, pad, s, e, n, k, alpha, beta, c, ldc);
       } else {
         const int64_t s = panel_start(n, p, panels, kNr), e = panel_start(n, p + 1, panels, kNr);
-        if (s >= e) continue;
-        gemm_bf16_single(oa, {ob.data + s * ob.sr, ob.sr, ob.sk}, m, e - s, k, alpha, beta, c + s, ldc);
+        if (s < e) compute_with_packed_a(packed, packs_rows(oa), pad, ob, s, e, m, k, alpha, beta, c, ldc);
       }
     }
   });

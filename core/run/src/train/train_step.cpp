@@ -5,6 +5,7 @@
 
 #include "loom/autograd.hpp"
 #include "loom/error.hpp"
+#include "loom/execution.hpp"
 #include "train/micro_batches.hpp"
 
 namespace loom::training {
@@ -13,6 +14,21 @@ namespace {
 
 bool is_bad(double x, bool nan, bool inf) {
   return (nan && std::isnan(x)) || (inf && std::isinf(x));
+}
+
+// Elements per chunk of the gradient norm: a fixed size, so that the sum's order (and bits) does
+// not depend on the thread count.
+constexpr std::int64_t kNormChunk = std::int64_t{1} << 16;
+
+// The sum of d[i]^2 in double: eight running sums (lane j takes i = j mod 8, which the compiler
+// keeps in one vector register), combined pairwise at the end.
+double sum_of_squares(const float* d, std::int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(d[i + j]) * d[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += static_cast<double>(d[i]) * d[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 }  // namespace
@@ -144,17 +160,30 @@ void TrainStep::add_set_aside_gradient(std::size_t i) {
 }
 
 double TrainStep::global_grad_norm() const {
-  // In double, in parameter order. A sharded run sums its shard's squares and then the ranks'.
-  double sum_squares = 0;
+  // In double: each parameter's gradient in chunks of kNormChunk elements, the chunks summed in
+  // parallel and their sums added in parameter and chunk order (one pass over the gradients at
+  // memory speed; the order, and so the result, independent of the thread count). A sharded run
+  // sums its shard's squares and then the ranks'.
+  struct Chunk {
+    const float* data;
+    std::int64_t n;
+  };
+  std::vector<Chunk> chunks;
   for (const auto& p : components_.parameters) {
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
     const float* d = g.data<float>();
-    const std::int64_t n = g.numel();
-    double local = 0;
-    for (std::int64_t i = 0; i < n; ++i) local += static_cast<double>(d[i]) * d[i];
-    sum_squares += local;
+    for (std::int64_t i = 0; i < g.numel(); i += kNormChunk)
+      chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i)});
   }
+  std::vector<double> partial(chunks.size());
+  default_execution_context().parallel_for(static_cast<std::int64_t>(chunks.size()), 1,
+                                           [&](std::int64_t first, std::int64_t last) {
+                                             for (std::int64_t c = first; c < last; ++c)
+                                               partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
+                                           });
+  double sum_squares = 0;
+  for (const double s : partial) sum_squares += s;
   if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
   return std::sqrt(sum_squares);
 }
