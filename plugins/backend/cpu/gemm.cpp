@@ -22,9 +22,9 @@
 // results do not depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
 //
 // With matmul_precision: bf16 (and auto, the default, on a CPU with AVX512-BF16) every product
-// is a bf16 one instead (gemm_bf16.cpp), cut its own
-// way (rows or columns, whichever is longer) and thread-count independent whatever the cut; the
-// linear layer's epilogue then runs as a pass of its own after the product.
+// is a bf16 one instead (gemm_bf16.cpp), cut its own way (rows or columns, whichever is longer)
+// and thread-count independent whatever the cut; the linear layer's epilogue then runs as a
+// pass of its own after the product.
 #include <cblas.h>
 
 #include <cstring>
