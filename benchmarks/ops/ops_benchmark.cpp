@@ -471,6 +471,10 @@ int main(int argc, char** argv) {
   host.load(loom::PluginHost::default_search_path({{LOOM_PLUGIN_DIR, "benchmarks"}}, {}), registry);
   loom::Value node = loom::Value::map();
   node.set("type", backend_name);
+  // The GEMM-bound operations are reported against raw float32 sgemm: float32 products (the cpu
+  // backend's default computes them in bf16 where the CPU has AVX512-BF16).
+  const loom::ComponentEntry* entry = registry.find("backend", backend_name);
+  if (entry && entry->decl.options.find("matmul_precision")) node.set("matmul_precision", "f32");
   loom::Handle<loom::Backend> handle =
       registry.create<loom::Backend>(loom::ComponentRef{"backend", backend_name, node, "backend"});
   backend = handle.get();

@@ -5,7 +5,11 @@
 #   * GPT-2 small (124M) at batch 4 x 64 and 4 x 256 tokens with the cpu backend, AdamW step
 #     included: ms/step, tokens/s and MFU against the roof loom's start-up GEMM probe measures in
 #     the run's own precision (targets: MFU >= 0.50 and 0.60); LOOM_PEAK_FLOPS=200e9 (say) pins it.
-# Steady-state figures leave out the first steps (allocator and cache warm-up).
+# Steady-state figures leave out the first steps (allocator and cache warm-up). Every run computes
+# its matrix products in float32 (backend.matmul_precision=f32, the series these figures have
+# been recorded in; the cpu backend's default computes them in bf16 where the CPU has
+# AVX512-BF16) unless LOOM_MATMUL_PRECISION says otherwise (auto, bf16; benchmarks/bf16/run.sh
+# compares the two).
 #
 #   benchmarks/train/run.sh [BUILD_DIR] [--skip-shakespeare]
 # Run from the repository root; ../shared/data must hold tinyshakespeare.txt.
@@ -13,6 +17,7 @@ set -e
 build=${1:-build}
 # The roof MFU is measured against: the start-up probe's (trainer.peak_flops 0) unless given.
 peak=${LOOM_PEAK_FLOPS:-0}
+precision=${LOOM_MATMUL_PRECISION:-f32}
 skip_shakespeare=no
 for arg in "$@"; do [ "$arg" = "--skip-shakespeare" ] && skip_shakespeare=yes; done
 loom="$build/bin/loom"
@@ -31,10 +36,12 @@ print("%.1f %.0f %.3f" % (1000.0 * tokens_per_step / tps, tps, mfu))
 PY
 }
 
+echo "matmul precision: $precision"
 printf '%-34s %10s %12s %8s\n' "benchmark" "ms/step" "tokens/s" "MFU"
 for shape in 64 256; do
   run="$out/gpt2-$shape"
-  "$loom" train benchmarks/train/gpt2-small-synthetic.yaml model.seq_len=$shape trainer.run_dir="$run" trainer.peak_flops=$peak >"$run.log" 2>&1 \
+  "$loom" train benchmarks/train/gpt2-small-synthetic.yaml model.seq_len=$shape trainer.run_dir="$run" trainer.peak_flops=$peak \
+    backend.matmul_precision=$precision >"$run.log" 2>&1 \
     || { cat "$run.log"; exit 1; }
   set -- $(steady "$run/metrics.jsonl" 2 $((4 * shape)))
   printf '%-34s %10s %12s %8s\n' "gpt2-small 4 x $shape" "$1" "$2" "$3"
@@ -44,7 +51,7 @@ done
 [ "$skip_shakespeare" = yes ] && exit 0
 run="$out/shakespeare"
 start=$(date +%s.%N)
-"$loom" train configs/shakespeare-char.yaml trainer.run_dir="$run" >"$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+"$loom" train configs/shakespeare-char.yaml trainer.run_dir="$run" backend.matmul_precision=$precision >"$run.log" 2>&1 || { cat "$run.log"; exit 1; }
 end=$(date +%s.%N)
 python3 - "$run/metrics.jsonl" "$start" "$end" <<'PY'
 import json, sys

@@ -9,6 +9,7 @@
 //    per element (each input is off by at most 2^-9 relative, so each product by about 2^-8).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -57,11 +58,11 @@ class BackendBf16 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BackendBf16, GemmBf16IsTheProductOfTheRoundedInputs) {
   Handle<Backend> backend = make_backend(GetParam());
-  // Small ones; odd k; ones past the cpu kernel's blocks (192 rows, 256 columns, 768 k) and its
-  // threshold for splitting into row panels.
+  // Small ones; odd k; ones past the cpu kernel's blocks (192 rows, 256 columns, 1024 k) and its
+  // threshold for splitting into panels, cut by columns (m < n) and by rows (m >= n).
   for (Gemm g : {Gemm{7, 9, 11, false, false, 0.7f, 0.0f}, Gemm{1, 13, 5, false, false, 1.0f, 0.3f},
                  Gemm{301, 67, 129, false, false, 0.7f, 0.0f}, Gemm{33, 517, 131, false, false, 1.0f, 0.3f},
-                 Gemm{130, 530, 1031, false, false, 1.0f, 0.0f}}) {
+                 Gemm{130, 530, 1031, false, false, 1.0f, 0.0f}, Gemm{530, 130, 1031, false, false, 1.0f, 0.3f}}) {
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         g.ta = ta;
@@ -124,18 +125,26 @@ TEST_P(BackendBf16, GemmBf16WithEmptyInnerDimensionScalesC) {
 }
 
 TEST_P(BackendBf16, GemmBf16DoesNotDependOnTheThreadCount) {
-  const std::int64_t m = 384, n = 256, k = 300;
-  const auto a = random_vector(static_cast<std::size_t>(m * k), 4),
-             b = random_vector(static_cast<std::size_t>(k * n), 5);
-  std::vector<std::vector<float>> results;
-  for (int threads : {1, 2}) {
-    auto pool = make_execution_context(threads);
-    Handle<Backend> backend = make_backend(GetParam(), pool.get());
-    std::vector<float> c(static_cast<std::size_t>(m * n));
-    backend->gemm_bf16(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
-    results.push_back(c);
-  }
-  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+  // Cut by rows (m >= n) and by columns, one block of k and several, every layout of A and B.
+  for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{384, 256, 300}, std::array<std::int64_t, 3>{250, 700, 1100},
+                                std::array<std::int64_t, 3>{700, 130, 1100}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                     " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+        const auto a = random_vector(static_cast<std::size_t>(m * k), 4),
+                   b = random_vector(static_cast<std::size_t>(k * n), 5);
+        std::vector<std::vector<float>> results;
+        for (int threads : {1, 2}) {
+          auto pool = make_execution_context(threads);
+          Handle<Backend> backend = make_backend(GetParam(), pool.get());
+          std::vector<float> c(static_cast<std::size_t>(m * n));
+          backend->gemm_bf16(ta ? Transpose::yes : Transpose::no, tb ? Transpose::yes : Transpose::no, m, n, k, 1.0f,
+                             a.data(), ta ? m : k, b.data(), tb ? k : n, 0.0f, c.data(), n);
+          results.push_back(c);
+        }
+        EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+      }
 }
 
 // cpu declares bf16 GEMMs exactly where the CPU has AVX512-BF16 (and nothing else in bf16).
@@ -164,7 +173,7 @@ TEST(CpuBackendBf16, MatmulPrecisionBf16MakesEveryGemmABf16Product) {
   Value options = Value::map();
   options.set("matmul_precision", Value("bf16"));
   Handle<Backend> mixed = make_backend("cpu", nullptr, options);
-  Handle<Backend> plain = make_backend("cpu");
+  Handle<Backend> plain = make_f32_backend("cpu");
   const bool bf16 = plain->supports_op(BackendOp::gemm, DType::bf16);
   const std::int64_t m = 150, n = 70, k = 300, batch = 3;
   const auto a = random_vector(static_cast<std::size_t>(batch * m * k), 6);
@@ -194,6 +203,47 @@ TEST(CpuBackendBf16, MatmulPrecisionBf16MakesEveryGemmABf16Product) {
     std::vector<float> f32(static_cast<std::size_t>(m * n));
     plain->gemm(Transpose::no, Transpose::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, f32.data(), n);
     EXPECT_FALSE(all_close(f32, pre, 1e-5)) << "the products were not rounded to bf16";
+  }
+}
+
+// matmul_precision: auto, the default, is bf16 where the CPU has AVX512-BF16 and float32
+// elsewhere; f32 and bf16 ask for one (bf16 falls back to float32 without AVX512-BF16).
+// matmul_dtype() says what the backend computes in, and its products are those of that dtype.
+TEST(CpuBackendBf16, MatmulPrecisionAutoIsBf16WhereTheCpuHasAvx512Bf16) {
+  const auto names = registered("backend");
+  if (std::find(names.begin(), names.end(), "cpu") == names.end()) GTEST_SKIP() << "no cpu backend in this build";
+  const bool has_bf16 = cpu_has_avx512_bf16();
+  const DType native = has_bf16 ? DType::bf16 : DType::f32;
+  auto with = [](const std::string& precision) {
+    Value options = Value::map();
+    if (!precision.empty()) options.set("matmul_precision", Value(precision));
+    return make_backend("cpu", nullptr, options);
+  };
+  Handle<Backend> by_default = with(""), automatic = with("auto"), f32 = with("f32"), bf16 = with("bf16");
+  EXPECT_EQ(by_default->matmul_dtype(), native);
+  EXPECT_EQ(automatic->matmul_dtype(), native);
+  EXPECT_EQ(f32->matmul_dtype(), DType::f32);
+  EXPECT_EQ(bf16->matmul_dtype(), native);
+  EXPECT_EQ(by_default->supports_op(BackendOp::gemm, DType::bf16), has_bf16);
+
+  // The products follow: the default's gemm is the bf16 product on such a CPU, float32 elsewhere.
+  const std::int64_t m = 97, n = 130, k = 300;
+  const auto a = random_vector(static_cast<std::size_t>(m * k), 8);
+  const auto b = random_vector(static_cast<std::size_t>(k * n), 9);
+  auto product = [&](Backend& be, bool rounded) {
+    std::vector<float> c(static_cast<std::size_t>(m * n));
+    if (rounded)
+      be.gemm_bf16(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    else
+      be.gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    return c;
+  };
+  const std::vector<float> float32 = product(*f32, false), mixed = product(*f32, true);
+  const std::vector<float>& want = has_bf16 ? mixed : float32;
+  EXPECT_TRUE(bitwise_equal(product(*by_default, false), want));
+  EXPECT_TRUE(bitwise_equal(product(*automatic, false), want));
+  if (has_bf16) {
+    EXPECT_FALSE(all_close(float32, mixed, 1e-5)) << "the bf16 products were not rounded";
   }
 }
 

@@ -1,6 +1,7 @@
 // Determinism, operation by operation: every registered backend gives bit-identical values and
 // gradients when run twice (the contract); the cpu backend also gives the same bits on one
-// thread and on three (its reductions use fixed chunks, whatever the thread count).
+// thread and on three (its reductions use fixed chunks, whatever the thread count), in its
+// default precision and in float32.
 #include <gtest/gtest.h>
 
 #include "op_cases.hpp"
@@ -33,15 +34,20 @@ TEST_P(Determinism, RepeatedRunsAreBitIdentical) {
 TEST_P(Determinism, CpuIsIndependentOfTheThreadCount) {
   auto one = make_execution_context(1);
   auto three = make_execution_context(3);
-  Value fine = Value::map();  // split even these small problems into chunks
-  fine.set("grain", 256);
-  Handle<Backend> serial = make_backend("cpu", one.get(), fine);
-  Handle<Backend> parallel = make_backend("cpu", three.get(), fine);
   const OpCase& c = op_case(GetParam());
-  for (std::uint64_t seed = 1; seed <= 2; ++seed) {
-    Dims dims(seed);
-    const CaseData data = c.make(dims);
-    expect_bitwise(evaluate(*serial, c, data, Mode::twice, true), evaluate(*parallel, c, data, Mode::twice, true));
+  // The default precision (bf16 products where the CPU has AVX512-BF16), then float32.
+  for (const std::string precision : {"", "f32"}) {
+    SCOPED_TRACE("matmul_precision " + (precision.empty() ? std::string("default") : precision));
+    Value fine = Value::map();  // split even these small problems into chunks
+    fine.set("grain", 256);
+    if (!precision.empty()) fine.set("matmul_precision", precision);
+    Handle<Backend> serial = make_backend("cpu", one.get(), fine);
+    Handle<Backend> parallel = make_backend("cpu", three.get(), fine);
+    for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+      Dims dims(seed);
+      const CaseData data = c.make(dims);
+      expect_bitwise(evaluate(*serial, c, data, Mode::twice, true), evaluate(*parallel, c, data, Mode::twice, true));
+    }
   }
 }
 

@@ -84,7 +84,8 @@ class DeviceArgs {
 class KernelContract : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    backend_ = make_backend(GetParam());
+    // The float32 kernels' contract: a backend with a mixed-precision option in float32.
+    backend_ = make_f32_backend(GetParam());
     reference_ = make_backend("reference");
   }
   Handle<Backend> backend_, reference_;

@@ -73,12 +73,15 @@ Value yaml(const std::string& text) {
   return config::load_string(text, "test.yaml");
 }
 
-// The plugins of this build, a cpu backend, and models made from option maps.
+// The plugins of this build, a cpu backend, and models made from option maps. The backend
+// computes in float32 (matmul_precision: f32; its default is bf16 where the CPU has
+// AVX512-BF16): its logits are compared with transformers' float32 ones.
 class Models {
  public:
   Models() {
     PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
-    backend_ = registry_.create<Backend>(ComponentRef{"backend", "cpu", Value(), "backend"});
+    backend_ = registry_.create<Backend>(
+        ComponentRef{"backend", "cpu", yaml("{type: cpu, matmul_precision: f32}"), "backend"});
   }
 
   // A built model; every parameter drawn from normal(0, 0.3) with `seed` (norm weights and

@@ -79,7 +79,10 @@ TEST_P(Peft, AdaptersAgreeWithPeft) {
   test::TempDir work;
   const fs::path dir = work.path() / GetParam().name;
   fs::create_directories(dir);
+  // float32 products (the cpu backend's default is bf16 where the CPU has AVX512-BF16): the
+  // logits are compared with PEFT's float32 ones.
   const auto yaml = work.write("run.yaml", "model: " + GetParam().model + R"(
+backend: {type: cpu, matmul_precision: f32}
 tokenizer: byte
 data: {type: synthetic, num_documents: 100}
 optimizer: {type: adamw, learning_rate: 1.0e-2}

@@ -42,6 +42,16 @@ namespace fs = std::filesystem;
 namespace st = safetensors;
 constexpr double tolerance = 1e-4;
 
+// A backend's options for float32 products: `matmul_precision: f32` where it declares that option
+// (the cpu backend's default computes them in bf16 where the CPU has AVX512-BF16). The references
+// are transformers' float32 outputs, compared at float32 tolerances.
+Value float32_options(const ComponentEntry& backend) {
+  Value node = Value::map();
+  node.set("type", Value(backend.decl.name));
+  if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
+  return node;
+}
+
 double relative_error(const Tensor& got, const Tensor& expected) {
   const auto g = got.to_vector(), e = expected.to_vector();
   if (g.size() != e.size()) return INFINITY;
@@ -125,7 +135,9 @@ class HfAgreement : public ::testing::Test {
         const std::string combo =
             name + " [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
         SCOPED_TRACE(combo);
-        auto backend = registry_.create<Backend>(ComponentRef{"backend", backend_entry->decl.name, Value(), "backend"});
+        auto backend = registry_.create<Backend>(
+            ComponentRef{"backend", backend_entry->decl.name, float32_options(*backend_entry), "backend"});
+        ASSERT_EQ(backend->matmul_dtype(), DType::f32);
         Value o = options;
         o.set("attention", kernel_entry->decl.name);
         auto model = registry_.create<Model>(ComponentRef{"model", o.find("type")->as_string(), o, "model"});

@@ -8,10 +8,19 @@
 namespace loom::test {
 namespace {
 
-TEST(CpuBackend, SplitGemmsDoNotDependOnTheThreadCount) {
+// In the default precision (bf16 products where the CPU has AVX512-BF16) and in float32.
+class CpuBackendPrecision : public ::testing::TestWithParam<std::string> {
+ protected:
+  Handle<Backend> backend(ExecutionContext* execution) const {
+    Value options = Value::map();
+    if (!GetParam().empty()) options.set("matmul_precision", GetParam());
+    return make_backend("cpu", execution, options);
+  }
+};
+
+TEST_P(CpuBackendPrecision, SplitGemmsDoNotDependOnTheThreadCount) {
   auto one = make_execution_context(1), two = make_execution_context(2), three = make_execution_context(3);
-  Handle<Backend> b1 = make_backend("cpu", one.get()), b2 = make_backend("cpu", two.get()),
-                  b3 = make_backend("cpu", three.get());
+  Handle<Backend> b1 = backend(one.get()), b2 = backend(two.get()), b3 = backend(three.get());
   struct Case {
     std::int64_t m, n, k;
   };
@@ -36,9 +45,16 @@ TEST(CpuBackend, SplitGemmsDoNotDependOnTheThreadCount) {
       }
 }
 
+INSTANTIATE_TEST_SUITE_P(Cpu, CpuBackendPrecision, ::testing::Values("", "f32"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? std::string("default") : info.param;
+                         });
+
+// The epilogue fused into the GEMM's row panels is the float32 path's (a bf16 product applies
+// it after the product), compared with the oracle at float32 tolerances: matmul_precision f32.
 TEST(CpuBackend, FusedLinearEpilogueMatchesTheReference) {
   // Large enough to be split into row panels, each applying bias + activation in cache.
-  Handle<Backend> cpu = make_backend("cpu"), ref = make_backend("reference");
+  Handle<Backend> cpu = make_f32_backend("cpu"), ref = make_backend("reference");
   const Tensor x = random_tensor({3, 173, 64}, 8), w = random_tensor({301, 64}, 9, 0.2f), b = random_tensor({301}, 10);
   for (Activation act : {Activation::none, Activation::gelu_tanh, Activation::silu}) {
     Ops a(*cpu), r(*ref);
@@ -47,7 +63,7 @@ TEST(CpuBackend, FusedLinearEpilogueMatchesTheReference) {
   }
   // The same bits on one thread and on three.
   auto one = make_execution_context(1), three = make_execution_context(3);
-  Handle<Backend> c1 = make_backend("cpu", one.get()), c3 = make_backend("cpu", three.get());
+  Handle<Backend> c1 = make_f32_backend("cpu", one.get()), c3 = make_f32_backend("cpu", three.get());
   Ops o1(*c1), o3(*c3);
   EXPECT_TRUE(bitwise_equal(o1.linear(x, w, b, {.activation = Activation::gelu_tanh}).to_vector(),
                             o3.linear(x, w, b, {.activation = Activation::gelu_tanh}).to_vector()));

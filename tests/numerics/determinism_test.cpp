@@ -54,20 +54,28 @@ TEST(Determinism, RepeatedRunsAreBitIdentical) {
 TEST(Determinism, CpuResultsDoNotDependOnTheThreadCount) {
   auto one = make_execution_context(1);
   auto three = make_execution_context(3);
-  // Small chunks even for this small model, so that every kernel runs split (GEMM splitting is
-  // covered by cpu_backend_test.cpp, on shapes large enough to be split).
-  Value fine = Value::map();
-  fine.set("grain", 256);
-  Handle<Backend> serial = make_backend("cpu", one.get(), fine);
-  Handle<Backend> parallel = make_backend("cpu", three.get(), fine);
-  const StepResult a = train_steps(*serial, 2);
-  const StepResult b = train_steps(*parallel, 2);
-  EXPECT_TRUE(bitwise_equal(a.losses, b.losses));
-  for (std::size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << "param " << i;
+  // The default precision (bf16 products where the CPU has AVX512-BF16), then float32.
+  for (const std::string precision : {"", "f32"}) {
+    SCOPED_TRACE("matmul_precision " + (precision.empty() ? std::string("default") : precision));
+    // Small chunks even for this small model, so that every kernel runs split (GEMM splitting is
+    // covered by cpu_backend_test.cpp, on shapes large enough to be split).
+    Value fine = Value::map();
+    fine.set("grain", 256);
+    if (!precision.empty()) fine.set("matmul_precision", precision);
+    Handle<Backend> serial = make_backend("cpu", one.get(), fine);
+    Handle<Backend> parallel = make_backend("cpu", three.get(), fine);
+    const StepResult a = train_steps(*serial, 2);
+    const StepResult b = train_steps(*parallel, 2);
+    EXPECT_TRUE(bitwise_equal(a.losses, b.losses));
+    for (std::size_t i = 0; i < a.grads.size(); ++i)
+      EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << "param " << i;
+  }
 }
 
+// Against the float64 oracle at float32 tolerances: the cpu backend in float32 (its default
+// computes the products in bf16 where the CPU can; the runs above check that default).
 TEST(Determinism, CpuMatchesReferenceOnTheWholeModel) {
-  Handle<Backend> cpu = make_backend("cpu");
+  Handle<Backend> cpu = make_f32_backend("cpu");
   Handle<Backend> ref = make_backend("reference");
   const StepResult a = train_steps(*cpu, 2);
   const StepResult b = train_steps(*ref, 2);

@@ -33,6 +33,16 @@ namespace st = loom::safetensors;
 using loom::Tensor;
 using loom::Value;
 
+// A backend's options for float32 products: `matmul_precision: f32` where it declares that option
+// (the cpu backend's default computes them in bf16 where the CPU has AVX512-BF16). PyTorch's
+// references here are float32 ones, compared at float32 tolerances.
+Value float32_options(const loom::ComponentEntry& backend) {
+  Value node = Value::map();
+  node.set("type", Value(backend.decl.name));
+  if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
+  return node;
+}
+
 constexpr double tolerance = 1e-4;
 
 double relative_error(const Tensor& got, const Tensor& expected) {
@@ -135,8 +145,9 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       const std::string combo =
           "dpo [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
       SCOPED_TRACE(combo);
-      auto backend =
-          registry_.create<loom::Backend>(loom::ComponentRef{"backend", backend_entry->decl.name, Value(), "backend"});
+      auto backend = registry_.create<loom::Backend>(
+          loom::ComponentRef{"backend", backend_entry->decl.name, float32_options(*backend_entry), "backend"});
+      ASSERT_EQ(backend->matmul_dtype(), loom::DType::f32);
       Value options = base;
       options.set("attention", kernel_entry->decl.name);
       auto policy = model(options, weights.path(), false);

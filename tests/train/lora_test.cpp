@@ -50,8 +50,11 @@ struct Lm {
   Handle<Model> model;
 };
 
+// The cpu backend in float32 (matmul_precision: f32; its default computes the products in bf16
+// where the CPU has AVX512-BF16): the tests below check identities that hold to float32 rounding
+// (the adapted forward is the merged weights' forward) and gradients against finite differences.
 Lm make_lm(const test::TempDir& dir, const std::string& model_yaml) {
-  const auto file = dir.write("model.yaml", "model: " + model_yaml + "\nbackend: cpu\n");
+  const auto file = dir.write("model.yaml", "model: " + model_yaml + "\nbackend: {type: cpu, matmul_precision: f32}\n");
   RuntimeOptions options;
   options.config = file;
   Lm lm;

@@ -107,6 +107,40 @@ TEST(Trainer, WritesTheRunDirectory) {
   EXPECT_GT(run.summary.final_eval_loss, 0);
 }
 
+// The header names the precision the matrix products compute in (the backend's matmul_dtype():
+// by default bf16 on a CPU with AVX512-BF16, float32 elsewhere) and the probe measures that
+// precision's roof.
+TEST(Trainer, TheHeaderSaysWhatTheMatrixProductsComputeIn) {
+  __builtin_cpu_init();
+  const bool bf16 =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  test::TempDir dir;
+  const std::vector<std::string> short_run = {"trainer.num_train_steps=2", "trainer.sample_length=0"};
+  auto with = [&](std::string more) {
+    auto o = short_run;
+    o.push_back(std::move(more));
+    return o;
+  };
+  const TinyRun by_default = train_tiny(dir, "default", short_run);
+  if (bf16) {
+    EXPECT_NE(by_default.log.find("; matmuls in bf16 (float32 accumulation); peak "), std::string::npos)
+        << by_default.log;
+    EXPECT_NE(by_default.log.find(" GFLOP/s (bf16 GEMM probe)"), std::string::npos) << by_default.log;
+  } else {
+    EXPECT_NE(by_default.log.find("; matmuls in f32; peak "), std::string::npos) << by_default.log;
+    EXPECT_NE(by_default.log.find(" GFLOP/s (f32 GEMM probe)"), std::string::npos) << by_default.log;
+  }
+  const TinyRun f32 = train_tiny(dir, "f32", with("backend.matmul_precision=f32"));
+  EXPECT_NE(f32.log.find("; matmuls in f32; peak "), std::string::npos) << f32.log;
+  // A float32 run where bf16 kernels exist also shows the bf16 roof.
+  EXPECT_NE(f32.log.find(bf16 ? " GFLOP/s (f32 GEMM probe; bf16 GEMM roof " : " GFLOP/s (f32 GEMM probe)"),
+            std::string::npos)
+      << f32.log;
+  const TinyRun given = train_tiny(dir, "given", with("trainer.peak_flops=2e9"));
+  EXPECT_NE(given.log.find(std::string("; matmuls in ") + (bf16 ? "bf16" : "f32")), std::string::npos) << given.log;
+  EXPECT_NE(given.log.find("peak 2.0 GFLOP/s (trainer.peak_flops)"), std::string::npos) << given.log;
+}
+
 TEST(Trainer, TheLossFalls) {
   test::TempDir dir;
   const TinyRun run = train_tiny(dir, "a", {"trainer.num_train_steps=40", "trainer.log_every=5"});

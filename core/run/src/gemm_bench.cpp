@@ -98,7 +98,15 @@ std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const Gemm
                       std::to_string(s.n) + "x" + std::to_string(s.k));
 
   std::vector<Handle<Backend>> backends;
-  for (const ComponentRef& ref : o.backends) {
+  for (ComponentRef ref : o.backends) {
+    // `f32` times Backend::gemm, which must then be the float32 product: a backend whose products
+    // are bf16 by default (the cpu backend's matmul_precision: auto, on a CPU with AVX512-BF16)
+    // is created with matmul_precision: f32 unless the reference sets it. `bf16` calls
+    // gemm_bf16, which that option does not change.
+    const ComponentEntry* entry = registry.find("backend", ref.name);
+    if (entry && entry->decl.options.find("matmul_precision") && ref.node.is_map() &&
+        !ref.node.find("matmul_precision"))
+      ref.node.set("matmul_precision", Value("f32"));
     backends.push_back(registry.create<Backend>(ref));
     require_host_memory(*backends.back(), "loom bench gemm");
   }

@@ -1,6 +1,8 @@
 // LoRA adapters on any model, freezing by parameter-name pattern, and PEFT's adapter files.
 #include "loom/run/lora.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -305,14 +307,30 @@ void LoraAdapters::load(Model& model, const fs::path& weights) {
 void LoraAdapters::merge_into_weights(Backend& backend) {
   const float scale = settings_.scale();
   const std::int64_t r = settings_.rank;
+  // The merge updates the float32 master weights, so it is a float32 product even where the
+  // backend computes its own in bf16 (matmul_dtype()): rounding A and B to bf16 would put an
+  // error of 2^-8 of the update into every merged (evaluated, exported) weight. One
+  // single-threaded sgemm on the host memory then; it is a rank-r update, small beside a step.
+  const bool host_f32 = backend.matmul_dtype() != DType::f32 && backend.buffer_type().host_visible();
+  auto gemm = [&](Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* x,
+                  std::int64_t ldx, const float* y, std::int64_t ldy, float* w, std::int64_t ldw) {
+    if (!host_f32) {
+      backend.gemm(ta, tb, m, n, k, scale, x, ldx, y, ldy, 1.0f, w, ldw);
+      return;
+    }
+    auto trans = [](Transpose t) { return t == Transpose::yes ? CblasTrans : CblasNoTrans; };
+    cblas_sgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), scale, x, static_cast<blasint>(ldx), y, static_cast<blasint>(ldy), 1.0f, w,
+                static_cast<blasint>(ldw));
+  };
   for (const auto& e : entries_) {
     const float* a = e->a->data().device_data<float>();
     const float* b = e->b->data().device_data<float>();
     float* w = e->weight->data().device_data<float>();
     if (e->weight_in_out)  // W[in, out] += scale * A^T[in, r] B^T[r, out]
-      backend.gemm(Transpose::yes, Transpose::yes, e->in, e->out, r, scale, a, e->in, b, r, 1.0f, w, e->out);
+      gemm(Transpose::yes, Transpose::yes, e->in, e->out, r, a, e->in, b, r, w, e->out);
     else  // W[out, in] += scale * B[out, r] A[r, in]
-      backend.gemm(Transpose::no, Transpose::no, e->out, e->in, r, scale, b, r, a, e->in, 1.0f, w, e->in);
+      gemm(Transpose::no, Transpose::no, e->out, e->in, r, b, r, a, e->in, w, e->in);
   }
 }
 

@@ -19,11 +19,11 @@ struct CpuOptions {
   // Elements per chunk of the elementwise kernels (a parallel loop smaller than this runs
   // inline, with no synchronisation).
   int64_t grain = 16384;
-  // Mixed precision (option matmul_precision: bf16): every float32 GEMM of this backend (gemm,
-  // gemm_batched, linear_forward: every matrix product of the operations; the attention kernels
-  // call BLAS themselves) rounds its operands to bf16 and accumulates in float32, as gemm_bf16
-  // does. Only where the CPU has AVX512-BF16; elsewhere the products stay float32 (the factory
-  // warns).
+  // Mixed precision (option matmul_precision: bf16, or auto on a CPU with AVX512-BF16): every
+  // float32 GEMM of this backend (gemm, gemm_batched, linear_forward: every matrix product of
+  // the operations; the attention kernels call BLAS themselves) rounds its operands to bf16 and
+  // accumulates in float32, as gemm_bf16 does. Only where the CPU has AVX512-BF16; elsewhere the
+  // products stay float32 (the factory warns when bf16 was asked for explicitly).
   bool bf16_matmuls = false;
 };
 

@@ -21,9 +21,10 @@
 // are never cut along n: on Zen 3 column panels changed results however they were aligned. GEMM
 // results do not depend on the thread count (tests/numerics/cpu_backend_test.cpp checks it).
 //
-// With matmul_precision: bf16 every product is a bf16 one instead (gemm_bf16.cpp), cut its own
-// way (rows or columns, whichever is longer) and thread-count independent whatever the cut; the
-// linear layer's epilogue then runs as a pass of its own after the product.
+// With matmul_precision: bf16 (and auto, the default, on a CPU with AVX512-BF16) every product
+// is a bf16 one instead (gemm_bf16.cpp), cut its own way (rows or columns, whichever is longer)
+// and thread-count independent whatever the cut; the linear layer's epilogue then runs as a
+// pass of its own after the product.
 #include <cblas.h>
 
 #include <cstring>
@@ -89,7 +90,9 @@ CpuBackend::Split CpuBackend::gemm_split(int64_t m, int64_t n, int64_t k) const 
 
 void CpuBackend::gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (bf16_matmuls_) {
+  // An empty product (k == 0: C scaled by beta) takes the float32 path below: gemm_bf16 hands
+  // empty products back to gemm, which would come here again.
+  if (bf16_matmuls_ && m > 0 && n > 0 && k > 0) {
     // The bf16 product has its own cut (rows or columns, gemm_bf16.cpp).
     gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

@@ -33,11 +33,12 @@ namespace {
 
 constexpr int64_t kMr = 6;   // rows of the micro-tile
 constexpr int64_t kNr = 64;  // columns of the micro-tile (four zmm of float32)
-// Blocks: a packed B strip (kKc x kNr words, 96 KiB) streams from L2 (Zen 5: 48 KiB L1, 1 MiB
-// L2), beside the packed A block (kMc x kKc, 288 KiB) and B block (kKc x kNc, 384 KiB).
-// kKc = 384 pairs takes all of k = 768 in one block: C is read and written once per 768 k
-// instead of once per 256, which measured 10% less CPU time than 128 pairs on GPT-2's products.
-constexpr int64_t kKc = 384;        // k pairs per block (768 k)
+// Blocks: a packed B strip (kKc x kNr words, 128 KiB) streams from L2 (Zen 5: 48 KiB L1, 1 MiB
+// L2), beside the packed A block (kMc x kKc, 384 KiB) and B block (kKc x kNc, 512 KiB).
+// kKc = 512 pairs takes all of k = 768 and of the weight gradients' k = 1024 (tokens per step)
+// in one block: C is read and written once. 384 pairs (768 k) measured 10% less CPU time than
+// 128 on GPT-2's products; 512 another 4-7% less on the k = 1024 and 3072 ones.
+constexpr int64_t kKc = 512;        // k pairs per block (1024 k)
 constexpr int64_t kMc = 192;        // rows per packed A block (a multiple of kMr)
 constexpr int64_t kNc = 256;        // columns per packed B block (a multiple of kNr)
 constexpr int64_t kPanelRows = 48;  // row panels start at multiples of this (a multiple of kMr)
@@ -159,8 +160,11 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
 }
 
 // C tile (rows x cols, rows <= kMr, cols <= kNr) = first ? alpha * AB + beta * C : C + alpha * AB,
-// AB over `pairs` pairs of the packed strips a (kMr words per pair) and b (kNr words per pair).
-// beta == 0 with `first` does not read C.
+// AB over `pairs` pairs of the packed strips a and b (kNr words per pair). A's strip holds kMr
+// words per pair (word r of pair p at a[p * kMr + r]), or, with kRowsA, one run of `pairs` words
+// per row (a[r * pairs + p]: what pack_a_rows writes without a transpose). beta == 0 with
+// `first` does not read C.
+template <bool kRowsA>
 LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* b, int64_t pairs, float* c, int64_t ldc,
                                    int64_t rows, int64_t cols, float alpha, float beta, bool first) {
   constexpr int kNv = static_cast<int>(kNr / 16);  // zmm per row of the tile
@@ -173,10 +177,10 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
     __m512bh bv[kNv];
 #pragma GCC unroll 4
     for (int h = 0; h < kNv; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * kNr + 16 * h);
-    const std::uint32_t* ap = a + p * kMr;
 #pragma GCC unroll 16
     for (int r = 0; r < kMr; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r]));
+      const std::uint32_t word = kRowsA ? a[r * pairs + p] : a[p * kMr + r];
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
 #pragma GCC unroll 4
       for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
     }
@@ -203,30 +207,55 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
 }
 
 // Packs the strip of A's rows r0 .. r0 + rows (rows <= kMr) over pairs p0 .. p0 + pairs into
-// `out` (kMr words per pair), for row-major A (x.sk == 1): each row's 32 floats become 16 words
-// with one conversion, and the 16 x kMr block of words is transposed with scalar moves (cheaper
-// than a gather per pair for a 6-row strip).
+// `out` row by row (word p of row r at out[r * pairs + p], micro_kernel<true>'s layout), for
+// row-major A (x.sk == 1): each row's 32 floats become 16 words with one conversion, stored as
+// they are (the kMr-words-per-pair layout needed a 16 x 6 transpose of scalar moves here, a
+// sixth of the packing time).
 LOOM_BF16_TARGET void pack_a_rows(const Operand& x, int64_t r0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
                                   std::uint32_t* out) {
-  alignas(64) std::uint32_t block[kMr][16];
-  for (int64_t p = 0; p < pairs; p += 16) {
-    const int64_t kk = 2 * (p0 + p);
-    const int64_t left = std::max<int64_t>(0, std::min<int64_t>(32, k - kk));
-    const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
-    const __mmask16 hi_mask = static_cast<__mmask16>(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
-    for (int64_t r = 0; r < kMr; ++r) {
+  for (int64_t r = 0; r < kMr; ++r) {
+    const float* row = x.data + (r0 + r) * x.sr;
+    std::uint32_t* dst = out + r * pairs;
+    for (int64_t p = 0; p < pairs; p += 16) {
+      const int64_t n_pairs = std::min<int64_t>(16, pairs - p);
+      const __mmask16 store_mask = static_cast<__mmask16>(n_pairs >= 16 ? 0xffff : (1u << n_pairs) - 1);
       __m512i words = _mm512_setzero_si512();
       if (r < rows) {
-        const float* row = x.data + (r0 + r) * x.sr + kk;
-        words =
-            (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi_mask, row + 16), _mm512_maskz_loadu_ps(lo_mask, row));
+        const int64_t kk = 2 * (p0 + p);
+        const int64_t left = std::max<int64_t>(0, std::min<int64_t>(32, k - kk));
+        const __mmask16 lo_mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
+        const __mmask16 hi_mask = static_cast<__mmask16>(left >= 32   ? 0xffff
+                                                         : left <= 16 ? 0
+                                                                      : (1u << (left - 16)) - 1);
+        words = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi_mask, row + kk + 16),
+                                             _mm512_maskz_loadu_ps(lo_mask, row + kk));
       }
-      _mm512_store_si512(reinterpret_cast<__m512i*>(block[r]), words);
+      _mm512_mask_storeu_epi32(dst + p, store_mask, words);
     }
-    const int64_t n_pairs = std::min<int64_t>(16, pairs - p);
-    std::uint32_t* dst = out + p * kMr;
-    for (int64_t q = 0; q < n_pairs; ++q)
-      for (int64_t r = 0; r < kMr; ++r) dst[q * kMr + r] = block[r][q];
+  }
+}
+
+// Pairs ahead that the packing loops over k rows prefetch: the rows are a stride apart (a k row
+// of the weights, or of the output gradient), each a separate stream that the hardware
+// prefetchers pick up late; the loads were most of the packing time.
+constexpr int64_t kPrefetchPairs = 4;
+
+// Prefetches the cache line at p into L1. Inline assembly: GCC 12 at -O2 drops
+// __builtin_prefetch (and _mm_prefetch) inside these loops.
+inline void prefetch_line(const char* p) {
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+}
+
+// Prefetches X(r0 .. r0 + rows, kk) and X(.., kk + 1), for an X whose rows are contiguous
+// (x.sr == 1), into L1.
+inline void prefetch_rows(const Operand& x, int64_t r0, int64_t rows, int64_t kk, int64_t k) {
+  if (kk >= k) return;
+  const char* even = reinterpret_cast<const char*>(x.data + kk * x.sk + r0);
+  const int64_t bytes = rows * static_cast<int64_t>(sizeof(float));
+  for (int64_t b = 0; b < bytes; b += 64) prefetch_line(even + b);
+  if (kk + 1 < k) {
+    const char* odd = even + x.sk * static_cast<int64_t>(sizeof(float));
+    for (int64_t b = 0; b < bytes; b += 64) prefetch_line(odd + b);
   }
 }
 
@@ -242,6 +271,7 @@ LOOM_BF16_TARGET void pack_b_columns(const Operand& x, int64_t c0, int64_t cols,
     const int64_t kk = 2 * (p0 + p);
     const float* even = x.data + kk * x.sk + c0;
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    prefetch_rows(x, c0, cols, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < width; r += 16) {
       const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - r));
       const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
@@ -268,6 +298,7 @@ LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows,
     const int64_t kk = 2 * (p0 + p);
     const float* even = x.data + kk * x.sk + r0;
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
+    prefetch_rows(x, r0, rows, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < strips * kMr; r += 16) {
       const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, rows - r));
       const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
@@ -286,9 +317,15 @@ LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows,
 
 // Strips ir0 .. ir0 + rows of A (kMr words per pair; strip ir at out + ir * pairs), by the
 // fastest route for A's layout.
+// Whether pack_a lays A's strips out row by row (pack_a_rows, for micro_kernel<true>) rather than
+// kMr words per pair.
+bool packs_rows(const Operand& a) {
+  return a.sk == 1;
+}
+
 LOOM_BF16_TARGET void pack_a(const Operand& a, int64_t ir0, int64_t rows, int64_t p0, int64_t pairs, int64_t k,
                              std::uint32_t* out) {
-  if (a.sr == 1 && a.sk != 1) {
+  if (a.sr == 1 && !packs_rows(a)) {
     for (int64_t ir = ir0; ir < ir0 + rows; ir += 8 * kMr)
       pack_a_columns(a, ir, std::min(8 * kMr, ir0 + rows - ir), p0, pairs, k, kMr * pairs, out + ir * pairs);
     return;
@@ -340,9 +377,9 @@ LOOM_BF16_TARGET void pack_b_full(const Operand& b, int64_t c0, int64_t c1, int6
 // C's columns j0 .. j1 (all m rows) from a packed A: B is packed block by block (kNc columns x
 // kKc pairs) into the calling thread's scratch, each block right before the micro-kernels that
 // read it. An element of C is summed over the k blocks in order (the first writes C).
-LOOM_BF16_TARGET void compute_with_packed_a(const std::uint32_t* packed_a, int64_t m_pad, const Operand& b, int64_t j0,
-                                            int64_t j1, int64_t m, int64_t k, float alpha, float beta, float* c,
-                                            int64_t ldc) {
+LOOM_BF16_TARGET void compute_with_packed_a(const std::uint32_t* packed_a, bool rows_a, int64_t m_pad, const Operand& b,
+                                            int64_t j0, int64_t j1, int64_t m, int64_t k, float alpha, float beta,
+                                            float* c, int64_t ldc) {
   thread_local std::vector<std::uint32_t> packed_b;
   packed_b.resize(static_cast<std::size_t>(kNc * kKc));
   const int64_t k_pairs = (k + 1) / 2;
@@ -356,8 +393,9 @@ LOOM_BF16_TARGET void compute_with_packed_a(const std::uint32_t* packed_a, int64
         const int64_t mc = std::min(kMc, m - ic);
         for (int64_t jr = 0; jr < nc; jr += kNr)
           for (int64_t ir = ic; ir < ic + mc; ir += kMr)
-            micro_kernel(block_a + ir * kc, packed_b.data() + jr * kc, kc, c + ir * ldc + jc + jr, ldc,
-                         std::min(kMr, m - ir), std::min(kNr, nc - jr), alpha, beta, pc == 0);
+            (rows_a ? micro_kernel<true> : micro_kernel<false>)(block_a + ir * kc, packed_b.data() + jr * kc, kc,
+                                                                c + ir * ldc + jc + jr, ldc, std::min(kMr, m - ir),
+                                                                std::min(kNr, nc - jr), alpha, beta, pc == 0);
       }
     }
   }
@@ -372,6 +410,7 @@ LOOM_BF16_TARGET void compute_with_packed_b(const Operand& a, const std::uint32_
                                             int64_t ldc) {
   thread_local std::vector<std::uint32_t> packed_a;
   packed_a.resize(static_cast<std::size_t>(kMc * kKc));
+  const bool rows_a = packs_rows(a);
   const int64_t k_pairs = (k + 1) / 2;
   for (int64_t ic = i0; ic < i1; ic += kMc) {
     const int64_t mc = std::min(kMc, i1 - ic);
@@ -382,8 +421,9 @@ LOOM_BF16_TARGET void compute_with_packed_b(const Operand& a, const std::uint32_
       const std::uint32_t* block_b = packed_b + n_pad * pc;
       for (int64_t jr = 0; jr < n; jr += kNr)
         for (int64_t ir = 0; ir < mc; ir += kMr)
-          micro_kernel(packed_a.data() + ir * kc, block_b + jr * kc, kc, c + (ic + ir) * ldc + jr, ldc,
-                       std::min(kMr, mc - ir), std::min(kNr, n - jr), alpha, beta, pc == 0);
+          (rows_a ? micro_kernel<true> : micro_kernel<false>)(packed_a.data() + ir * kc, block_b + jr * kc, kc,
+                                                              c + (ic + ir) * ldc + jr, ldc, std::min(kMr, mc - ir),
+                                                              std::min(kNr, n - jr), alpha, beta, pc == 0);
     }
   }
 }
@@ -403,7 +443,7 @@ LOOM_BF16_TARGET void gemm_bf16_single(const Operand& a, const Operand& b, int64
     const int64_t m_pad = round_up(m, kMr);
     whole.resize(static_cast<std::size_t>(m_pad * k_pairs));
     pack_a_full(a, 0, m, k, m_pad, whole.data());
-    compute_with_packed_a(whole.data(), m_pad, b, 0, n, m, k, alpha, beta, c, ldc);
+    compute_with_packed_a(whole.data(), packs_rows(a), m_pad, b, 0, n, m, k, alpha, beta, c, ldc);
   }
 }
 
@@ -471,7 +511,7 @@ void CpuBackend::gemm_bf16(Transpose trans_a, Transpose trans_b, int64_t m, int6
         if (s < e) compute_with_packed_b(oa, packed, pad, s, e, n, k, alpha, beta, c, ldc);
       } else {
         const int64_t s = panel_start(n, p, panels, kNr), e = panel_start(n, p + 1, panels, kNr);
-        if (s < e) compute_with_packed_a(packed, pad, ob, s, e, m, k, alpha, beta, c, ldc);
+        if (s < e) compute_with_packed_a(packed, packs_rows(oa), pad, ob, s, e, m, k, alpha, beta, c, ldc);
       }
     }
   });

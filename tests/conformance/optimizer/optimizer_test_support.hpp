@@ -134,9 +134,14 @@ inline std::unique_ptr<Registry> load_plugins(const std::vector<std::filesystem:
 }
 
 // The cpu backend from `registry` (which must have loaded its plugin), for optimizers that compute
-// through a backend's GEMM (muon).
+// through a backend's GEMM (muon, soap). In float32 (matmul_precision: f32; its default computes
+// the products in bf16 where the CPU has AVX512-BF16): the optimizers' updates are checked against
+// PyTorch's float32 ones, step by step.
 inline Handle<Backend> create_cpu_backend(const Registry& registry) {
-  return registry.create<Backend>(ComponentRef{"backend", "cpu", Value("cpu"), "backend"});
+  Value node = Value::map();
+  node.set("type", Value("cpu"));
+  node.set("matmul_precision", Value("f32"));
+  return registry.create<Backend>(ComponentRef{"backend", "cpu", node, "backend"});
 }
 
 // Creates optimizer `name` from {type: name, options...}.

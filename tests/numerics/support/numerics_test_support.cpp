@@ -52,6 +52,24 @@ Handle<Backend> make_backend(const std::string& name, ExecutionContext* executio
   return b;
 }
 
+Handle<Backend> make_f32_backend(const std::string& name, ExecutionContext* execution, const Value& options) {
+  Value node = options;
+  const ComponentEntry* entry = plugin_registry().find("backend", name);
+  if (entry && entry->decl.options.find("matmul_precision")) node.set("matmul_precision", "f32");
+  Handle<Backend> b = make_backend(name, execution, node);
+  if (b->matmul_dtype() != DType::f32)
+    ADD_FAILURE() << "backend '" << name << "' computes its matrix products in " << dtype_name(b->matmul_dtype())
+                  << " and declares no matmul_precision option to ask for f32";
+  return b;
+}
+
+bool cpu_has_avx512_bf16() {
+  // As the cpu backend decides (plugins/backend/cpu/gemm_bf16.cpp).
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
 Handle<AttentionKernel> make_attention(const std::string& name, const Value& options) {
   Value node = options;
   node.set("type", name);

@@ -32,6 +32,14 @@ std::vector<std::string> registered(std::string_view kind);
 // options; defaults for the rest).
 Handle<Backend> make_backend(const std::string& name, ExecutionContext* execution = nullptr,
                              const Value& options = Value::map());
+// make_backend, computing its matrix products in float32: with `matmul_precision: f32` where
+// the backend declares that option (the cpu backend's default, auto, is bf16 on a CPU with
+// AVX512-BF16). What a test that compares against float32 references or the float64 oracle at
+// float32 tolerances creates. A test failure when the backend still computes in bf16.
+Handle<Backend> make_f32_backend(const std::string& name, ExecutionContext* execution = nullptr,
+                                 const Value& options = Value::map());
+// Whether this CPU has AVX512-BF16: what the cpu backend's matmul_precision: auto resolves by.
+bool cpu_has_avx512_bf16();
 // Creates attention kernel `name` with `options`.
 Handle<AttentionKernel> make_attention(const std::string& name, const Value& options = Value::map());
 // An attention kernel that computes where `backend` does: a NaiveAttention for the host, else

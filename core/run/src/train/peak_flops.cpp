@@ -35,16 +35,21 @@ PeakFlops probe_peak_flops(Backend& backend) {
   const std::int64_t n = 1536;
   Tensor a = Tensor::full(Shape{n, n}, 0.5f), b = Tensor::full(Shape{n, n}, 0.25f), c = Tensor::empty(Shape{n, n});
   PeakFlops peak;
-  // Backend::gemm is what the run's matrix products call: its roof is in the precision the
-  // backend computes them in (float32, or bf16 under the cpu backend's matmul_precision: bf16).
-  peak.matmul = best_flops(n, [&] {
-    backend.gemm(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
-                 c.data<float>(), n);
-  });
+  // The roof is that of the precision the backend actually computes its products in
+  // (matmul_dtype(): a bf16 request the CPU cannot honour is float32 here), not of what the
+  // config asked for.
+  peak.compute = backend.matmul_dtype();
   if (backend.supports_op(BackendOp::gemm, DType::bf16))
     peak.bf16 = best_flops(n, [&] {
       backend.gemm_bf16(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
                         c.data<float>(), n);
+    });
+  if (peak.compute == DType::bf16 && peak.bf16 > 0)
+    peak.matmul = peak.bf16;
+  else
+    peak.matmul = best_flops(n, [&] {
+      backend.gemm(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
+                   c.data<float>(), n);
     });
   return peak;
 }

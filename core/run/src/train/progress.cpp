@@ -50,9 +50,14 @@ void ProgressPrinter::header(const RunHeader& run) {
      << "data: " << run.train_tokens << " training tokens, " << run.validation_tokens << " validation tokens\n"
      << "batch " << run.batch_size << " x " << run.seq_len << " tokens";
   if (run.micro_size != run.batch_size) os << " in micro-batches of " << run.micro_size;
-  os << ", " << run.num_steps << " steps; peak " << std::setprecision(1) << run.peak_flops / 1e9 << " GFLOP/s"
-     << (run.peak_flops_probed ? " (GEMM probe" : " (trainer.peak_flops") << (run.ranks > 1 ? ", all ranks" : "");
-  if (run.bf16_peak_flops > 0) os << "; bf16 GEMM roof " << run.bf16_peak_flops / 1e9 << " GFLOP/s";
+  os << ", " << run.num_steps << " steps; matmuls in " << run.matmul_dtype
+     << (run.matmul_dtype == "bf16" ? " (float32 accumulation)" : "") << "; peak " << std::setprecision(1)
+     << run.peak_flops / 1e9 << " GFLOP/s"
+     << (run.peak_flops_probed ? " (" + run.matmul_dtype + " GEMM probe" : std::string(" (trainer.peak_flops"))
+     << (run.ranks > 1 ? ", all ranks" : "");
+  // A float32 run on a CPU that could do bf16: what the bf16 roof would be.
+  if (run.bf16_peak_flops > 0 && run.matmul_dtype != "bf16")
+    os << "; bf16 GEMM roof " << run.bf16_peak_flops / 1e9 << " GFLOP/s";
   os << ")";
   // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
   if (run.ranks > 1) interactive_ = false;

@@ -24,6 +24,7 @@ struct RunHeader {
   double peak_flops = 0;
   bool peak_flops_probed = false;          // measured by the GEMM probe, not trainer.peak_flops
   double bf16_peak_flops = 0;              // the probe's bf16 GEMM roof (0: none, or not probed)
+  std::string matmul_dtype = "f32";        // what the matrix products compute in (Backend::matmul_dtype)
   int ranks = 1;                           // of a data-parallel run
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state

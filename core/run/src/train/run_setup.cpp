@@ -233,6 +233,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.peak_flops = run.peak_flops;
   header.peak_flops_probed = probed;
   header.bf16_peak_flops = bf16_roof;
+  header.matmul_dtype = std::string(dtype_name(c.backend->matmul_dtype()));
   header.ranks = parallel.size();
   header.sharded = parallel.sharded();
   header.collective = parallel.collective().describe();

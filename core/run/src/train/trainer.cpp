@@ -38,7 +38,8 @@ OptionSchema trainer_schema() {
       .max(1.0);
   s.number("peak_flops", 0.0,
            "FLOP/s that MFU is measured against; 0: measure with a short GEMM probe at start-up (in the precision of "
-           "the backend's matrix products: the bf16 roof under matmul_precision: bf16).")
+           "the backend's matrix products as it reports them: the bf16 roof when they are bf16, as by default on a CPU "
+           "with AVX512-BF16).")
       .min(0.0);
   s.string("run_dir", "", "Directory of this run's files; empty: runs/<run_id>.");
   s.string("run_id", "", "Name of the run; empty: the config file's name and the start time.");

@@ -102,8 +102,11 @@ class Backend : public Component {
 
   // The dtype this backend computes its matrix products in for float32 operands: f32, or bf16
   // when it runs mixed precision (every gemm, gemm_batched and linear_forward a gemm_bf16; the
-  // cpu backend's matmul_precision). The operations pass it on to the attention kernels
-  // (AttentionForwardArgs::compute) so that their tile products follow the same policy.
+  // cpu backend's matmul_precision, whose default, auto, is bf16 on a CPU with AVX512-BF16). The
+  // operations pass it on to the attention kernels (AttentionForwardArgs::compute) so that their
+  // tile products follow the same policy, and the trainer's start-up probe measures the roof of
+  // this dtype. A backend whose default is bf16 declares a string option `matmul_precision`
+  // accepting "f32": the conformance suite's float32 cases set it.
   virtual DType matmul_dtype() const { return DType::f32; }
 
   // ---------------------------------------------------------------------------------------------

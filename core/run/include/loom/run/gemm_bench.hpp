@@ -2,10 +2,12 @@
 // calls measured in the same run.
 //
 // For each shape (GPT-2 small's by default: the products of one training step at 4 x 256
-// tokens), every backend runs every dtype on the same random operands: `f32` is Backend::gemm,
-// `bf16` is Backend::gemm_bf16 (bf16 products, float32 accumulation; a backend without bf16
-// kernels on this CPU computes it through the float32 fallback, and the table says so). Times
-// are the median of `repeats` runs after one warm-up run; GFLOP/s counts 2 m n k.
+// tokens), every backend runs every dtype on the same random operands: `f32` is Backend::gemm
+// (of a backend created with matmul_precision: f32 where it declares that option, so that the
+// row is the float32 product whatever the backend's default), `bf16` is Backend::gemm_bf16 (bf16
+// products, float32 accumulation; a backend without bf16 kernels on this CPU computes it through
+// the float32 fallback, and the table says so). Times are the median of `repeats` runs after one
+// warm-up run; GFLOP/s counts 2 m n k.
 //
 // The library baselines, in the same run: `openblas` is one cblas_sgemm on the calling thread
 // (the core holds OpenBLAS to one thread: execution.hpp, "BLAS policy"), so a backend's ratio to

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "loom/core/runtime.hpp"
+#include "loom/tensor.hpp"
 
 namespace loom {
 
@@ -98,10 +99,14 @@ class SkipStepRule {
 // Model FLOPs the machine can do per second, measured by a short GEMM probe on `backend` (what
 // the MFU figure is relative to when trainer.peak_flops is unset).
 struct PeakFlops {
-  // Backend::gemm's: the roof of the run's own matrix products, in whatever precision the
-  // backend computes them (float32, or bf16 with the cpu backend's matmul_precision: bf16).
+  // The precision the run's matrix products compute in: Backend::matmul_dtype() (f32, or bf16
+  // with the cpu backend's matmul_precision: auto on a CPU with AVX512-BF16, or bf16).
+  DType compute = DType::f32;
+  // The roof of the run's own matrix products, in `compute`: Backend::gemm_bf16's when the
+  // backend computes in bf16, Backend::gemm's when in float32.
   double matmul = 0;
-  // Backend::gemm_bf16's where the backend has bf16 kernels (supports_op(gemm, bf16)), else 0.
+  // Backend::gemm_bf16's where the backend has bf16 kernels (supports_op(gemm, bf16)), else 0;
+  // equal to `matmul` when `compute` is bf16.
   double bf16 = 0;
 };
 PeakFlops probe_peak_flops(class Backend& backend);
