@@ -1,5 +1,5 @@
 // The flash kernel's bf16 tile products: see bf16_tiles.hpp. The transpose of 16 x 16 words and
-// the pair layouts follow plugins/backend/cpu/gemm_bf16.cpp (plugins do not share code).
+// the lane masks come from the SDK (loom/simd_bf16.hpp), shared with the cpu backend's bf16 GEMM.
 #include "bf16_tiles.hpp"
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+
+#include <loom/simd_bf16.hpp>
 #pragma GCC diagnostic pop
 #endif
 
@@ -20,51 +22,15 @@ namespace loom::flash::bf16 {
 
 namespace {
 
-#define LOOM_FLASH_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-LOOM_FLASH_BF16 inline __mmask16 mask16(int64_t n) {
-  return n >= 16  ? static_cast<__mmask16>(0xffff)
-         : n <= 0 ? static_cast<__mmask16>(0)
-                  : static_cast<__mmask16>((1u << n) - 1u);
-}
+#define LOOM_FLASH_BF16 LOOM_AVX512_BF16
+using loom::simd::mask16;
+using loom::simd::transpose16;
 
 // 32 floats of a row from x (16 + 16, zero past `left`) as 16 words of bf16 pairs.
 LOOM_FLASH_BF16 inline __m512i row_words(const float* x, int64_t left) {
   const __m512 lo = _mm512_maskz_loadu_ps(mask16(left), x);
   const __m512 hi = _mm512_maskz_loadu_ps(mask16(left - 16), x + 16);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
-// Transposes the 16 x 16 matrix of 32-bit words r[0..16) in place (word j of r[i] becomes word i
-// of r[j]): 32-bit and 64-bit interleaves within 128-bit lanes, then two rounds of lane shuffles.
-LOOM_FLASH_BF16 inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_epi32(0xffff, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, r[i], r[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_maskz_unpacklo_epi64(0xff, t[i], t[i + 2]);
-    r[i + 1] = _mm512_maskz_unpackhi_epi64(0xff, t[i], t[i + 2]);
-    r[i + 2] = _mm512_maskz_unpacklo_epi64(0xff, t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_maskz_unpackhi_epi64(0xff, t[i + 1], t[i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_maskz_shuffle_i32x4(0xffff, r[c], r[4 + c], 0x88);
-    t[4 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[c], r[4 + c], 0xdd);
-    t[8 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 + c], r[12 + c], 0x88);
-    t[12 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 + c], r[12 + c], 0xdd);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm512_maskz_shuffle_i32x4(0xffff, t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[c], t[8 + c], 0xdd);
-    r[4 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 + c], t[12 + c], 0x88);
-    r[12 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 + c], t[12 + c], 0xdd);
-  }
 }
 
 constexpr int kRows = 6;  // rows of C per strip: 6 x 4 accumulators, 4 B vectors, 1 broadcast
@@ -103,8 +69,10 @@ LOOM_FLASH_BF16 void strip(const uint32_t* a, int64_t a_row, int64_t a_pair, int
 #pragma GCC unroll 4
     for (int h = 0; h < NV; ++h) {
       const __mmask16 k = mask16(n - 16 * h);
-      __m512 v = _mm512_mul_ps(va, acc[r][h]);
-      if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, row + 16 * h), v);
+      // An explicit FMA: under -ffp-contract=fast GCC fused a _mm512_mul_ps and _mm512_add_ps or
+      // not depending on inlining, so an unrelated edit changed results.
+      const __m512 v = accumulate ? _mm512_fmadd_ps(va, acc[r][h], _mm512_maskz_loadu_ps(k, row + 16 * h))
+                                  : _mm512_mul_ps(va, acc[r][h]);
       _mm512_mask_storeu_ps(row + 16 * h, k, v);
     }
   }
@@ -113,9 +81,7 @@ LOOM_FLASH_BF16 void strip(const uint32_t* a, int64_t a_row, int64_t a_pair, int
 }  // namespace
 
 bool cpu_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+  return loom::simd::cpu_has_avx512_bf16();
 }
 
 LOOM_FLASH_BF16 void pack_rows(const float* x, int64_t rows, int64_t k, int64_t ldx, uint32_t* out, int64_t ld) {

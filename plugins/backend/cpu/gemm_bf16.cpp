@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <loom/simd_bf16.hpp>
 #include <vector>
 
 #include "cpu_backend.hpp"
@@ -43,7 +44,8 @@ constexpr int64_t kMc = 192;        // rows per packed A block (a multiple of kM
 constexpr int64_t kNc = 256;        // columns per packed B block (a multiple of kNr)
 constexpr int64_t kPanelRows = 48;  // row panels start at multiples of this (a multiple of kMr)
 
-#define LOOM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define LOOM_BF16_TARGET LOOM_AVX512_BF16
+using simd::transpose16;
 
 // A view of an operand as X(r, kk) = data[r * sr + kk * sk]: r is the row of A (or the column of
 // B), kk runs along k.
@@ -51,40 +53,6 @@ struct Operand {
   const float* data;
   int64_t sr, sk;
 };
-
-// Transposes the 16 x 16 matrix of 32-bit words r[0..16) (row i in r[i]) in place: word j of
-// r[i] becomes word i of r[j]. Three rounds of shuffles (within 128-bit lanes: 32-bit, then
-// 64-bit interleaves; then whole 128-bit lanes twice).
-LOOM_BF16_TARGET inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_epi32(0xffff, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, r[i], r[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_maskz_unpacklo_epi64(0xff, t[i], t[i + 2]);
-    r[i + 1] = _mm512_maskz_unpackhi_epi64(0xff, t[i], t[i + 2]);
-    r[i + 2] = _mm512_maskz_unpacklo_epi64(0xff, t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_maskz_unpackhi_epi64(0xff, t[i + 1], t[i + 3]);
-  }
-  // r[4b + c] now holds, in 128-bit lane l, words 4l + c of rows 4b .. 4b + 3.
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_maskz_shuffle_i32x4(0xffff, r[c], r[4 + c], 0x88);      // lanes 0, 2 of rows 0-3, 4-7
-    t[4 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[c], r[4 + c], 0xdd);  // lanes 1, 3
-    t[8 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 + c], r[12 + c], 0x88);
-    t[12 + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 + c], r[12 + c], 0xdd);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm512_maskz_shuffle_i32x4(0xffff, t[c], t[8 + c], 0x88);            // word c of lane 0
-    r[8 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[c], t[8 + c], 0xdd);        // lane 2
-    r[4 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 + c], t[12 + c], 0x88);   // lane 1
-    r[12 + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 + c], t[12 + c], 0xdd);  // lane 3
-  }
-}
 
 // Packs X(r0 .. r0 + rows, 2 p0 .. 2 (p0 + pairs)) into `out`: for each pair p, `width` words, of
 // which the first `rows` hold (bf16 X(r, 2p), bf16 X(r, 2p + 1)) and the rest zero. k indices at
@@ -196,11 +164,15 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
       const int64_t left = cols - 16 * h;
       if (left <= 0) break;
       const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
-      __m512 v = _mm512_mul_ps(va, acc[r][h]);
+      // Explicit FMAs: under -ffp-contract=fast GCC fuses a _mm512_mul_ps and _mm512_add_ps or
+      // not depending on how the code around them inlines, so an unrelated edit changed results.
+      __m512 v;
       if (!first)
-        v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, row + 16 * h), v);
+        v = _mm512_fmadd_ps(va, acc[r][h], _mm512_maskz_loadu_ps(mask, row + 16 * h));
       else if (beta != 0.0f)
-        v = _mm512_add_ps(v, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask, row + 16 * h)));
+        v = _mm512_fmadd_ps(va, acc[r][h], _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask, row + 16 * h)));
+      else
+        v = _mm512_mul_ps(va, acc[r][h]);
       _mm512_mask_storeu_ps(row + 16 * h, mask, v);
     }
   }
@@ -455,9 +427,7 @@ int64_t panel_start(int64_t n, int64_t i, int64_t p, int64_t align) {
 }  // namespace
 
 bool cpu_has_avx512_bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+  return simd::cpu_has_avx512_bf16();
 }
 
 void gemm_bf16_on_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
