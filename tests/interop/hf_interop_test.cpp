@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../core/reference_support.hpp"
 #include "../core/test_support.hpp"
 #include "loom/autograd.hpp"
 #include "loom/core/config.hpp"
@@ -46,19 +47,10 @@ namespace fs = std::filesystem;
 namespace loom {
 namespace {
 
+using test::relative_error;
+
 namespace st = safetensors;
 constexpr double tolerance = 1e-4;
-
-double relative_error(const Tensor& got, const Tensor& expected) {
-  const auto g = got.to_vector(), e = expected.to_vector();
-  if (g.size() != e.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(g[i]) - e[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../core/reference_support.hpp"
 #include "../core/test_support.hpp"
 #include "loom/autograd.hpp"
 #include "loom/core/runtime.hpp"
@@ -30,18 +31,9 @@ namespace fs = std::filesystem;
 namespace loom {
 namespace {
 
-constexpr double tolerance = 1e-4;
+using test::relative_error;
 
-double relative_error(const std::vector<float>& got, const Tensor& expected) {
-  const auto e = expected.to_vector();
-  if (got.size() != e.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - e[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
+constexpr double tolerance = 1e-4;
 
 void train_in(const fs::path& yaml, const fs::path& run_dir, std::vector<std::string> overrides) {
   RuntimeOptions options;

@@ -24,6 +24,7 @@
 #include <set>
 #include <sstream>
 
+#include "../core/reference_support.hpp"
 #include "../core/test_support.hpp"
 #include "loom/autograd.hpp"
 #include "loom/core/config.hpp"
@@ -38,30 +39,12 @@
 namespace loom {
 namespace {
 
+using test::float32_options;
+using test::relative_error;
+
 namespace fs = std::filesystem;
 namespace st = safetensors;
 constexpr double tolerance = 1e-4;
-
-// A backend's options for float32 products: `matmul_precision: f32` where it declares that option
-// (the cpu backend's default computes them in bf16 where the CPU has AVX512-BF16). The references
-// are transformers' float32 outputs, compared at float32 tolerances.
-Value float32_options(const ComponentEntry& backend) {
-  Value node = Value::map();
-  node.set("type", Value(backend.decl.name));
-  if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
-  return node;
-}
-
-double relative_error(const Tensor& got, const Tensor& expected) {
-  const auto g = got.to_vector(), e = expected.to_vector();
-  if (g.size() != e.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(g[i]) - e[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 class HfAgreement : public ::testing::Test {
  protected:

@@ -26,35 +26,18 @@
 #include <string>
 #include <vector>
 
+#include "../core/reference_support.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 namespace st = loom::safetensors;
 using loom::Tensor;
 using loom::Value;
-
-// A backend's options for float32 products: `matmul_precision: f32` where it declares that option
-// (the cpu backend's default computes them in bf16 where the CPU has AVX512-BF16). PyTorch's
-// references here are float32 ones, compared at float32 tolerances.
-Value float32_options(const loom::ComponentEntry& backend) {
-  Value node = Value::map();
-  node.set("type", Value(backend.decl.name));
-  if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
-  return node;
-}
+using loom::test::float32_options;
+using loom::test::relative_error;
 
 constexpr double tolerance = 1e-4;
-
-double relative_error(const Tensor& got, const Tensor& expected) {
-  const auto g = got.to_vector(), e = expected.to_vector();
-  if (g.size() != e.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(g[i]) - e[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 Value model_options(const st::Reader& weights) {
   const auto j = nlohmann::json::parse(weights.metadata().at("model"));
@@ -71,26 +54,17 @@ Value model_options(const st::Reader& weights) {
 class DpoAgreement : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-      skip_reason_ =
-          "/usr/bin/python3 cannot import torch: install Debian's python3-torch (scripts/install-deps.sh) to compare "
-          "loom's DPO loss with PyTorch";
-      return;
-    }
-    dir_ = fs::temp_directory_path() / ("loom_dpo_agreement_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    const std::string command =
-        "/usr/bin/python3 '" LOOM_SOURCE_DIR "/tests/torch/reference_dpo.py' '" + dir_.string() + "'";
-    generated_ = std::system(command.c_str()) == 0;
+    reference_.generate(LOOM_SOURCE_DIR "/tests/torch/reference_dpo.py", "loom_dpo_agreement",
+                        "compare loom's DPO loss with PyTorch");
   }
   static void TearDownTestSuite() {
-    if (!dir_.empty()) fs::remove_all(dir_);
+    reference_.remove();
     std::cout << summary_.str();
   }
 
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
-    ASSERT_TRUE(generated_) << "tests/torch/reference_dpo.py failed";
+    if (!reference_.skip_reason().empty()) GTEST_SKIP() << reference_.skip_reason();
+    ASSERT_TRUE(reference_.generated()) << "tests/torch/reference_dpo.py failed";
     loom::PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
     ASSERT_TRUE(registry_.find("objective", "dpo")) << "the dpo objective is not built in " << LOOM_PLUGIN_DIR;
   }
@@ -121,15 +95,13 @@ class DpoAgreement : public ::testing::Test {
   }
 
   loom::Registry registry_;
-  static inline std::string skip_reason_;
-  static inline fs::path dir_;
-  static inline bool generated_ = false;
+  static inline loom::test::TorchReference reference_;
   static inline std::ostringstream summary_;
 };
 
 TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
-  const st::Reader data(dir_ / "dpo.data.safetensors");
-  const st::Reader weights(dir_ / "dpo.weights.safetensors");
+  const st::Reader data(reference_.dir() / "dpo.data.safetensors");
+  const st::Reader weights(reference_.dir() / "dpo.weights.safetensors");
   const Value base = model_options(weights);
   Value objective_options = Value::map();
   objective_options.set("type", Value("dpo"));
@@ -151,7 +123,7 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       Value options = base;
       options.set("attention", kernel_entry->decl.name);
       auto policy = model(options, weights.path(), false);
-      auto reference = model(options, dir_ / "dpo.reference.safetensors", true);
+      auto reference = model(options, reference_.dir() / "dpo.reference.safetensors", true);
       auto objective =
           registry_.create<loom::Objective>(loom::ComponentRef{"objective", "dpo", objective_options, "objective"});
       const loom::ObjectiveModels models{*policy, reference.get()};

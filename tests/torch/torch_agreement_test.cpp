@@ -28,22 +28,16 @@
 #include <string>
 #include <vector>
 
+#include "../core/reference_support.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 namespace st = loom::safetensors;
 using loom::Tensor;
 using loom::Value;
-
-// A backend's options for float32 products: `matmul_precision: f32` where it declares that option
-// (the cpu backend's default computes them in bf16 where the CPU has AVX512-BF16). PyTorch's
-// references here are float32 ones, compared at float32 tolerances.
-Value float32_options(const loom::ComponentEntry& backend) {
-  Value node = Value::map();
-  node.set("type", Value(backend.decl.name));
-  if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
-  return node;
-}
+using loom::test::float32_options;
+using loom::test::relative_error;
 
 constexpr double tolerance = 1e-4;
 // bf16 against PyTorch's autocast bf16. bf16 keeps 8 significant bits: each rounded input is off
@@ -94,47 +88,27 @@ Value to_value(const nlohmann::json& j) {
   }
 }
 
-double relative_error(const Tensor& got, const Tensor& expected) {
-  const auto g = got.to_vector(), e = expected.to_vector();
-  if (g.size() != e.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(g[i]) - e[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(e[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
 class TorchAgreement : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-      skip_reason_ =
-          "/usr/bin/python3 cannot import torch: install Debian's python3-torch (scripts/install-deps.sh) to compare "
-          "loom's models with PyTorch";
-      return;
-    }
-    dir_ = fs::temp_directory_path() / ("loom_torch_agreement_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    const std::string command =
-        "/usr/bin/python3 '" LOOM_SOURCE_DIR "/tests/torch/reference_models.py' '" + dir_.string() + "'";
-    generated_ = std::system(command.c_str()) == 0;
+    reference_.generate(LOOM_SOURCE_DIR "/tests/torch/reference_models.py", "loom_torch_agreement",
+                        "compare loom's models with PyTorch");
   }
   static void TearDownTestSuite() {
-    if (!dir_.empty()) fs::remove_all(dir_);
+    reference_.remove();
     std::cout << summary_.str();
   }
 
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
-    ASSERT_TRUE(generated_) << "tests/torch/reference_models.py failed";
+    if (!reference_.skip_reason().empty()) GTEST_SKIP() << reference_.skip_reason();
+    ASSERT_TRUE(reference_.generated()) << "tests/torch/reference_models.py failed";
     loom::PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
   }
 
   // Runs `name` with every backend and kernel; returns the largest error seen.
   void check(const std::string& name) {
-    const st::Reader data(dir_ / (name + ".data.safetensors"));
-    const st::Reader weights_file(dir_ / (name + ".weights.safetensors"));
+    const st::Reader data(reference_.dir() / (name + ".data.safetensors"));
+    const st::Reader weights_file(reference_.dir() / (name + ".weights.safetensors"));
     const Value options = to_value(nlohmann::json::parse(weights_file.metadata().at("model")));
     const std::string type = options.find("type")->as_string();
     const Tensor tokens = data.read("input.tokens"), targets = data.read("input.targets");
@@ -210,8 +184,8 @@ class TorchAgreement : public ::testing::Test {
   // The bf16 case: the cpu backend with matmul_precision: bf16 against the same model under
   // torch.autocast("cpu", dtype=torch.bfloat16), with every attention kernel. See bf16_bound.
   void check_bf16(const std::string& name) {
-    const st::Reader data(dir_ / (name + ".data.safetensors"));
-    const st::Reader weights_file(dir_ / (name + ".weights.safetensors"));
+    const st::Reader data(reference_.dir() / (name + ".data.safetensors"));
+    const st::Reader weights_file(reference_.dir() / (name + ".weights.safetensors"));
     const Value options = to_value(nlohmann::json::parse(weights_file.metadata().at("model")));
     const std::string type = options.find("type")->as_string();
     const Tensor tokens = data.read("input.tokens"), targets = data.read("input.targets");
@@ -267,9 +241,7 @@ class TorchAgreement : public ::testing::Test {
   }
 
   loom::Registry registry_;
-  static inline std::string skip_reason_;
-  static inline fs::path dir_;
-  static inline bool generated_ = false;
+  static inline loom::test::TorchReference reference_;
   static inline std::ostringstream summary_;
 };
 

@@ -16,6 +16,7 @@
 #include "loom/kinds/objective.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/safetensors.hpp"
+#include "train_test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -42,48 +43,17 @@ trainer:
   trackers: [jsonl]
 )";
 
-struct DpoRun {
-  TrainSummary summary;
-  std::string log;
-  fs::path dir;
-};
+using test::all_weights;
+using test::read_metrics;
+using DpoRun = test::TrainedRun;
 
 DpoRun train_config(const fs::path& config, const fs::path& run_dir, std::vector<std::string> overrides) {
-  overrides.push_back("trainer.run_dir=" + run_dir.string());
-  overrides.push_back("trainer.run_id=" + run_dir.filename().string());
   overrides.push_back("data.paths=[" + (source_dir / "configs/data/preferences.jsonl").string() + "]");
-  RuntimeOptions options;
-  options.config = config;
-  options.overrides = std::move(overrides);
-  Runtime runtime(options);
-  std::ostringstream out;
-  TrainOptions train_options;
-  train_options.out = &out;
-  DpoRun run{train(runtime, train_options), "", run_dir};
-  run.log = out.str();
-  return run;
+  return test::train_in(config, run_dir, std::move(overrides));
 }
 
 DpoRun train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides = {}) {
   return train_config(dir.write("dpo.yaml", tiny_dpo), dir.path() / name, std::move(overrides));
-}
-
-std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::vector<nlohmann::json> records;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
-
-std::vector<float> all_weights(const fs::path& file) {
-  safetensors::Reader reader(file);
-  std::vector<float> values;
-  for (const auto& info : reader.tensors()) {
-    const auto v = reader.read(info.name).to_vector();
-    values.insert(values.end(), v.begin(), v.end());
-  }
-  return values;
 }
 
 double metric(const TrainSummary& s, const std::string& name) {

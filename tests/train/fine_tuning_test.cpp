@@ -15,6 +15,7 @@
 #include "loom/run/tokenize.hpp"
 #include "loom/run/trainer.hpp"
 #include "train/mixture.hpp"
+#include "train_test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -197,13 +198,7 @@ TEST(Mixture, ConfigErrorsSayWhatIsWrong) {
   }
 }
 
-std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::vector<nlohmann::json> records;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
+using test::read_metrics;
 
 TrainSummary train_with(const test::TempDir& tmp, const std::string& text, std::vector<std::string> overrides,
                         std::string* log = nullptr) {

@@ -24,6 +24,7 @@
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/safetensors.hpp"
+#include "train_test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -243,26 +244,10 @@ trainer:
   trackers: [jsonl]
 )";
 
-struct TinyRun {
-  TrainSummary summary;
-  fs::path dir;
-  std::string log;
-};
+using TinyRun = test::TrainedRun;
 
 TinyRun train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides) {
-  const auto file = dir.write(name + ".yaml", tiny_config);
-  overrides.push_back("trainer.run_dir=" + (dir.path() / name).string());
-  overrides.push_back("trainer.run_id=" + name);
-  RuntimeOptions options;
-  options.config = file;
-  options.overrides = overrides;
-  Runtime runtime(options);
-  std::ostringstream out;
-  TrainOptions train_options;
-  train_options.out = &out;
-  TinyRun run{train(runtime, train_options), dir.path() / name, ""};
-  run.log = out.str();
-  return run;
+  return test::train_in(dir.write(name + ".yaml", tiny_config), dir.path() / name, std::move(overrides));
 }
 
 std::map<std::string, std::vector<float>> tensors_of(const fs::path& file) {

@@ -14,6 +14,7 @@
 #include "loom/error.hpp"
 #include "loom/run/generate.hpp"
 #include "loom/safetensors.hpp"
+#include "train_test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -36,54 +37,23 @@ trainer:
   trackers: [jsonl, tensorboard]
 )";
 
-struct TinyRun {
-  TrainSummary summary;
-  std::string log;
-  fs::path run_dir;
-};
+using test::all_weights;
+using test::read_metrics;
+using TinyRun = test::TrainedRun;
 
 TinyRun train_tiny(const test::TempDir& dir, const std::string& name, std::vector<std::string> overrides = {}) {
-  const auto file = dir.write(name + ".yaml", tiny_config);
-  overrides.push_back("trainer.run_dir=" + (dir.path() / name).string());
-  overrides.push_back("trainer.run_id=" + name);
-  RuntimeOptions options;
-  options.config = file;
-  options.overrides = overrides;
-  Runtime runtime(options);
-  std::ostringstream out;
-  TrainOptions train_options;
-  train_options.out = &out;
-  TinyRun run{train(runtime, train_options), out.str(), dir.path() / name};
-  return run;
-}
-
-std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::vector<nlohmann::json> records;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
-
-std::vector<float> all_weights(const fs::path& file) {
-  safetensors::Reader reader(file);
-  std::vector<float> values;
-  for (const auto& info : reader.tensors()) {
-    const auto v = reader.read(info.name).to_vector();
-    values.insert(values.end(), v.begin(), v.end());
-  }
-  return values;
+  return test::train_in(dir.write(name + ".yaml", tiny_config), dir.path() / name, std::move(overrides));
 }
 
 TEST(Trainer, WritesTheRunDirectory) {
   test::TempDir dir;
   const TinyRun run = train_tiny(dir, "a");
-  EXPECT_TRUE(fs::exists(run.run_dir / "config.yaml"));
-  EXPECT_TRUE(fs::exists(run.run_dir / "model.safetensors"));
-  EXPECT_TRUE(fs::is_directory(run.run_dir / "tensorboard"));
-  std::ifstream generation_info(run.run_dir / "generation.json");
+  EXPECT_TRUE(fs::exists(run.dir / "config.yaml"));
+  EXPECT_TRUE(fs::exists(run.dir / "model.safetensors"));
+  EXPECT_TRUE(fs::is_directory(run.dir / "tensorboard"));
+  std::ifstream generation_info(run.dir / "generation.json");
   EXPECT_EQ(nlohmann::json::parse(generation_info), nlohmann::json({{"separator_ends_documents", true}}));
-  const auto records = read_metrics(run.run_dir);
+  const auto records = read_metrics(run.dir);
   ASSERT_FALSE(records.empty());
   // Logged every 2 steps: 2, 4, 6, each with loss, lr, grad norm, tokens/s and MFU.
   std::vector<std::int64_t> logged;
@@ -144,7 +114,7 @@ TEST(Trainer, TheHeaderSaysWhatTheMatrixProductsComputeIn) {
 TEST(Trainer, TheLossFalls) {
   test::TempDir dir;
   const TinyRun run = train_tiny(dir, "a", {"trainer.num_train_steps=40", "trainer.log_every=5"});
-  const auto records = read_metrics(run.run_dir);
+  const auto records = read_metrics(run.dir);
   double first = -1, last = -1;
   for (const auto& r : records)
     if (r.contains("train/loss")) {
@@ -236,7 +206,7 @@ TEST(Trainer, SkipBadStepsRunsAndReportsSkips) {
   const TinyRun run = train_tiny(dir, "a", {"trainer.skip_bad_steps=true", "trainer.skip_step_window=4"});
   EXPECT_EQ(run.summary.steps, 6);
   bool reported = false;
-  for (const auto& r : read_metrics(run.run_dir)) reported |= r.contains("train/skipped_steps");
+  for (const auto& r : read_metrics(run.dir)) reported |= r.contains("train/skipped_steps");
   EXPECT_TRUE(reported);
 }
 
@@ -312,9 +282,9 @@ TEST(Trainer, EmaDecaySavesTheAverageAndLeavesTrainingAlone) {
   const TinyRun averaged = train_tiny(dir, "averaged", {"trainer.ema_decay=0.9"});
   const TinyRun instant = train_tiny(dir, "instant", {"trainer.ema_decay=1e-12"});
   EXPECT_EQ(averaged.summary.final_train_loss, plain.summary.final_train_loss);
-  const auto w = all_weights(plain.run_dir / "model.safetensors");
-  const auto a = all_weights(averaged.run_dir / "model.safetensors");
-  EXPECT_EQ(all_weights(instant.run_dir / "model.safetensors"), w);
+  const auto w = all_weights(plain.dir / "model.safetensors");
+  const auto a = all_weights(averaged.dir / "model.safetensors");
+  EXPECT_EQ(all_weights(instant.dir / "model.safetensors"), w);
   ASSERT_EQ(a.size(), w.size());
   EXPECT_NE(a, w);
   EXPECT_NE(averaged.summary.final_eval_loss, plain.summary.final_eval_loss);

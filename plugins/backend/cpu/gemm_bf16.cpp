@@ -45,6 +45,7 @@ constexpr int64_t kNc = 256;        // columns per packed B block (a multiple of
 constexpr int64_t kPanelRows = 48;  // row panels start at multiples of this (a multiple of kMr)
 
 #define LOOM_BF16_TARGET LOOM_AVX512_BF16
+using simd::mask16;
 using simd::transpose16;
 
 // A view of an operand as X(r, kk) = data[r * sr + kk * sk]: r is the row of A (or the column of
@@ -53,6 +54,19 @@ struct Operand {
   const float* data;
   int64_t sr, sk;
 };
+
+// The 16 words (bf16 e[j], bf16 o[j]) of two rows of k (k and k + 1) over 16 lanes.
+LOOM_BF16_TARGET inline __m512i pair_words(__m512 e, __m512 o) {
+  const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
+  const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
+  return _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16));
+}
+
+// pair_words of even[0 .. n) and odd[0 .. n) (odd null: zero), n <= 16, zero past n.
+LOOM_BF16_TARGET inline __m512i load_pair_words(const float* even, const float* odd, int64_t n) {
+  const __mmask16 mask = mask16(n);
+  return pair_words(_mm512_maskz_loadu_ps(mask, even), odd ? _mm512_maskz_loadu_ps(mask, odd) : _mm512_setzero_ps());
+}
 
 // Packs X(r0 .. r0 + rows, 2 p0 .. 2 (p0 + pairs)) into `out`: for each pair p, `width` words, of
 // which the first `rows` hold (bf16 X(r, 2p), bf16 X(r, 2p + 1)) and the rest zero. k indices at
@@ -118,11 +132,7 @@ LOOM_BF16_TARGET void pack(const Operand& x, int64_t r0, int64_t rows, int64_t w
         e = _mm512_load_ps(ev);
         o = _mm512_load_ps(ov);
       }
-      const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
-      const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
-      const __m512i words = _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16));
-      const int64_t stored = std::min<int64_t>(16, width - r);
-      _mm512_mask_storeu_epi32(dst + r, static_cast<__mmask16>(stored >= 16 ? 0xffff : (1u << stored) - 1), words);
+      _mm512_mask_storeu_epi32(dst + r, mask16(width - r), pair_words(e, o));
     }
   }
 }
@@ -245,14 +255,8 @@ LOOM_BF16_TARGET void pack_b_columns(const Operand& x, int64_t c0, int64_t cols,
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
     prefetch_rows(x, c0, cols, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < width; r += 16) {
-      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - r));
-      const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-      const __m512 e = _mm512_maskz_loadu_ps(mask, even + r);
-      const __m512 o = odd ? _mm512_maskz_loadu_ps(mask, odd + r) : _mm512_setzero_ps();
-      const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
-      const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
       _mm512_storeu_si512(out + (r / kNr) * kNr * pairs + p * kNr + r % kNr,
-                          _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16)));
+                          load_pair_words(even + r, odd ? odd + r : nullptr, cols - r));
     }
   }
 }
@@ -272,14 +276,8 @@ LOOM_BF16_TARGET void pack_a_columns(const Operand& x, int64_t r0, int64_t rows,
     const float* odd = kk + 1 < k ? even + x.sk : nullptr;
     prefetch_rows(x, r0, rows, kk + 2 * kPrefetchPairs, k);
     for (int64_t r = 0; r < strips * kMr; r += 16) {
-      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, rows - r));
-      const __mmask16 mask = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-      const __m512 e = _mm512_maskz_loadu_ps(mask, even + r);
-      const __m512 o = odd ? _mm512_maskz_loadu_ps(mask, odd + r) : _mm512_setzero_ps();
-      const __m512i ew = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(e));
-      const __m512i ow = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(o));
       _mm512_store_si512(reinterpret_cast<__m512i*>(words + r),
-                         _mm512_or_si512(ew, _mm512_maskz_slli_epi32(0xffff, ow, 16)));
+                         load_pair_words(even + r, odd ? odd + r : nullptr, rows - r));
     }
     for (int64_t st = 0; st < strips; ++st)
       _mm256_mask_storeu_epi32(out + st * strip_stride + p * kMr, 0x3f,

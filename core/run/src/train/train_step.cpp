@@ -164,11 +164,8 @@ double TrainStep::global_grad_norm() const {
   // parallel and their sums added in parameter and chunk order (one pass over the gradients at
   // memory speed; the order, and so the result, independent of the thread count). A sharded run
   // sums its shard's squares and then the ranks'.
-  struct Chunk {
-    const float* data;
-    std::int64_t n;
-  };
-  std::vector<Chunk> chunks;
+  std::vector<NormChunk>& chunks = norm_chunks_;
+  chunks.clear();
   for (const auto& p : components_.parameters) {
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
@@ -176,7 +173,8 @@ double TrainStep::global_grad_norm() const {
     for (std::int64_t i = 0; i < g.numel(); i += kNormChunk)
       chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i)});
   }
-  std::vector<double> partial(chunks.size());
+  std::vector<double>& partial = norm_partials_;
+  partial.resize(chunks.size());
   default_execution_context().parallel_for(static_cast<std::int64_t>(chunks.size()), 1,
                                            [&](std::int64_t first, std::int64_t last) {
                                              for (std::int64_t c = first; c < last; ++c)

@@ -66,6 +66,13 @@ class TrainStep {
   std::vector<Tensor> set_aside_;  // per parameter: the sum of the earlier micro-batches' gradients
   std::vector<bool> has_set_aside_;
   std::unordered_map<const Parameter*, std::size_t> index_;  // position in components_.parameters
+  // global_grad_norm's chunks of the gradients and their sums, kept between steps.
+  struct NormChunk {
+    const float* data;
+    std::int64_t n;
+  };
+  mutable std::vector<NormChunk> norm_chunks_;
+  mutable std::vector<double> norm_partials_;
 };
 
 }  // namespace loom::training
