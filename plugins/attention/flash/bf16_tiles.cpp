@@ -45,22 +45,7 @@ LOOM_FLASH_BF16 void strip(const uint32_t* a, int64_t a_row, int64_t a_pair, int
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) rows[r] = a + std::min<int64_t>(r, m - 1) * a_row;
   __m512 acc[kRows][NV];
-#pragma GCC unroll 6
-  for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 4
-    for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh bv[NV];
-#pragma GCC unroll 4
-    for (int h = 0; h < NV; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * b_pair + 16 * h);
-    const int64_t at = p * a_pair;
-#pragma GCC unroll 6
-    for (int r = 0; r < kRows; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(rows[r][at]));
-#pragma GCC unroll 4
-      for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
-    }
-  }
+  loom::simd::dpbf16_tile<kRows, NV>(acc, rows, a_pair, b, b_pair, pairs);
   const __m512 va = _mm512_set1_ps(alpha);
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {

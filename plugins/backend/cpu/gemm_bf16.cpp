@@ -147,22 +147,10 @@ LOOM_BF16_TARGET void micro_kernel(const std::uint32_t* a, const std::uint32_t* 
                                    int64_t rows, int64_t cols, float alpha, float beta, bool first) {
   constexpr int kNv = static_cast<int>(kNr / 16);  // zmm per row of the tile
   __m512 acc[kMr][kNv];
+  const std::uint32_t* a_rows[kMr];
 #pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r)
-#pragma GCC unroll 4
-    for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh bv[kNv];
-#pragma GCC unroll 4
-    for (int h = 0; h < kNv; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * kNr + 16 * h);
-#pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
-      const std::uint32_t word = kRowsA ? a[r * pairs + p] : a[p * kMr + r];
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
-#pragma GCC unroll 4
-      for (int h = 0; h < kNv; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
-    }
-  }
+  for (int r = 0; r < kMr; ++r) a_rows[r] = a + r * (kRowsA ? pairs : 1);
+  simd::dpbf16_tile<kMr, kNv>(acc, a_rows, kRowsA ? 1 : kMr, b, kNr, pairs);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   // Unrolled with constant indices, so that acc stays in registers.
 #pragma GCC unroll 16

@@ -66,6 +66,34 @@ LOOM_AVX512_BF16 inline void transpose16(__m512i r[16]) {
   }
 }
 
+// The register tile of a bf16 product: acc[r][h] = the sum over pairs p < `pairs` of VDPBF16PS of
+// A's word (r, p) (two bf16 values of row r, at rows[r][p * a_pair], broadcast) with B's 16 words
+// of pair p at b + p * b_pair + 16 h. acc is zeroed first. R x NV accumulators, NV B vectors and
+// one broadcast must fit the 32 zmm registers; always inlined, so that they stay there.
+template <int R, int NV>
+LOOM_AVX512_BF16 __attribute__((always_inline)) inline void dpbf16_tile(__m512 (&acc)[R][NV],
+                                                                        const std::uint32_t* const (&rows)[R],
+                                                                        std::int64_t a_pair, const std::uint32_t* b,
+                                                                        std::int64_t b_pair, std::int64_t pairs) {
+  static_assert(R * NV + NV + 1 <= 32, "the tile must fit the zmm registers");
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    __m512bh bv[NV];
+#pragma GCC unroll 4
+    for (int h = 0; h < NV; ++h) bv[h] = (__m512bh)_mm512_loadu_si512(b + p * b_pair + 16 * h);
+    const std::int64_t at = p * a_pair;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(rows[r][at]));
+#pragma GCC unroll 4
+      for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], av, bv[h]);
+    }
+  }
+}
+
 }  // namespace loom::simd
 
 #endif  // __x86_64__
