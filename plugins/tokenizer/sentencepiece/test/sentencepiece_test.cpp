@@ -33,7 +33,7 @@ class SentencePiece : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("loom_sentencepiece_" + std::to_string(::getpid()));
     const fs::path log = dir_.string() + ".log";
     const std::string command = "'" LOOM_REFERENCE_ENV_PYTHON "' '" LOOM_SENTENCEPIECE_REFERENCE "' '" +
-                                std::string(LOOM_SHARED_DATA_DIR) + "' '" + dir_.string() + "' > '" + log.string() +
+                                std::string(LOOM_TINYSHAKESPEARE) + "' '" + dir_.string() + "' > '" + log.string() +
                                 "' 2>&1";
     const int rc = std::system(command.c_str());
     std::ifstream in(log);
