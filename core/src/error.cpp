@@ -106,4 +106,14 @@ std::string escape_input(std::string_view input, std::size_t max_bytes) {
   return out;
 }
 
+std::string json_parse_error(std::string_view what, std::size_t byte, std::string_view input) {
+  std::string message(what);
+  if (const auto close = message.find("] "); message.starts_with("[json.exception") && close != std::string::npos)
+    message.erase(0, close + 2);
+  if (const auto last = message.find("; last read: "); last != std::string::npos) message.erase(last);
+  const std::size_t at = std::min<std::size_t>(byte > 0 ? byte - 1 : 0, input.size());
+  const std::size_t from = at > 20 ? at - 20 : 0;
+  return message + "; near '" + (from > 0 ? "..." : "") + escape_input(input.substr(from), at - from + 20) + "'";
+}
+
 }  // namespace loom

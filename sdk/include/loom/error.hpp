@@ -87,4 +87,12 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 // uses it.
 std::string escape_input(std::string_view input, std::size_t max_bytes = 60);
 
+// A JSON parser's error made fit to quote: nlohmann::json's parse_error `what` ("[json.exception.
+// parse_error.101] parse error at line 1, column 3: syntax error ...; last read: '<raw bytes>'")
+// without its tag and without the raw bytes it quotes, which can be binary or a whole line; the
+// bytes of `input` around the parser's position `byte` (parse_error::byte, 1-based), escaped by
+// escape_input, instead: "parse error at line 1, column 3: ...; near '...\x89PNG...'". Every
+// message about JSON that loom or a plugin reads uses it.
+std::string json_parse_error(std::string_view what, std::size_t byte, std::string_view input);
+
 }  // namespace loom

@@ -32,6 +32,30 @@ std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size, i
   return micro_size;
 }
 
+// The objective's required batch traits against the dataset's: a dataset that does not give what
+// the loss reads (DPO over plain text: unrelated rows taken as pairs) would train on nonsense and
+// exit 0, so it is refused before anything trains, naming both.
+void check_batch_traits(const Objective& objective, const Dataset& dataset, const Value& config) {
+  const std::vector<std::string> given = dataset.batch_traits();
+  const Value* data_type = config.at_path("data.type");
+  const std::string data = data_type && data_type->is_string() ? "data.type '" + data_type->as_string() + "'"
+                                                               : "a mixture of datasets (data.mixture)";
+  for (const auto& trait : objective.required_batch_traits()) {
+    if (std::find(given.begin(), given.end(), trait) != given.end()) continue;
+    std::string declared;
+    for (const auto& g : given) declared += (declared.empty() ? "'" : ", '") + g + "'";
+    std::string message =
+        "objective.type '" + config.at_path("objective.type")->as_string() + "' needs batches with the trait '" +
+        trait + "', and " + data + " does not give them (its batches " +
+        (declared.empty() ? std::string("are windows of tokens, with no trait") : "have the traits " + declared) + ")";
+    if (trait == batch_traits::preference_pairs)
+      message +=
+          ": preference pairs are rows 2i and 2i + 1 holding one prompt with its chosen and its rejected response; "
+          "use a dataset of them (data.type: preference)";
+    throw UserError(message);
+  }
+}
+
 // The state.json part of a resume: the step, the skip rule's window, the log interval.
 void restore_state(Run& run, const checkpoint::TrainRecord& r) {
   TrainState& s = run.state;
@@ -68,6 +92,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
 
   RunComponents& c = run.components;
   c = create_components(runtime.registry(), run.config);
+  check_batch_traits(*c.objective, *c.dataset, run.config);
   if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
     throw UserError(
         "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
