@@ -187,8 +187,12 @@ Generation generate(Model& model, Backend& backend, const Tokenizer& tokenizer, 
   if (options.max_new_tokens == 0) return out;
   TokenStream stream(model, backend, boundary, options.at_context_end);
   stream.start(prompt);
+  // A model's vocabulary may be larger than its tokenizer's (padded to a multiple, as Hugging
+  // Face files often are): the ids past the tokenizer's have no text, so they are never picked.
+  const auto candidates = static_cast<std::size_t>(std::max<std::int64_t>(tokenizer.vocab_size(), 1));
   for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
     std::vector<float> row = stream.logits();
+    if (row.size() > candidates) row.resize(candidates);
     const double u =
         static_cast<double>(hash_u64(stream_key(options.seed, 5, static_cast<std::uint64_t>(i))) >> 11) * 0x1.0p-53;
     const std::int32_t token = sample_token(row, options, u);

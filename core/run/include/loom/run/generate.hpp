@@ -127,7 +127,8 @@ struct Generation {
 };
 
 // Samples up to max_new_tokens tokens after `prompt` (empty: a new document), calling on_token
-// for each as it is produced. Deterministic for a given seed.
+// for each as it is produced. Deterministic for a given seed. Only ids below the tokenizer's
+// vocabulary size are picked, also when the model's vocabulary is larger (padded).
 Generation generate(Model& model, Backend& backend, const Tokenizer& tokenizer, const DocumentBoundary& boundary,
                     std::span<const std::int32_t> prompt, const SamplingOptions& options,
                     const std::function<void(std::int32_t)>& on_token = {});
