@@ -298,6 +298,40 @@ TEST(HfInterop, ConfigMismatchesAreAllNamed) {
       << other;
 }
 
+// A field config.json leaves out takes its config class's default, as in transformers 4.46.3
+// (hf_config_defaults_test.cpp checks every field against transformers itself):
+// MistralConfig's num_key_value_heads is 8, not the query heads; Gemma2Config's
+// query_pre_attn_scalar is 224, not 256; Qwen2Config's vocab_size 151936 and intermediate_size
+// 22016.
+TEST(HfInterop, AbsentConfigFieldsTakeTheConfigClassDefaults) {
+  Models models;
+  auto without = [&](const char* options, std::vector<std::string> fields) {
+    auto model = models.make(yaml(options), 1);
+    Value config = dynamic_cast<HfModel&>(*model).hf_config();
+    for (const auto& f : fields) config.erase(f);
+    std::string all;
+    for (const auto& line : dynamic_cast<HfModel&>(*model).hf_config_mismatches(config)) all += line + "\n";
+    return all;
+  };
+  // 4 query heads, 1 key/value head.
+  EXPECT_EQ(without(mistral_window, {"num_key_value_heads"}), "num_key_value_heads is 8, model.num_kv_heads is 1\n");
+  // As many key/value heads as query heads (Llama's default) is a difference in a Mistral file.
+  EXPECT_EQ(without("{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 64, num_layers: 2, num_heads: 4, "
+                    "num_kv_heads: 4, vocab_size: 300, sliding_window: 4}",
+                    {"num_key_value_heads"}),
+            "num_key_value_heads is 8, model.num_kv_heads is 4\n");
+  EXPECT_EQ(without(llama_gqa, {"num_key_value_heads"}), "num_key_value_heads is 4, model.num_kv_heads is 2\n");
+  EXPECT_EQ(
+      without(qwen2_tied, {"vocab_size", "intermediate_size"}),
+      "vocab_size is 151936, model.vocab_size is 300\nintermediate_size is 22016, model.intermediate_dim is 64\n");
+  const char* gemma_256 =
+      "{type: gemma, seq_len: 32, hidden_dim: 32, intermediate_dim: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
+      "head_dim: 8, query_pre_attn_scalar: 256, vocab_size: 300}";
+  EXPECT_EQ(without(gemma_256, {"query_pre_attn_scalar"}),
+            "query_pre_attn_scalar is 224.0, model.query_pre_attn_scalar is 256.0\n");
+  EXPECT_EQ(without(gemma_256, {}), "");
+}
+
 TEST(HfInterop, MissingUnexpectedAndMisshapenTensorsAreAllNamed) {
   Models models;
   test::TempDir dir;
@@ -319,11 +353,61 @@ TEST(HfInterop, MissingUnexpectedAndMisshapenTensorsAreAllNamed) {
   const auto before = model->parameters()[0].parameter->data().to_vector();
   const std::string m = message_of([&] { import_hf(*model, dir.path() / "hf"); });
   EXPECT_NE(m.find("missing: transformer.h.1.mlp.c_fc.weight"), std::string::npos) << m;
-  EXPECT_NE(m.find("transformer.ln_f.bias: the file has F32 [33], the model needs F32 or BF16 [32]"), std::string::npos)
+  EXPECT_NE(m.find("transformer.ln_f.bias: the file has F32 [33], the model needs F32, BF16 or F16 [32]"),
+            std::string::npos)
       << m;
   EXPECT_NE(m.find("not used by the model: transformer.h.*.attn.rotary_extra (2 tensors)"), std::string::npos) << m;
   EXPECT_EQ(m.find("attn.bias"), std::string::npos) << m;
   EXPECT_EQ(model->parameters()[0].parameter->data().to_vector(), before);
+}
+
+// Many hub checkpoints are F16: their tensors load, widened to float32 exactly.
+TEST(HfInterop, F16FilesLoadWidenedExactly) {
+  Models models;
+  test::TempDir dir;
+  auto a = models.make(yaml(llama_gqa), 1);
+  export_hf(*a, nullptr, dir.path() / "hf");
+  const fs::path file = dir.path() / "hf" / "model.safetensors";
+  // The file again with every tensor in binary16 (safetensors: an 8-byte header length, the JSON
+  // header, the data).
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  std::map<std::string, std::vector<float>> widened;
+  {
+    const st::Reader reader(file);
+    for (const auto& t : reader.tensors()) {
+      const std::vector<float> values = reader.read(t.name).to_vector();
+      std::vector<float>& w = widened[t.name];
+      const std::size_t begin = data.size();
+      for (const float v : values) {
+        const auto h = static_cast<_Float16>(v);
+        data.append(reinterpret_cast<const char*>(&h), 2);
+        w.push_back(static_cast<float>(h));
+      }
+      header[t.name] = {{"dtype", "F16"},
+                        {"shape", std::vector<std::int64_t>(t.shape.begin(), t.shape.end())},
+                        {"data_offsets", {begin, data.size()}}};
+    }
+  }
+  const std::string text = header.dump();
+  const std::uint64_t length = text.size();
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << text << data;
+  }
+  auto b = models.make(yaml(llama_gqa), 2);
+  import_hf(*b, dir.path() / "hf");
+  // Each loom parameter against the widened rows of the tensors the layout maps to it.
+  const HfTensorLayout layout = dynamic_cast<HfModel&>(*b).hf_tensors();
+  std::map<std::string, std::vector<float>> expected;
+  for (const auto& t : layout.tensors) {
+    const auto& w = widened.at(t.name);
+    auto& e = expected[t.parameter];
+    e.insert(e.end(), w.begin(), w.end());
+  }
+  for (const auto& p : b->parameters())
+    EXPECT_EQ(p.parameter->data().to_vector(), expected.at(p.parameter->name())) << p.parameter->name();
 }
 
 TEST(HfInterop, InitFromLoomWeightsAndCheckpoints) {
