@@ -84,8 +84,8 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
   if (c.lora)
     for (const auto& p : c.lora->parameters()) c.parameters.push_back(p);
   for (const auto& p : c.parameters) trained += p.parameter->shape().numel();
-  std::string line = c.lora ? "lora: rank " + std::to_string(lora.rank) + " adapters on " +
-                                  std::to_string(c.lora->target_names().size()) + " weights, "
+  std::string line = c.lora ? "lora: " + std::to_string(c.lora->target_names().size()) + " rank-" +
+                                  std::to_string(lora.rank) + " adapters, "
                             : "frozen: " + std::to_string(all.size() - c.parameters.size()) + " of " +
                                   std::to_string(all.size()) + " parameters, ";
   char share[32];
