@@ -57,6 +57,27 @@ TEST(Cli, PluginsListsComponentsAndFailures) {
   EXPECT_NE(r.out.find("ABI mismatch"), std::string::npos);
 }
 
+// A plugin whose option defaults outside its own range is listed as failed, naming the option,
+// and a config that selects its component is refused with that reason, not blamed on the config.
+TEST(Cli, APluginWithADefaultItsOptionRefusesIsListedAsFailed) {
+  const std::string dir = fixture_dir("bad_default").string();
+  auto r = loom({"plugins", "--no-default-plugin-path", "--plugin-path", dir});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("plugins that failed to load:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lr_schedule 'test_bad_default' declares the option 'beta' with the default 1.5"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("test_valid_defaults"), std::string::npos) << r.out;
+
+  test::TempDir work;
+  const auto file = work.write("run.yaml", "lr_schedule: test_bad_default\n");
+  r = loom({"config", "show", file.string(), "--plugin-path", dir});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.err.find("unknown lr_schedule 'test_bad_default'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("plugins that failed to load:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("declares the option 'beta' with the default 1.5"), std::string::npos) << r.err;
+}
+
 TEST(Cli, PluginsJsonIsValidAndComplete) {
   const auto r = loom({"plugins", "--json"},
                       {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" + fixture_dir("broken").string()});
@@ -116,6 +137,23 @@ TEST(Cli, ChangingAComponentsTypeFromTheCommandLineDropsTheOldTypesOptionsWithAN
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("data.path: unknown option of dataset 'text'; did you mean 'paths'?"), std::string::npos)
       << r.err;
+}
+
+// learning_rate and max_grad_norm are the optimizer section's, read by the trainer whichever
+// optimizer it names: changing the type keeps them (the note lists only adamw's own options).
+TEST(Cli, ChangingTheOptimizersTypeKeepsTheSectionsLearningRate) {
+  const std::string quickstart = std::string(LOOM_SOURCE_DIR) + "/configs/quickstart.yaml";
+  auto r = loom({"config", "show", quickstart, "optimizer.learning_rate=1e-3", "optimizer.max_grad_norm=0.5",
+                 "optimizer.type=sgd"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("optimizer:\n  type: sgd\n  learning_rate: 0.001\n  max_grad_norm: 0.5\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("the options earlier layers gave 'adamw' were dropped: beta2 ("), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("dropped: learning_rate"), std::string::npos) << r.out;
+  // The file's own rate survives a bare name too.
+  r = loom({"config", "show", quickstart, "optimizer=sgd"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("optimizer:\n  type: sgd\n  learning_rate: 0.002\n"), std::string::npos) << r.out;
 }
 
 TEST(Cli, ARunShorterThanTheWarmupRunsWithOneWarning) {

@@ -94,6 +94,30 @@ TEST(PluginHost, EachBrokenPluginIsRecordedWithItsReason) {
   EXPECT_EQ(registry.failed_plugins().size(), std::size(expected));
 }
 
+// A default outside its own option's range or choices fails the plugin at load, naming the
+// component and the option, so that `loom plugins`, `loom config schema` and `loom conformance`
+// see it and not only a run.
+TEST(PluginHost, ADefaultItsOwnOptionRefusesFailsThePlugin) {
+  Registry registry;
+  PluginHost host;
+  host.load({{fixture_dir("bad_default"), "test"}}, registry);
+  const PluginRecord* range = record_for(host, "libloom-test-bad-range.so");
+  ASSERT_NE(range, nullptr);
+  EXPECT_EQ(range->status, PluginRecord::Status::failed);
+  EXPECT_NE(range->reason.find("lr_schedule 'test_bad_default' declares the option 'beta' with the default 1.5, "
+                               "which the option itself refuses (expected a number in [0, 1), got 1.5"),
+            std::string::npos)
+      << range->reason;
+  EXPECT_TRUE(range->components.empty());
+  const PluginRecord* choice = record_for(host, "libloom-test-bad-choice.so");
+  ASSERT_NE(choice, nullptr);
+  EXPECT_EQ(choice->status, PluginRecord::Status::failed);
+  EXPECT_NE(choice->reason.find("'mode' with the default \"constant\""), std::string::npos) << choice->reason;
+  // Neither plugin contributes its valid component either.
+  EXPECT_EQ(registry.find("lr_schedule", "test_valid_defaults"), nullptr);
+  EXPECT_EQ(registry.failed_plugins().size(), 2u);
+}
+
 TEST(PluginHost, TwoPluginsClaimingOneNameIsAnErrorNamingBothFiles) {
   Registry registry;
   PluginHost host;

@@ -68,8 +68,9 @@ class Peft : public ::testing::TestWithParam<Case> {};
 TEST_P(Peft, AdaptersAgreeWithPeft) {
   std::error_code ec;
   if (!fs::exists(LOOM_PEFT_PYTHON, ec))
-    GTEST_SKIP() << "peft is not available: there is no Python environment at " << LOOM_PEFT_PYTHON
-                 << " (scripts/setup-python-env.sh makes it; set LOOM_PEFT_PYTHON to one with peft)";
+    return loom::test::skip_missing_reference(
+        std::string("peft is not available: there is no Python environment at ") + LOOM_PEFT_PYTHON +
+        " (scripts/setup-python-env.sh makes it; set LOOM_PEFT_PYTHON to one with peft)");
   test::TempDir work;
   const fs::path dir = work.path() / GetParam().name;
   fs::create_directories(dir);
@@ -99,7 +100,7 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
   safetensors::save(dir / "tokens.safetensors", std::vector<std::pair<std::string, Tensor>>{{"tokens", tokens}});
 
   const auto r = test::run_command({LOOM_PEFT_PYTHON, LOOM_PEFT_REFERENCE_SCRIPT, work.path().string()});
-  if (r.exit_code == 77) GTEST_SKIP() << r.err.substr(0, r.err.find('\n'));
+  if (r.exit_code == 77) return loom::test::skip_missing_reference(r.err.substr(0, r.err.find('\n')));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::ifstream report_file(dir / "peft.json");
   const auto report = nlohmann::json::parse(report_file);
