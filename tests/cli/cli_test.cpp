@@ -323,6 +323,34 @@ TEST(Cli, SamplingOptionsOutOfRangeAreUserErrors) {
   }
 }
 
+// trainer.mesh on one process: a mesh of more ranks, two free axes, a size of 0, an axis that
+// does not exist; each one user error (status 2) before the run directory is made.
+TEST(Cli, AMeshThatDoesNotFitTheRanksIsRefusedBeforeTheRunStarts) {
+  test::TempDir dir;
+  const auto file = dir.write("tiny.yaml", tiny_run_config);
+  const auto never = dir.path() / "never";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"trainer.mesh={data: 1, fsdp: 2}",
+       "trainer.mesh {data: 1, fsdp: 2} has 2 ranks but the run has 1 rank: the sizes of the axes must multiply to "
+       "the number of ranks (mpirun -np), or one may be -1 for the ranks the others leave"},
+      {"trainer.mesh.data=2", "trainer.mesh {data: 2, fsdp: 1} has 2 ranks but the run has 1 rank"},
+      {"trainer.mesh={data: -1, fsdp: -1}", "only one axis may be -1"},
+      {"trainer.mesh.fsdp=0", "trainer.mesh.fsdp is 0: each axis of the mesh is a number of ranks"},
+      {"trainer.mesh.data=-2", "trainer.mesh.data"},
+      {"trainer.mesh.tensor=2", "trainer.mesh.tensor: unknown option"},
+  };
+  for (const auto& [override_, message] : cases) {
+    const auto r = loom({"train", file.string(), override_, "trainer.run_dir=" + never.string()});
+    EXPECT_EQ(r.exit_code, 2) << override_ << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << override_ << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(never)) << override_;
+  }
+  // The default, written out, and fsdp -1 (one rank) train as before.
+  auto r = loom({"train", file.string(), "trainer.mesh={data: -1, fsdp: -1}", "trainer.mesh.data=1",
+                 "trainer.run_dir=" + (dir.path() / "ok").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST(Cli, GenerateNamesAMissingRunItself) {
   test::TempDir dir;
   const std::string missing = (dir.path() / "runs" / "nope").string();

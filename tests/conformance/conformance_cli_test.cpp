@@ -55,6 +55,18 @@ TEST(ConformanceCommand, ReplaysPyTorchForAnOptimizerItRecorded) {
   EXPECT_NE(r.out.find("EveryOptimizer.ZeroLearningRateLeavesParametersUnchanged"), std::string::npos) << r.out;
 }
 
+TEST(ConformanceCommand, RunsTheCollectiveSuiteOnACollective) {
+  // One process here; tests/distributed runs it on `mpi` under `mpirun -np 4`.
+  const auto r = loom_conformance({plugin("collective-single")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(collective/single)"), std::string::npos) << r.out;
+  for (const char* test :
+       {"[       OK ] CollectiveConformance.EveryOperationWorksOnEveryGroup",
+        "[       OK ] CollectiveConformance.GroupReductionsAreTheSameBitsOnEveryRankAndGroupAndRepeat"})
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing from\n" << r.out;
+  EXPECT_EQ(r.out.find("[ RUN      ] EveryOptimizer"), std::string::npos) << r.out;
+}
+
 TEST(ConformanceCommand, FailsAKernelThatBreaksTheContract) {
   // test_unmasked ignores the causal mask, windows and segment ids.
   const auto r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/conformance/libloom-test-unmasked.so",
@@ -71,8 +83,8 @@ TEST(ConformanceCommand, RefusesWhatItCannotCheck) {
 
   r = loom_conformance({plugin("tokenizer-byte")});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("provides tokenizer/byte; conformance suites exist for backends, attention kernels and "
-                       "optimizers"),
+  EXPECT_NE(r.err.find("provides tokenizer/byte; conformance suites exist for backends, attention kernels, "
+                       "optimizers and collectives"),
             std::string::npos)
       << r.err;
 

@@ -11,6 +11,10 @@
 // on every run, and N ranks of one micro-batch each sum their gradients exactly as one process
 // sums N micro-batches (a plain MPI_Allreduce promises none of this for floats). It moves as
 // many bytes as a ring all-reduce.
+//
+// Groups (Collective::split, the ranks along one mesh axis) are communicators of their own
+// (MPI_Comm_split) with the same operations, made and freed on the communication thread too; so
+// the world's operations and every group's run one after the other in the order they were posted.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -176,13 +180,16 @@ MPI_Datatype mpi_type() {
     return MPI_DOUBLE;
 }
 
-class MpiCollective final : public loom::Collective {
+// The operations on one communicator: the world (Interface = loom::Collective) or a group
+// (loom::CollectiveGroup).
+template <class Interface>
+class MpiCommunicator : public Interface {
  public:
-  MpiCollective() : process_(mpi_process()) {}
+  MpiCommunicator(std::shared_ptr<MpiProcess> process, MPI_Comm comm, int rank, int size)
+      : process_(std::move(process)), comm_(comm), rank_(rank), size_(size) {}
 
-  int rank() const override { return process_->rank(); }
-  int size() const override { return process_->size(); }
-  std::string describe() const override { return process_->describe(); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   void all_reduce(std::span<float> data, loom::ReduceOp op) override {
     process_->call([&] { reduce(data, op); });
@@ -204,28 +211,27 @@ class MpiCollective final : public loom::Collective {
                                 std::to_string(out.size()) + " on " + std::to_string(size()) + " ranks");
     process_->call([&] {
       check(MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(), static_cast<int>(in.size()),
-                          MPI_FLOAT, MPI_COMM_WORLD),
+                          MPI_FLOAT, comm_),
             "MPI_Allgather");
     });
   }
 
   void broadcast(std::span<std::byte> data, int root) override {
-    process_->call([&] {
-      check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-    });
+    process_->call(
+        [&] { check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_), "MPI_Bcast"); });
   }
 
   void barrier() override {
-    process_->call([] { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); });
+    process_->call([this] { check(MPI_Barrier(comm_), "MPI_Barrier"); });
   }
 
-  std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
+  std::unique_ptr<loom::CollectiveGroup::Pending> start_all_reduce(std::span<float> data) override {
     // Operations run one after the other on the communication thread, so they share its buffers.
     return std::make_unique<PendingReduce>(process_->post([this, data] { reduce(data, loom::ReduceOp::sum); }));
   }
 
- private:
-  class PendingReduce final : public Pending {
+ protected:
+  class PendingReduce final : public loom::CollectiveGroup::Pending {
    public:
     explicit PendingReduce(std::future<void> done) : done_(std::move(done)) {}
     ~PendingReduce() override {
@@ -255,7 +261,7 @@ class MpiCollective final : public loom::Collective {
     std::vector<T>& scratch = buffers<T>().received;
     scratch.resize(chunk * ranks);
     check(MPI_Alltoall(in, static_cast<int>(chunk), mpi_type<T>(), scratch.data(), static_cast<int>(chunk),
-                       mpi_type<T>(), MPI_COMM_WORLD),
+                       mpi_type<T>(), comm_),
           "MPI_Alltoall");
     std::copy(scratch.data(), scratch.data() + chunk, out);
     for (std::size_t r = 1; r < ranks; ++r) {
@@ -290,7 +296,7 @@ class MpiCollective final : public loom::Collective {
     std::copy(data.begin(), data.end(), padded.begin());
     scatter_reduce(padded.data(), mine, chunk, op);
     check(MPI_Allgather(mine, static_cast<int>(chunk), mpi_type<T>(), padded.data(), static_cast<int>(chunk),
-                        mpi_type<T>(), MPI_COMM_WORLD),
+                        mpi_type<T>(), comm_),
           "MPI_Allgather");
     std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(data.size()), data.begin());
   }
@@ -309,15 +315,54 @@ class MpiCollective final : public loom::Collective {
   }
 
   std::shared_ptr<MpiProcess> process_;
+  MPI_Comm comm_;
+  int rank_, size_;
   Buffers<float> float_buffers_;
   Buffers<double> double_buffers_;
+};
+
+class MpiGroup final : public MpiCommunicator<loom::CollectiveGroup> {
+ public:
+  using MpiCommunicator::MpiCommunicator;
+  ~MpiGroup() override {
+    // Unwinding from an error: the communication thread may be stuck in an operation a dead
+    // peer never joins (see ~MpiProcess); the process is about to exit, leave the communicator.
+    if (std::uncaught_exceptions() > 0) return;
+    try {
+      process_->call([this] { MPI_Comm_free(&comm_); });
+    } catch (...) {
+    }
+  }
+};
+
+class MpiCollective final : public MpiCommunicator<loom::Collective> {
+ public:
+  MpiCollective() : MpiCollective(mpi_process()) {}
+
+  std::string describe() const override { return process_->describe(); }
+
+  std::shared_ptr<loom::CollectiveGroup> split(int color, int key) override {
+    if (color < 0) throw loom::InternalError("mpi: split with colour " + std::to_string(color) + " (must be >= 0)");
+    MPI_Comm comm = MPI_COMM_NULL;
+    int group_rank = 0, group_size = 0;
+    process_->call([&] {
+      check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
+      MPI_Comm_rank(comm, &group_rank);
+      MPI_Comm_size(comm, &group_size);
+    });
+    return std::make_shared<MpiGroup>(process_, comm, group_rank, group_size);
+  }
+
+ private:
+  explicit MpiCollective(std::shared_ptr<MpiProcess> process)
+      : MpiCommunicator(process, MPI_COMM_WORLD, process->rank(), process->size()) {}
 };
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Collective>(
       {.name = "mpi",
        .description = "the ranks of an mpirun job, over OpenMPI (picked by itself under mpirun)",
-       .version = "1.0.0"},
+       .version = "1.1.0"},
       [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<MpiCollective>(); });
 }
 

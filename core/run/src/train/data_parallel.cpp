@@ -50,11 +50,34 @@ Handle<Collective> create_collective(const Registry& registry, const Value& conf
                       });
 }
 
-DataParallel::DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes)
+Mesh resolve_mesh(const Options& trainer, int world_size) {
+  const Options section = trainer.object("mesh");
+  Mesh::Sizes requested{};
+  for (MeshAxis axis : mesh_axes)
+    requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
+  const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
+  if (mesh.size(MeshAxis::fsdp) > 1)
+    throw UserError("trainer.mesh (" + mesh.describe() +
+                    "): fully sharded data parallelism (fsdp > 1, ZeRO-3) is not available in this loom yet; every "
+                    "rank holds the whole model. Use data parallelism, trainer.mesh: {data: -1, fsdp: 1} (the "
+                    "default), and trainer.shard_optimizer_state: true to split the optimizer state across the "
+                    "ranks (ZeRO-1)");
+  return mesh;
+}
+
+DataParallel::DataParallel(Handle<Collective> collective, const Mesh& mesh, std::int64_t bucket_bytes)
     : collective_(std::move(collective)),
+      mesh_(mesh),
+      data_group_(collective_->group(mesh_, MeshAxis::data)),
       rank_(collective_->rank()),
       size_(collective_->size()),
-      bucket_bytes_(bucket_bytes) {}
+      bucket_bytes_(bucket_bytes) {
+  // Until fsdp > 1 exists (resolve_mesh refuses it), the data axis is every rank: the batch's
+  // rows and ZeRO-1's shards below are counted over the world's ranks, the gradients summed over
+  // the data group, which holds the same ranks in the same order (so the same bits).
+  if (data_group_->size() != size_ || data_group_->rank() != rank_)
+    throw InternalError("data parallel: the data axis of mesh " + mesh_.describe() + " is not every rank");
+}
 
 void DataParallel::check_batch(std::int64_t batch_size, std::int64_t micro_size) const {
   if (batch_size % (static_cast<std::int64_t>(size_) * micro_size) != 0)
@@ -162,9 +185,9 @@ void DataParallel::reduce_scatter_gradients() {
     has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
     if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
   }
-  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   const std::size_t segment = static_cast<std::size_t>(segment_);
-  collective_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
+  data_group_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
                               std::span<float>(send_.data(), segment));
   std::copy(send_.begin(), send_.end(), flat + segment * static_cast<std::size_t>(rank_));
   // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
@@ -185,7 +208,7 @@ void DataParallel::gather_parameters() {
     const Tensor v = p->data();
     std::copy(v.data<float>(), v.data<float>() + v.numel(), send_.begin() + (offset - segment_ * rank_));
   }
-  collective_->all_gather(send_, received_);
+  data_group_->all_gather(send_, received_);
   for (auto& [p, offset, rank] : layout_) {
     if (rank == rank_) continue;
     const Tensor v = p->data();
@@ -209,7 +232,7 @@ void DataParallel::start_ready_buckets() {
     for (auto& [p, offset] : b.parameters)
       if (!p->has_grad())
         std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
-    pending_.push_back(collective_->start_all_reduce(
+    pending_.push_back(data_group_->start_all_reduce(
         std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
   }
 }
@@ -229,7 +252,7 @@ void DataParallel::reduce_gradients() {
   // Which parameters any rank's micro-batches reached: those get the sum; the others stay
   // without a gradient, as on one process.
   for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
-  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   for (auto& p : pending_) p->wait();
   pending_.clear();
   for (auto& b : buckets_) b.ready = 0;

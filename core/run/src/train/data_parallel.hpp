@@ -14,6 +14,7 @@
 #include "loom/core/registry.hpp"
 #include "loom/kinds/collective.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/mesh.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
 
@@ -23,15 +24,22 @@ namespace loom::training {
 // mpirun (OMPI_COMM_WORLD_SIZE is set) and `single` otherwise.
 Handle<Collective> create_collective(const Registry& registry, const Value& config);
 
+// trainer.mesh on `world_size` ranks: a UserError, before anything is allocated, for a mesh that
+// does not fit them, or that asks for what this loom cannot do yet (fsdp > 1).
+Mesh resolve_mesh(const Options& trainer, int world_size);
+
 class DataParallel {
  public:
   // `bucket_bytes`: gradients are reduced in buckets of about this size (trainer.grad_bucket_mb).
-  DataParallel(Handle<Collective> collective, std::int64_t bucket_bytes);
+  // `mesh` (resolve_mesh) lays out the collective's ranks; the gradients are summed over the
+  // group along its data axis. Every rank constructs it at the same point (it makes that group).
+  DataParallel(Handle<Collective> collective, const Mesh& mesh, std::int64_t bucket_bytes);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_primary() const { return rank_ == 0; }
   Collective& collective() { return *collective_; }
+  const Mesh& mesh() const { return mesh_; }
 
   // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
   // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
@@ -87,12 +95,15 @@ class DataParallel {
   void start_ready_buckets();
 
   Handle<Collective> collective_;
+  Mesh mesh_;
+  // The ranks that sum their gradients: along the data axis (released before collective_).
+  std::shared_ptr<CollectiveGroup> data_group_;
   int rank_ = 0, size_ = 1;
   std::int64_t bucket_bytes_ = 0;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;
   std::size_t started_ = 0;  // buckets_[0..started_) are under way
-  std::vector<std::unique_ptr<Collective::Pending>> pending_;
+  std::vector<std::unique_ptr<CollectiveGroup::Pending>> pending_;
   std::vector<Parameter*> parameters_;
   // ZeRO-1: one flat gradient buffer of size() segments of segment_ floats, rank r's parameters
   // in segment r; (parameter, offset in the buffer, rank) for each.

@@ -80,10 +80,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
 
-  // The ranks first: only rank 0 prints and writes files, and all must agree on the config.
-  run.parallel =
-      std::make_unique<DataParallel>(create_collective(runtime.registry(), run.config),
-                                     static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+  // The ranks first: only rank 0 prints and writes files, and all must agree on the config. The
+  // mesh is checked before anything is allocated (every rank finds the same fault).
+  Handle<Collective> collective = create_collective(runtime.registry(), run.config);
+  const Mesh mesh = resolve_mesh(trainer, collective->size());
+  run.parallel = std::make_unique<DataParallel>(
+      std::move(collective), mesh, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
   DataParallel& parallel = *run.parallel;
   if (!parallel.is_primary()) progress.silence();
   parallel.check_same_config(run.config);
@@ -260,6 +262,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   header.bf16_peak_flops = bf16_roof;
   header.matmul_dtype = std::string(dtype_name(c.backend->matmul_dtype()));
   header.ranks = parallel.size();
+  header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
   header.collective = parallel.collective().describe();
   for (const auto& [name, tensor] : c.optimizer->state())

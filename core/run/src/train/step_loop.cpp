@@ -206,6 +206,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             interval.train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
         report.skipped_steps = state.skipped_steps;
         report.ranks = parallel.size();
+        report.mesh = parallel.mesh().describe();
         std::vector<std::pair<std::string, double>> scalars{
             {"train/loss", report.mean_loss},
             {"train/lr", report.lr},

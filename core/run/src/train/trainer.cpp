@@ -88,6 +88,19 @@ OptionSchema trainer_schema() {
   s.boolean("shard_optimizer_state", false,
             "Data parallel: each rank keeps the optimizer state of only its 1/N of the parameters (ZeRO stage 1); "
             "gradients are reduce-scattered and the updated parameters all-gathered.");
+  OptionSchema mesh;
+  mesh.integer("data", -1,
+               "Data-parallel replicas: ranks that each hold the whole model and train on different rows of every "
+               "batch, their gradients summed; -1: the ranks the other axes leave.")
+      .min(-1);
+  mesh.integer("fsdp", 1,
+               "Fully sharded data parallelism (ZeRO-3): ranks that each hold 1/fsdp of every parameter, gradient and "
+               "optimizer state. Not available yet: only 1 (data parallelism, with shard_optimizer_state for ZeRO-1, "
+               "is what there is).")
+      .min(-1);
+  s.object("mesh", std::move(mesh),
+           "How the ranks of `mpirun -np N` are laid out: data x fsdp = N, data-major (ranks of one fsdp group are "
+           "neighbours); one axis may be -1, the ranks the others leave (docs/distributed.md, \"The mesh\").");
   OptionSchema checkpoint;
   checkpoint
       .integer("save_every_steps", 0,
