@@ -1,7 +1,11 @@
 #include "loom/error.hpp"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <memory>
 
 #include "loom/utf8.hpp"
 
@@ -23,6 +27,17 @@ void Error::rebuild() {
   full_.clear();
   for (const auto& c : context_) full_ += c + ": ";
   full_ += message_;
+}
+
+std::string describe_current_exception() {
+  std::string what = "an exception that is not a std::exception";
+  if (const std::type_info* type = abi::__cxa_current_exception_type()) {
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type->name(), nullptr, nullptr, &status),
+                                                std::free);
+    what += " (of type " + std::string(status == 0 && name ? name.get() : type->name()) + ")";
+  }
+  return what;
 }
 
 namespace {

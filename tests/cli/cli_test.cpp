@@ -2,9 +2,11 @@
 // 1 internal error).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "../core/test_support.hpp"
+#include "loom/core/plugin_host.hpp"
 
 namespace loom {
 namespace {
@@ -78,6 +80,47 @@ TEST(Cli, APluginWithADefaultItsOptionRefusesIsListedAsFailed) {
   EXPECT_NE(r.err.find("declares the option 'beta' with the default 1.5"), std::string::npos) << r.err;
 }
 
+TEST(Cli, PluginsStrictExitsOneWhenAPluginFailed) {
+  // Without --strict a failed plugin is listed, and the command succeeds (a run fails only when
+  // it needs that plugin); with it, scripts get status 1.
+  const std::vector<std::string> path = {"--plugin-path", fixture_dir("good").string(), "--plugin-path",
+                                         fixture_dir("broken").string()};
+  auto args = path;
+  args.insert(args.begin(), {"plugins", "--strict"});
+  auto r = loom(args);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.out.find("plugins that failed to load:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "loom: 11 plugins failed to load (--strict)\n");
+  args.push_back("--json");
+  EXPECT_EQ(loom(args).exit_code, 1);
+  r = loom({"plugins", "--strict", "--plugin-path", fixture_dir("good").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  r = loom({"plugins", "--help"});
+  EXPECT_NE(r.out.find("--strict"), std::string::npos) << r.out;
+}
+
+// What tests/cli/cpu_check_program.cpp claims beyond x86-64-v4.
+const std::vector<const char*> claimed_extensions = {"avx512fp16", "amx-tile", "avx512vp2intersect"};
+
+TEST(Cli, AProgramBuiltForExtensionsThisCpuLacksSaysSoInsteadOfCrashing) {
+  // cpu_check_program carries loom's start-up check and claims extensions no known CPU has
+  // together; `loom` itself passes the check here (every other test runs it).
+  const std::vector<std::string> cpu = host_cpu_features();
+  if (std::all_of(claimed_extensions.begin(), claimed_extensions.end(),
+                  [&](const char* f) { return std::find(cpu.begin(), cpu.end(), f) != cpu.end(); }))
+    GTEST_SKIP() << "this CPU has every extension the program claims";
+  const auto r = run_command({LOOM_CPU_CHECK_PROGRAM});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(r.out, "") << "main must not run";
+  EXPECT_NE(r.err.find("cpu_check_program: error: this CPU lacks "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", which this build needs (it is built for x86-64-v4+avx512fp16+amx-tile+avx512vp2intersect; "
+                       "this CPU is x86-64-v"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("build loom for this CPU: cmake -DLOOM_ARCH=x86-64-v"), std::string::npos) << r.err;
+}
+
 TEST(Cli, PluginsJsonIsValidAndComplete) {
   const auto r = loom({"plugins", "--json"},
                       {"LOOM_PLUGIN_PATH=" + fixture_dir("good").string() + ":" + fixture_dir("broken").string()});
@@ -93,7 +136,7 @@ TEST(Cli, PluginsJsonIsValidAndComplete) {
   EXPECT_TRUE(found);
   int failed = 0;
   for (const auto& p : doc["plugins"]) failed += p["status"] == "failed";
-  EXPECT_EQ(failed, 8);
+  EXPECT_EQ(failed, 11);
   EXPECT_EQ(doc["plugin_path"][0], fixture_dir("good").string() + " (LOOM_PLUGIN_PATH)");
 }
 

@@ -25,7 +25,11 @@
 #include <vector>
 
 #include "conformance_setup.hpp"
+#include "loom/build_isa.hpp"
 #include "numerics_test_support.hpp"
+
+// Installed with loom, so it checks the CPU at start-up as `loom` does (apps/loom/cpu_check.cpp).
+extern "C" const char loom_executable_isa[] = LOOM_BUILD_ISA;
 
 namespace {
 

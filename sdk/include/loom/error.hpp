@@ -60,8 +60,13 @@ class InternalError : public Error {
   ~InternalError() override;
 };
 
-// Runs `body`; a loom::Error escaping it gets `context` added, and any other exception becomes
-// an InternalError with that context. Use at layer boundaries, not in hot loops.
+// For a catch (...) block: "an exception that is not a std::exception (of type int)", the type
+// demangled; what a message can say about an exception that carries no what().
+std::string describe_current_exception();
+
+// Runs `body`; a loom::Error escaping it gets `context` added, and any other exception (a
+// std::exception or not) becomes an InternalError with that context, so that the message names
+// the component or file it came from. Use at layer boundaries, not in hot loops.
 template <class F>
 decltype(auto) with_context(std::string_view context, F&& body) {
   try {
@@ -71,6 +76,10 @@ decltype(auto) with_context(std::string_view context, F&& body) {
     throw;
   } catch (const std::exception& e) {
     InternalError wrapped(e.what());
+    wrapped.add_context(std::string(context));
+    throw wrapped;
+  } catch (...) {
+    InternalError wrapped(describe_current_exception());
     wrapped.add_context(std::string(context));
     throw wrapped;
   }
