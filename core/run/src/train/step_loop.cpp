@@ -33,6 +33,7 @@ std::string describe_write(const checkpoint::WriteReport& r) {
     line << "; removed";
     for (auto s : r.removed) line << " step-" << s;
   }
+  for (const auto& a : r.set_aside) line << "\nwarning: " << describe_set_aside(a);
   return line.str();
 }
 
