@@ -340,5 +340,32 @@ TEST(Trainer, ZLossWeightAddsToTheTrainingLoss) {
   EXPECT_TRUE(std::isfinite(z.summary.final_train_loss));
 }
 
+// A fuzzed config that ran for minutes without a line after the header (issue 26): soap with
+// merge_dims made each 256 x 32 embedding one 8192 x 8192 preconditioner, whose eigendecomposition
+// on the first step took minutes. Such a tensor is now a vector (no preconditioner without
+// precondition_1d), and the run finishes in about a second.
+TEST(Trainer, SoapWithMergeDimsOnATinyModelFinishes) {
+  test::TempDir dir;
+  const auto config = dir.write("soap.yaml", R"(
+model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 1, num_heads: 2, attention: naive,
+        tie_word_embeddings: false}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: soap, learning_rate: 0.113, max_grad_norm: 0.255, beta1: 0.852, beta2: 0.765, shampoo_beta: 0.189,
+            weight_decay: 0.053, merge_dims: true}
+lr_schedule: {type: linear, decay: 0.537}
+trainer:
+  num_train_steps: 3
+  train_batch_size: 4
+  sample_length: 8
+  trackers: [jsonl]
+  checkpoint: {save_every_steps: 1, async: false}
+)");
+  const TinyRun run = test::train_in(config, dir.path() / "soap");
+  EXPECT_EQ(run.summary.steps, 3);
+  EXPECT_TRUE(std::isfinite(run.summary.final_train_loss));
+  EXPECT_TRUE(fs::exists(dir.path() / "soap" / "checkpoints" / "step-3"));
+}
+
 }  // namespace
 }  // namespace loom
