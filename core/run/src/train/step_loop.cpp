@@ -298,7 +298,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       if (c.lora)  // the adapters alone, in PEFT's layout
         c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
       else
-        run.directory.save_weights(c.saved_parameters(), num_steps);
+        run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
   if (sample_length > 0 && parallel.is_primary()) {

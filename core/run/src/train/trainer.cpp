@@ -61,6 +61,11 @@ OptionSchema trainer_schema() {
            "to the current directory. Ignored when the run resumes from a checkpoint, except by the reference model of "
            "an objective that has one (dpo: the starting weights, always) and under LoRA (its checkpoints hold the "
            "adapters alone: the base weights come from here again).");
+  s.string("init_from_weights", "ema",
+           "Of a loom run or checkpoint in init_from trained with ema_decay: ema (its weight average, what its "
+           "evaluations measured and its final model.safetensors holds) or live (the weights the optimizer "
+           "updated). A run without an average has only its live weights, which either takes.")
+      .one_of({"ema", "live"});
   s.list(
       "trainable", OptionType::string, Value::List{},
       "Parameter-name patterns of the parameters to train (\"h.*.attn.*\", \"*.bias\", \"ln_f\"); the others are "
