@@ -539,6 +539,136 @@ trainer: {num_train_steps: 1, train_batch_size: 2, max_eval_batches: 0, sample_l
   }
 }
 
+// Every value of a safetensors file by tensor name, with `prefix` taken off the names.
+std::map<std::string, std::vector<float>> tensors_of(const fs::path& file, const std::string& prefix = "") {
+  st::Reader reader(file);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& info : reader.tensors())
+    out[info.name.starts_with(prefix) ? info.name.substr(prefix.size()) : info.name] =
+        reader.read(info.name).to_vector();
+  return out;
+}
+
+std::map<std::string, std::vector<float>> values_of(Model& model) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& p : model.parameters()) out[p.parameter->name()] = p.parameter->data().to_vector();
+  return out;
+}
+
+// trainer.ema_decay: the final model.safetensors holds the average, a checkpoint holds the live
+// weights in model.safetensors and the average in optimizer.safetensors (ema/<parameter>).
+// `loom export`, trainer.init_from and `loom generate` take the average by default, --weights live
+// (trainer.init_from_weights: live) the live weights, and each says which.
+TEST(HfInterop, TheWeightAverageIsWhatExportInitFromAndGenerateTakeByDefault) {
+  test::TempDir dir;
+  const auto config = dir.write("run.yaml", std::string("model: ") + gpt2_tied + R"(
+tokenizer: byte
+data: {type: synthetic, num_documents: 50}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+trainer: {num_train_steps: 4, train_batch_size: 2, max_eval_batches: 0, sample_length: 0, trackers: [],
+          peak_flops: 1.0e9, ema_decay: 0.5, checkpoint: {save_every_steps: 2}}
+)");
+  RuntimeOptions options;
+  options.config = config;
+  options.plugin_paths = {LOOM_PLUGIN_DIR};
+  options.default_plugin_path = false;
+  auto train_into = [&](const fs::path& run, std::vector<std::string> overrides) {
+    overrides.push_back("trainer.run_dir=" + run.string());
+    options.overrides = overrides;
+    Runtime runtime(options);
+    std::ostringstream log;
+    TrainOptions train_options;
+    train_options.out = &log;
+    train(runtime, train_options);
+    return log.str();
+  };
+  const fs::path run = dir.path() / "run";
+  train_into(run, {});
+  const auto average = tensors_of(run / "model.safetensors");
+  const auto live = tensors_of(run / "checkpoints" / "step-4" / "model.safetensors");
+  ASSERT_NE(average, live);
+  EXPECT_EQ(st::Reader(run / "model.safetensors").metadata().at("loom.weights"), "ema");
+
+  // The files: a run directory means its latest checkpoint, whose average is taken by default.
+  const RunFiles ema_files = resolve_run_or_checkpoint(run);
+  EXPECT_EQ(ema_files.weights, run / "checkpoints" / "step-4" / "model.safetensors");
+  EXPECT_EQ(ema_files.average, run / "checkpoints" / "step-4" / "optimizer.safetensors");
+  EXPECT_NE(ema_files.description.find("the weight average"), std::string::npos) << ema_files.description;
+  const RunFiles live_files = resolve_run_or_checkpoint(run, WeightsChoice::live);
+  EXPECT_TRUE(live_files.average.empty());
+  EXPECT_NE(live_files.description.find("the live weights of checkpoint"), std::string::npos);
+
+  // trainer.init_from, in a model: the average, or with live the live weights.
+  Models models;
+  auto a = models.make(yaml(gpt2_tied), 1);
+  const auto notes = load_initial_weights(*a, run);
+  EXPECT_EQ(values_of(*a), average);
+  EXPECT_NE(notes[0].find("the weight average (trainer.ema_decay) of checkpoint"), std::string::npos) << notes[0];
+  load_initial_weights(*a, run, WeightsChoice::live);
+  EXPECT_EQ(values_of(*a), live);
+  // And through the trainer (learning rate 0: the final weights are the starting ones).
+  const fs::path from_ema = dir.path() / "from_ema", from_live = dir.path() / "from_live";
+  const std::vector<std::string> frozen{"trainer.ema_decay=0",
+                                        "trainer.num_train_steps=1",
+                                        "optimizer.learning_rate=0",
+                                        "optimizer.weight_decay=0",
+                                        "trainer.checkpoint.save_every_steps=0",
+                                        "trainer.init_from=" + run.string()};
+  const std::string log = train_into(from_ema, frozen);
+  EXPECT_NE(log.find("init_from: read 28 parameters: the weight average"), std::string::npos) << log;
+  EXPECT_EQ(tensors_of(from_ema / "model.safetensors"), average);
+  auto live_overrides = frozen;
+  live_overrides.push_back("trainer.init_from_weights=live");
+  train_into(from_live, live_overrides);
+  EXPECT_EQ(tensors_of(from_live / "model.safetensors"), live);
+
+  // loom export: the average unless --weights live, and the output says which.
+  auto r = test::run_command({LOOM_BINARY, "export", run.string(), (dir.path() / "ema").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(
+      r.out.find("the weight average (trainer.ema_decay) of checkpoint " + (run / "checkpoints" / "step-4").string()),
+      std::string::npos)
+      << r.out;
+  EXPECT_EQ(tensors_of(dir.path() / "ema" / "model.safetensors", "transformer."), average);
+  r = test::run_command({LOOM_BINARY, "export", run.string(), (dir.path() / "live").string(), "--weights", "live"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("the live weights of checkpoint"), std::string::npos) << r.out;
+  EXPECT_EQ(tensors_of(dir.path() / "live" / "model.safetensors", "transformer."), live);
+  r = test::run_command({LOOM_BINARY, "export", run.string(), (dir.path() / "x").string(), "--weights", "both"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--weights is 'both': give ema"), std::string::npos) << r.err;
+
+  // loom generate reads the final weights (the average); --weights live finds the checkpoint of
+  // the same step. Greedy continuations of the two differ, and each says what it read.
+  r = test::run_command({LOOM_BINARY, "generate", run.string(), "--greedy", "-n", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("loom generate: the weight average (trainer.ema_decay) of " + (run / "model.safetensors").string()),
+      std::string::npos)
+      << r.err;
+  r = test::run_command({LOOM_BINARY, "generate", run.string(), "--greedy", "-n", "8", "--weights", "live"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the live weights of checkpoint " + (run / "checkpoints" / "step-4").string()),
+            std::string::npos)
+      << r.err;
+
+  // Without a checkpoint of its last step, the live weights were never saved: an error.
+  fs::remove_all(run / "checkpoints");
+  const std::string m = message_of([&] { resolve_run_or_checkpoint(run, WeightsChoice::live); });
+  EXPECT_NE(m.find("holds the weight average of its run (trainer.ema_decay), and the live weights were saved only "
+                   "in checkpoints"),
+            std::string::npos)
+      << m;
+  // A run without an average has only its live weights, and says so.
+  const fs::path plain = dir.path() / "plain";
+  train_into(plain, {"trainer.ema_decay=0"});
+  const RunFiles plain_files = resolve_run_or_checkpoint(plain);
+  EXPECT_TRUE(plain_files.average.empty());
+  EXPECT_NE(plain_files.description.find("(its run kept no weight average)"), std::string::npos)
+      << plain_files.description;
+}
+
 // ---- against transformers ----
 
 struct Export {

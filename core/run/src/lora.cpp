@@ -479,16 +479,22 @@ std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& 
 }
 
 std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
-                                              const fs::path& weights, bool merge) {
+                                              const RunFiles& files, bool merge) {
   const LoraSettings settings = lora_settings(run_config);
   auto adapters = std::make_shared<LoraAdapters>(model, backend, settings);
   const Value* trainer = run_config.find("trainer");
   const Options o(trainer ? *trainer : Value::map(), "trainer");
   model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
   if (const std::string from = o.get<std::string>("init_from"); !from.empty())
-    with_context("while loading the base weights (trainer.init_from '" + from + "')",
-                 [&] { load_initial_weights(model, from); });
-  with_context("while loading the adapters from " + weights.string(), [&] { adapters->load(model, weights); });
+    with_context("while loading the base weights (trainer.init_from '" + from + "')", [&] {
+      load_initial_weights(model, from,
+                           parse_weights_choice(o.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+    });
+  with_context("while loading the adapters from " + files.weights.string(), [&] {
+    adapters->load(model, files.weights);
+    // A checkpoint's average of the adapters, in loom's names, over what it read.
+    if (!files.average.empty()) load_run_weights(files, adapters->parameters());
+  });
   if (merge) adapters->merge_into_weights(backend);
   return adapters;
 }

@@ -216,9 +216,11 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
   // resume leaves the run as it was. Rank 0's alone.
   if (parallel.is_primary()) {
     const std::int64_t from = resume ? resume->record.step : 0;
-    if (const auto removed = run.checkpoints->store().discard_after(from); !removed.empty()) {
+    const checkpoint::Discarded discarded = run.checkpoints->store().discard_after(from);
+    for (const auto& a : discarded.set_aside) progress.say("warning: " + describe_set_aside(a));
+    if (!discarded.removed.empty()) {
       std::string steps;
-      for (auto s : removed) steps += " step-" + std::to_string(s);
+      for (auto s : discarded.removed) steps += " step-" + std::to_string(s);
       progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
                    run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
     }

@@ -33,6 +33,7 @@ std::string describe_write(const checkpoint::WriteReport& r) {
     line << "; removed";
     for (auto s : r.removed) line << " step-" << s;
   }
+  for (const auto& a : r.set_aside) line << "\nwarning: " << describe_set_aside(a);
   return line.str();
 }
 
@@ -298,7 +299,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       if (c.lora)  // the adapters alone, in PEFT's layout
         c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
       else
-        run.directory.save_weights(c.saved_parameters(), num_steps);
+        run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
   if (sample_length > 0 && parallel.is_primary()) {

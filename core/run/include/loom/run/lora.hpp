@@ -122,10 +122,13 @@ std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& 
                                              const std::vector<std::string>& trainable,
                                              const std::vector<std::string>& frozen, bool lora);
 
+struct RunFiles;
 // Loads a LoRA run's model (built) for `loom generate` and `loom export`: the base (the model's
-// initialisation from trainer.seed, then trainer.init_from), then the adapters from `weights` (a
-// checkpoint's model.safetensors or the run's adapter_model.safetensors), merged when `merge`.
+// initialisation from trainer.seed, then trainer.init_from, of which trainer.init_from_weights
+// picks the weights), then the adapters from `files` (a checkpoint's model.safetensors, with its
+// average of them when files.average is set, or the run's adapter_model.safetensors), merged
+// when `merge`.
 std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
-                                              const std::filesystem::path& weights, bool merge);
+                                              const RunFiles& files, bool merge);
 
 }  // namespace loom
