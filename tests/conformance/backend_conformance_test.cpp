@@ -3,16 +3,46 @@
 // other input frozen), on three random shapes per operation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "op_cases.hpp"
 
 namespace loom::test {
 namespace {
 
+// A backend with a `kernels` option (sets of kernels for several instruction sets, the cpu
+// backend's baseline and avx512) is tested with each choice but auto that this CPU can run, so
+// every set is checked on a CPU that has the widest: "cpu", "cpu:baseline", "cpu:avx512".
 std::vector<std::string> backends_under_test() {
   std::vector<std::string> names;
-  for (const auto& n : registered("backend"))
-    if (n != "reference") names.push_back(n);
+  for (const auto& n : registered("backend")) {
+    if (n == "reference") continue;
+    names.push_back(n);
+    const ComponentEntry* entry = plugin_registry().find("backend", n);
+    const OptionSpec* kernels = entry ? entry->decl.options.find("kernels") : nullptr;
+    if (!kernels) continue;
+    for (const auto& choice : kernels->choices()) {
+      if (choice == "auto") continue;
+      Value options = Value::map();
+      options.set("type", n);
+      options.set("kernels", choice);
+      try {
+        make_backend(n, nullptr, options);  // refused where the CPU lacks the instruction set
+      } catch (const UserError&) {
+        continue;
+      }
+      names.push_back(n + ":" + choice);
+    }
+  }
   return names;
+}
+
+// "cpu:avx512" -> the backend "cpu" with kernels: avx512, computing float32 products.
+Handle<Backend> make_backend_under_test(const std::string& spec) {
+  const auto colon = spec.find(':');
+  Value options = Value::map();
+  if (colon != std::string::npos) options.set("kernels", spec.substr(colon + 1));
+  return make_f32_backend(spec.substr(0, colon), nullptr, options);
 }
 
 using Param = std::tuple<std::string, std::string>;  // backend, operation
@@ -24,7 +54,7 @@ TEST_P(BackendConformance, MatchesReference) {
   const OpCase& c = op_case(case_name);
   // The float32 contract, at float32 tolerances: a backend with a mixed-precision option runs
   // with matmul_precision: f32 (the bf16 products have their own cases, backend_bf16_test.cpp).
-  Handle<Backend> backend = make_f32_backend(backend_name);
+  Handle<Backend> backend = make_backend_under_test(backend_name);
   Handle<Backend> reference = make_backend("reference");
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
     Dims dims(seed);
@@ -52,6 +82,7 @@ TEST_P(BackendConformance, MatchesReference) {
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   std::string name = std::get<0>(info.param);
+  std::replace(name.begin(), name.end(), ':', '_');
   name += '_';
   name += std::get<1>(info.param);
   return name;
