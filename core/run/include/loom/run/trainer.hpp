@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "loom/core/runtime.hpp"
+#include "loom/error.hpp"
 #include "loom/tensor.hpp"
 
 namespace loom {
@@ -66,6 +67,19 @@ struct TrainOptions {
   std::ostream* out = nullptr;  // progress and log lines (stdout when null)
   // Whether `out` is a terminal: a live progress line instead of plain log lines.
   bool interactive = false;
+  // How the caller prints an error (the `loom` command's "loom: error: ..."). A data-parallel
+  // run prints an error through it once, on the rank that had it (rank 0 when every rank had
+  // the same), and then throws ReportedError on every rank. Null: each rank throws its own.
+  std::function<void(const Error&)> report_error;
+};
+
+// What train() throws on every rank of a data-parallel run once an error has been printed
+// through TrainOptions::report_error: the caller exits with the status of its kind (2 for a user
+// error) and prints nothing more. Its message names the rank that reported the error.
+class ReportedError : public Error {
+ public:
+  ReportedError(ErrorKind kind, std::string message) : Error(kind, std::move(message)) {}
+  ~ReportedError() override;
 };
 
 // Runs the training described by runtime's config. Throws UserError for a bad config or data,
