@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -123,6 +125,67 @@ TEST(Collective, StartedAllReducesOverlapAndEqualTheBlockingOne) {
   for (auto& b : buckets) pending.push_back(c.start_all_reduce(b));
   for (auto& p : pending) p->wait();
   for (std::size_t b = 0; b < buckets.size(); ++b) EXPECT_EQ(buckets[b], expected[b]) << "bucket " << b;
+}
+
+// The process's peak resident memory so far (VmHWM), in bytes.
+std::size_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// A ZeRO-1 run reduce-scatters and all-gathers every gradient at once, in place in its gradient
+// buffer: the collective may take memory of its own, but not in proportion to the buffer (a
+// scratch as large as the buffer cost such a run more than its sharded optimizer state saved).
+// And each element is still summed in rank order, piece after piece.
+TEST(Collective, InPlaceReductionsOfALargeBufferTakeLittleMemoryAndSumInRankOrder) {
+  auto& c = collective();
+  const int n = c.size(), r = c.rank();
+  const std::size_t chunk = (std::size_t{48} << 20) / sizeof(float) / static_cast<std::size_t>(n) + 13;
+  // Sums that round (so their order shows), from divisions (which no compiler fuses into an FMA).
+  auto value = [](int rank, std::size_t i) {
+    return static_cast<float>(i % 1021) / 7.0f + static_cast<float>(rank) / 3.0f;
+  };
+  std::vector<float> buffer(chunk * n);  // written in full: resident before the baseline
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = value(r, i);
+  std::vector<float> copy(buffer.size());  // for the all-reduce below, resident too
+  const std::size_t before = peak_resident_bytes();
+  ASSERT_GT(before, 0u);
+
+  std::span<float> mine(buffer.data() + static_cast<std::size_t>(r) * chunk, chunk);
+  c.reduce_scatter(buffer, mine);
+  for (std::size_t j = 0; j < chunk; j += 4099) {
+    const std::size_t i = static_cast<std::size_t>(r) * chunk + j;
+    float expected = value(0, i);
+    for (int k = 1; k < n; ++k) expected += value(k, i);  // ((r0 + r1) + r2) + ...
+    ASSERT_EQ(mine[j], expected) << "element " << j;
+  }
+  for (std::size_t j = 0; j < chunk; ++j) mine[j] = static_cast<float>(r);
+  c.all_gather(mine, buffer);
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(buffer[static_cast<std::size_t>(k) * chunk], static_cast<float>(k));
+    EXPECT_EQ(buffer[static_cast<std::size_t>(k + 1) * chunk - 1], static_cast<float>(k));
+  }
+  // An all-reduce of a length that no rank count divides, in place too.
+  std::span<float> odd(copy.data(), copy.size() - 1);
+  for (std::size_t i = 0; i < odd.size(); ++i) odd[i] = value(r, i);
+  c.all_reduce(odd);
+  for (std::size_t i = 0; i < odd.size(); i += 4099) {
+    float expected = value(0, i);
+    for (int k = 1; k < n; ++k) expected += value(k, i);
+    ASSERT_EQ(odd[i], expected) << "element " << i;
+  }
+  EXPECT_EQ(odd.back(), [&] {
+    float e = value(0, odd.size() - 1);
+    for (int k = 1; k < n; ++k) e += value(k, odd.size() - 1);
+    return e;
+  }());
+
+  const std::size_t grown = peak_resident_bytes() - before;
+  EXPECT_LT(grown, buffer.size() * sizeof(float) / 4)
+      << "the reductions of a " << buffer.size() * sizeof(float) / (1 << 20) << " MiB buffer raised the peak by "
+      << grown / (1 << 20) << " MiB";
 }
 
 TEST(Collective, MisSizedBuffersAreInternalErrors) {

@@ -304,31 +304,35 @@ class MpiCollective final : public loom::Collective {
     }
   }
 
-  // On the communication thread: the scattered reduction of `data` (padded to a multiple of
-  // size() where it is not one), in place, then an all-gather of the reduced chunks.
+  // On the communication thread: the scattered reduction of `data`, in place, then an all-gather
+  // of the reduced chunks. The whole multiple of size() goes in place; the last size() - 1
+  // elements at most, padded, in a second round (each element is still summed in rank order).
   template <class T>
   void reduce(std::span<T> data, loom::ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(size());
     if (ranks == 1 || data.empty()) return;
-    const std::size_t chunk = (data.size() + ranks - 1) / ranks;
-    check_count(chunk * ranks, "MPI_Allgather");
-    T* whole = data.data();
-    std::vector<T>& padded = buffers<T>().padded;
-    if (chunk * ranks != data.size()) {
-      padded.resize(chunk * ranks);
-      std::fill(padded.begin() + static_cast<std::ptrdiff_t>(data.size()), padded.end(), T{});
-      std::copy(data.begin(), data.end(), padded.begin());
-      whole = padded.data();
-    }
-    T* mine = whole + chunk * static_cast<std::size_t>(rank());
-    scatter_reduce(whole, mine, chunk, op);
-    check(MPI_Allgather(MPI_IN_PLACE, static_cast<int>(chunk), mpi_type<T>(), whole, static_cast<int>(chunk),
+    const std::size_t whole = data.size() / ranks * ranks;
+    if (whole > 0) reduce_in_place(data.data(), whole / ranks, op);
+    if (whole == data.size()) return;
+    std::vector<T>& tail = buffers<T>().padded;
+    tail.assign(ranks, T{});
+    std::copy(data.begin() + static_cast<std::ptrdiff_t>(whole), data.end(), tail.begin());
+    reduce_in_place(tail.data(), 1, op);
+    std::copy(tail.begin(), tail.begin() + static_cast<std::ptrdiff_t>(data.size() - whole),
+              data.begin() + static_cast<std::ptrdiff_t>(whole));
+  }
+
+  template <class T>
+  void reduce_in_place(T* data, std::size_t chunk, loom::ReduceOp op) {
+    check_count(chunk * static_cast<std::size_t>(size()), "MPI_Allgather");
+    scatter_reduce(data, data + chunk * static_cast<std::size_t>(rank()), chunk, op);
+    check(MPI_Allgather(MPI_IN_PLACE, static_cast<int>(chunk), mpi_type<T>(), data, static_cast<int>(chunk),
                         mpi_type<T>(), MPI_COMM_WORLD),
           "MPI_Allgather");
-    if (whole != data.data()) std::copy(whole, whole + data.size(), data.begin());
   }
 
   // Kept between operations (a step reduces the same sizes every time): no allocation per step.
+  // `padded`: an all-reduce's last elements; `received`: every rank's copy of one piece.
   template <class T>
   struct Buffers {
     std::vector<T> padded, received;

@@ -1,5 +1,7 @@
 #include "train/step_loop.hpp"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -34,6 +36,13 @@ std::string describe_write(const checkpoint::WriteReport& r) {
     for (auto s : r.removed) line << " step-" << s;
   }
   return line.str();
+}
+
+// This process's peak resident memory so far, in MiB (getrusage's ru_maxrss is in KiB on Linux).
+int peak_resident_mib() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int>((usage.ru_maxrss + 1023) / 1024);
 }
 
 }  // namespace
@@ -312,7 +321,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   if (writer) writer->wait();
   report_writes();
   summary.wall_seconds = elapsed();
-  progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.run_dir);
+  summary.peak_resident_bytes = std::int64_t{parallel.max_over_ranks(peak_resident_mib())} << 20;
+  progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.peak_resident_bytes,
+                parallel.size(), summary.run_dir);
   return summary;
 }
 

@@ -54,6 +54,8 @@ struct TrainSummary {
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   double mfu = 0;                // model FLOPs utilisation over the whole run
   double peak_flops = 0;         // the roof MFU is measured against
+  // Peak resident memory of the process (of the largest rank in a data-parallel run), in bytes.
+  std::int64_t peak_resident_bytes = 0;
   std::int64_t skipped_steps = 0;
   std::string final_sample;
   std::int64_t resumed_from_step = -1;  // the checkpoint's step when the run resumed, else -1
