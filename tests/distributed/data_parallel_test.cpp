@@ -400,6 +400,11 @@ TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
   }
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << file_bytes(log);
   EXPECT_NE(file_bytes(log).find("rank 1"), std::string::npos) << file_bytes(log);
+  // The survivor, sent SIGTERM by mpirun, says that a rank was lost, not that it saves a checkpoint.
+  EXPECT_NE(file_bytes(log).find("loom: SIGTERM: rank 1 of this run (pid " + std::to_string(victim) + ") is gone"),
+            std::string::npos)
+      << file_bytes(log);
+  EXPECT_EQ(file_bytes(log).find("saving a checkpoint"), std::string::npos) << file_bytes(log);
   // No final weights of a run that did not finish.
   EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
 }

@@ -1,5 +1,7 @@
 #include "train/data_parallel.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -129,7 +131,19 @@ Handle<Collective> create_collective(const Registry& registry, const Value& conf
 }
 
 DataParallel::DataParallel(Handle<Collective> collective)
-    : collective_(std::move(collective)), rank_(collective_->rank()), size_(collective_->size()) {}
+    : collective_(std::move(collective)), rank_(collective_->rank()), size_(collective_->size()) {
+  if (size_ == 1) return;
+  // (pid, CRC of the host name) of every rank; both are exact in a double.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<double> slots(2 * static_cast<std::size_t>(size_), 0.0);
+  slots[2 * static_cast<std::size_t>(rank_)] = static_cast<double>(::getpid());
+  slots[2 * static_cast<std::size_t>(rank_) + 1] = crc32(std::as_bytes(std::span(host, std::strlen(host))));
+  collective_->all_reduce(std::span<double>(slots));
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && slots[2 * static_cast<std::size_t>(r) + 1] == slots[2 * static_cast<std::size_t>(rank_) + 1])
+      same_host_peers_.push_back({r, static_cast<int>(slots[2 * static_cast<std::size_t>(r)])});
+}
 
 void DataParallel::settle(std::exception_ptr error) {
   if (size_ == 1) {

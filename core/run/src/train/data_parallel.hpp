@@ -43,13 +43,22 @@ Launcher launcher_from_environment();
 // differs from the number of processes the launcher started.
 Handle<Collective> create_collective(const Registry& registry, const Value& config);
 
+// Another rank's process on this host (a lost one is noticed by its pid: stop_signals.hpp).
+struct PeerProcess {
+  int rank = 0;
+  int pid = 0;
+};
+
 class DataParallel {
  public:
+  // With more than one rank, the ranks tell each other their host and pid (one all-reduce).
   explicit DataParallel(Handle<Collective> collective);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_primary() const { return rank_ == 0; }
+  // The other ranks on this host.
+  const std::vector<PeerProcess>& same_host_peers() const { return same_host_peers_; }
   Collective& collective() { return *collective_; }
 
   // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
@@ -132,6 +141,7 @@ class DataParallel {
   Handle<Collective> collective_;
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
+  std::vector<PeerProcess> same_host_peers_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;
   std::size_t started_ = 0;  // buckets_[0..started_) are under way

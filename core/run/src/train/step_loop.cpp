@@ -177,7 +177,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   };
   reserve_if_soon();
 
-  StopSignals signals;
+  StopSignals signals(parallel.rank(), parallel.size(), parallel.same_host_peers());
   int stopped_by = 0;
   {
     Prefetcher prefetch(*c.dataset, state.step, num_steps,
@@ -260,6 +260,10 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       // mpirun hands a signal to every rank, not necessarily between the same steps: the ranks
       // stop together, at the first step boundary where any of them has one.
       if ((stopped_by = parallel.max_over_ranks(signals.requested())) != 0) {
+        // Every rank is here: the checkpoint will be written (one process said so at the signal).
+        if (parallel.size() > 1)
+          progress.say(std::string(signal_name(stopped_by)) + ": the ranks stop after step " +
+                       std::to_string(state.step) + (last_saved != state.step ? ", saving a checkpoint of it" : ""));
         if (last_saved != state.step) save_checkpoint(/*wait=*/true);
         break;
       }
