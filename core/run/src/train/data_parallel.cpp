@@ -186,8 +186,8 @@ void DataParallel::settle(std::exception_ptr error) {
                       "an error reported by rank " + std::to_string(reporter));
 }
 
-void DataParallel::fail_together(const Error& error) {
-  if (size_ == 1 || !report_) throw error;
+void DataParallel::report_together(const Error& error) {
+  if (size_ == 1 || !report_) return;
   if (rank_ == 0) report_(error);
   collective_->barrier();
   throw ReportedError(error.kind(), "an error reported by rank 0");

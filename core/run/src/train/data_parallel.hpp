@@ -92,8 +92,13 @@ class DataParallel {
     settle(error);
   }
   // An error every rank raises alike, from values the ranks agree on (a summed loss, a shared
-  // config): rank 0 reports it and every rank throws ReportedError. Every rank must call it.
-  [[noreturn]] void fail_together(const Error& error);
+  // config): rank 0 reports it and every rank throws ReportedError (one process, or no
+  // reporter: `error` itself). Every rank must call it.
+  template <class E>
+  [[noreturn]] void fail_together(const E& error) {
+    report_together(error);
+    throw error;
+  }
 
   // Gives the parameters gradient storage in flat buckets of about `bucket_bytes`
   // (trainer.grad_bucket_mb), in the order backward produces them, so that reduce_gradients()
@@ -137,6 +142,8 @@ class DataParallel {
   };
   void start_ready_buckets();
   void settle(std::exception_ptr error);
+  // fail_together()'s report: throws ReportedError, or returns where `error` is to be thrown.
+  void report_together(const Error& error);
 
   Handle<Collective> collective_;
   int rank_ = 0, size_ = 1;
