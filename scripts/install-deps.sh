@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages loom builds, tests and runs with. Run as root or with sudo.
 set -e
 packages="
-  build-essential cmake ninja-build git pkg-config clang-format
+  build-essential cmake ninja-build git pkg-config clang-format clang
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
   libyaml-cpp-dev nlohmann-json3-dev libeigen3-dev libopenblas-dev libtbb-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
   libopenmpi-dev openmpi-bin

@@ -25,8 +25,10 @@ int run_conformance(const std::vector<std::string>& args) {
                  "`reference` backend, plus the kernel contract and determinism; an attention kernel against\n"
                  "`naive` over masks, windows, soft-caps, head groupings and strided operands; an optimizer\n"
                  "against the optimizer contract and, for the algorithms PyTorch's trajectories were recorded\n"
-                 "for, step by step against PyTorch. Exit status 0: every test passed; 1: a test failed; 2:\n"
-                 "the plugin could not be checked. CMake: loom_add_conformance_test(TARGET) after\n"
+                 "for, step by step against PyTorch; a collective, on the world and on the groups along each\n"
+                 "axis of every mesh of its ranks, for results and bit-for-bit determinism (run it under\n"
+                 "`mpirun -np 4`). Exit status 0: every test passed; 1: a test failed; 2: the plugin could\n"
+                 "not be checked. CMake: loom_add_conformance_test(TARGET) after\n"
                  "find_package(Loom) registers this command as a test of a plugin target.\n";
     return args.empty() ? 2 : 0;
   }

@@ -12,7 +12,7 @@ namespace loom::app {
 
 int run_generate(const std::vector<std::string>& args) {
   CommonOptions common;
-  std::string target, prompt;
+  std::string target, prompt, weights;
   SamplingOptions sampling;
   std::int64_t seed = 0;
   bool greedy = false, stop_at_context = false;
@@ -28,13 +28,16 @@ int run_generate(const std::vector<std::string>& args) {
       "greedy", po::bool_switch(&greedy), "always take the most likely token (temperature 0)")(
       "stop-at-context", po::bool_switch(&stop_at_context),
       "stop, with a message, when the model's context is full, instead of dropping the oldest tokens")(
-      "seed", po::value(&seed)->default_value(0), "random seed of the sampling");
+      "seed", po::value(&seed)->default_value(0), "random seed of the sampling")(
+      "weights", po::value(&weights)->default_value("ema"),
+      "of a run trained with trainer.ema_decay: ema (its weight average, what its final model.safetensors holds) "
+      "or live (the weights the optimizer updated, from its checkpoint of the last step)");
   po::positional_options_description pos;
   pos.add("run", 1);
   po::variables_map vm;
   if (!parse(args, options, pos, vm,
              "usage: loom generate RUN_DIR [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K]\n"
-             "                     [--top-p P] [--greedy] [--stop-at-context] [--seed S]\n\n"
+             "                     [--top-p P] [--greedy] [--stop-at-context] [--seed S] [--weights ema|live]\n\n"
              "Continues the prompt with the model a `loom train` run saved, one token at a time with a KV cache.\n"
              "Past the model's context, the oldest quarter of the tokens is dropped and generation goes on."))
     return 0;
@@ -47,10 +50,13 @@ int run_generate(const std::vector<std::string>& args) {
   if (greedy) sampling.temperature = 0;
   sampling.seed = static_cast<std::uint64_t>(seed);
   if (stop_at_context) sampling.at_context_end = ContextPolicy::stop;
+  const WeightsChoice choice = parse_weights_choice(weights, "--weights");
 
   const fs::path config = run_directory(target) / "config.yaml";
   Runtime runtime(runtime_options(common, {config.string()}, true));
-  LoadedRun run = load_run(runtime, target);
+  LoadedRun run = load_run(runtime, target, /*merge_lora=*/true, choice);
+  // Which weights, where there was a choice (stderr: stdout is the text).
+  if (run.weights.has_average) std::cerr << "loom generate: " << run.weights.description << "\n";
 
   std::cout << prompt << std::flush;
   const GeneratedText generated =

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "loom/error.hpp"
+#include "loom/run/run_config.hpp"
 
 namespace loom::app {
 
@@ -45,6 +46,7 @@ bool parse(const std::vector<std::string>& args, const po::options_description& 
 RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<std::string>& positional,
                                bool config_required) {
   RuntimeOptions r;
+  r.sections = &run_config_schema();
   r.plugin_paths = common.plugin_paths;
   r.default_plugin_path = !common.only_plugin_path;
   for (const auto& arg : positional) {

@@ -6,9 +6,13 @@
 #include <iostream>
 
 #include "command_line.hpp"
+#include "loom/build_isa.hpp"
 #include "loom/error.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/version.hpp"
+
+// What the executable's code needs, checked by cpu_check.cpp before anything else runs.
+extern "C" const char loom_executable_isa[] = LOOM_BUILD_ISA;
 
 namespace {
 
@@ -63,7 +67,7 @@ int main(int argc, char** argv) {
     std::cerr << "loom: internal error: " << e.what() << "\n";
     return 1;
   } catch (...) {
-    std::cerr << "loom: internal error: an exception that is not a std::exception\n";
+    std::cerr << "loom: internal error: " << loom::describe_current_exception() << "\n";
     return 1;
   }
 }

@@ -8,8 +8,7 @@
 # runs/bf16-quality): `tensorboard --logdir OUT_DIR` overlays the curves.
 #
 #   benchmarks/bf16/quality.sh [BUILD_DIR] [--out OUT_DIR] [--seq N] [--steps N] [--skip-shakespeare]
-# Run from the repository root; shakespeare-char needs ../shared/data/tinyshakespeare.txt (it is
-# skipped, saying so, where that is absent).
+# Run from the repository root (shakespeare-char reads configs/data/tinyshakespeare.txt).
 set -e
 build=build
 out=runs/bf16-quality
@@ -62,10 +61,6 @@ for s in steps:
 PY
 
 [ "$skip_shakespeare" = yes ] && exit 0
-if [ ! -f ../shared/data/tinyshakespeare.txt ]; then
-  echo "shakespeare-char: skipped (../shared/data/tinyshakespeare.txt is absent)"
-  exit 0
-fi
 for precision in f32 bf16; do
   run="$out/shakespeare-char-$precision"
   rm -rf "$run"

@@ -36,7 +36,7 @@ GRID = {
 
 # --data: the overrides that choose the corpus (the byte tokenizer makes ASCII text character-level).
 DATA = {
-    "shakespeare": ["data.type=text", "data.paths=[../shared/data/tinyshakespeare.txt]"],
+    "shakespeare": ["data.type=text", "data.paths=[configs/data/tinyshakespeare.txt]"],
     "synthetic": [],
 }
 

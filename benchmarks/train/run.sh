@@ -12,7 +12,7 @@
 # compares the two).
 #
 #   benchmarks/train/run.sh [BUILD_DIR] [--skip-shakespeare]
-# Run from the repository root; ../shared/data must hold tinyshakespeare.txt.
+# Run from the repository root (shakespeare-char reads configs/data/tinyshakespeare.txt).
 set -e
 build=${1:-build}
 # The roof MFU is measured against: the start-up probe's (trainer.peak_flops 0) unless given.

@@ -57,7 +57,7 @@ std::string join(const std::string& parent, const std::string& key) {
 
 class Loader {
  public:
-  explicit Loader(std::vector<DroppedOptions>* dropped) : dropped_(dropped) {}
+  Loader(std::vector<DroppedOptions>* dropped, const OptionSchema* sections) : dropped_(dropped), sections_(sections) {}
 
   Value load_file(const fs::path& file, const SourceLocation& from) {
     std::error_code ec;
@@ -186,16 +186,17 @@ class Loader {
       if (!loaded.is_map() && !loaded.is_null())
         throw UserError(b->location().str() + ": base config '" + target.string() + "' must be a map, got " +
                         loaded.describe());
-      if (loaded.is_map()) merge(merged, loaded, target.string(), dropped_, prefix_);
+      if (loaded.is_map()) merge(merged, loaded, target.string(), dropped_, prefix_, sections_);
     }
     v.erase("base_config");
-    merge(merged, v, file.string(), dropped_, prefix_);
+    merge(merged, v, file.string(), dropped_, prefix_, sections_);
     merged.set_location(v.location());
     return merged;
   }
 
   std::vector<std::pair<fs::path, std::string>> stack_;  // canonical, as written
   std::vector<DroppedOptions>* dropped_;
+  const OptionSchema* sections_;
   std::string prefix_;  // the key path at which the file being loaded is included
 };
 
@@ -218,6 +219,33 @@ void record(std::vector<DroppedOptions>* dropped, const std::string& path, const
     d.keys.push_back(k + (v.location().known() ? " (" + v.location().str() + ")" : ""));
   }
   if (!d.keys.empty()) dropped->push_back(std::move(d));
+}
+
+// The options `sections` declares for the whole component section at `path` (OptionSpec::
+// section_options: `optimizer.learning_rate`), or null. Only sections reached through plain maps
+// are known: a component's own options are the plugin's, unknown while loading.
+const OptionSchema* section_options_at(const OptionSchema* sections, const std::string& path) {
+  if (!sections || path.empty()) return nullptr;
+  const OptionSchema* schema = sections;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', start);
+    const OptionSpec* spec = schema->find(std::string_view(path).substr(start, dot - start));
+    if (!spec) return nullptr;
+    if (dot == std::string::npos) return spec->type() == OptionType::component ? spec->section_schema().get() : nullptr;
+    if (spec->type() != OptionType::object) return nullptr;
+    schema = spec->object_schema().get();
+    start = dot + 1;
+  }
+}
+
+// The section that a layer starting afresh with type `fresh` (a map with `type`) makes: the
+// layer's options, and the section-wide ones earlier layers gave, which belong to no type.
+Value carry_section_options(const Value& old_section, Value fresh, const OptionSchema* section) {
+  if (!section) return fresh;
+  for (const auto& [k, v] : old_section.as_map())
+    if (k != "type" && section->find(k) && !fresh.find(k)) fresh.set(k, v);
+  return fresh;
 }
 
 // {type: name} for a bare name, located where the name was written.
@@ -244,18 +272,19 @@ std::string DroppedOptions::str() const {
          "' to '" + new_type + "', so the options earlier layers gave '" + old_type + "' were dropped: " + keys_text;
 }
 
-Value load_file(const fs::path& file, std::vector<DroppedOptions>* dropped) {
-  Loader loader(dropped);
+Value load_file(const fs::path& file, std::vector<DroppedOptions>* dropped, const OptionSchema* sections) {
+  Loader loader(dropped, sections);
   return loader.load_file(file, {});
 }
 
-Value load_string(std::string_view text, const fs::path& file_for_locations, std::vector<DroppedOptions>* dropped) {
-  Loader loader(dropped);
+Value load_string(std::string_view text, const fs::path& file_for_locations, std::vector<DroppedOptions>* dropped,
+                  const OptionSchema* sections) {
+  Loader loader(dropped, sections);
   return loader.load_text(std::string(text), file_for_locations);
 }
 
 void merge(Value& base, const Value& over, const std::string& layer, std::vector<DroppedOptions>* dropped,
-           const std::string& path) {
+           const std::string& path, const OptionSchema* sections) {
   // Options merged onto a bare component name extend it.
   if (over.is_map() && base.is_string() && !over.as_map().empty()) base = expand_bare_name(base);
   if (base.is_map() && over.is_map()) {
@@ -270,14 +299,15 @@ void merge(Value& base, const Value& over, const std::string& layer, std::vector
       return;
     }
     if (old_type && new_type && old_type->as_string() != new_type->as_string()) {
-      record(dropped, path, base, old_type->as_string(), new_type->as_string(), &over, layer);
-      base = over;
+      Value fresh = carry_section_options(base, over, section_options_at(sections, path));
+      record(dropped, path, base, old_type->as_string(), new_type->as_string(), &fresh, layer);
+      base = std::move(fresh);
       return;
     }
     for (const auto& [k, v] : over.as_map()) {
       Value* existing = base.find(k);
       if (existing)
-        merge(*existing, v, layer, dropped, join(path, k));
+        merge(*existing, v, layer, dropped, join(path, k), sections);
       else
         base.set(k, v);
     }
@@ -290,7 +320,11 @@ void merge(Value& base, const Value& over, const std::string& layer, std::vector
         base.set("type", over);
         return;
       }
-      record(dropped, path, base, old_type->as_string(), over.as_string(), nullptr, layer);
+      Value fresh = carry_section_options(base, expand_bare_name(over), section_options_at(sections, path));
+      record(dropped, path, base, old_type->as_string(), over.as_string(), &fresh, layer);
+      // Nothing carried over: the bare name stays as written.
+      base = fresh.as_map().size() > 1 ? std::move(fresh) : over;
+      return;
     }
   }
   base = over;
@@ -339,7 +373,8 @@ Override parse_override(std::string_view text) {
   return o;
 }
 
-void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped) {
+void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped,
+                    const OptionSchema* sections) {
   if (root.is_null()) root = Value::map();
   const std::string layer = "command-line override '" + o.text + "'";
   Value* node = &root;
@@ -369,15 +404,16 @@ void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>*
   Value layer_value = Value::map();
   layer_value.set_location({layer, 0, 0});
   layer_value.set(o.path.back(), o.value);
-  merge(*node, layer_value, layer, dropped, path);
+  merge(*node, layer_value, layer, dropped, path, sections);
 }
 
-Value load(const fs::path& file, const std::vector<std::string>& overrides, std::vector<DroppedOptions>* dropped) {
-  Value root = with_context("while loading " + file.string(), [&] { return load_file(file, dropped); });
+Value load(const fs::path& file, const std::vector<std::string>& overrides, std::vector<DroppedOptions>* dropped,
+           const OptionSchema* sections) {
+  Value root = with_context("while loading " + file.string(), [&] { return load_file(file, dropped, sections); });
   if (root.is_null()) root = Value::map();
   if (!root.is_map())
     throw UserError(root.location().str() + ": a config file must be a map of sections, got " + root.describe());
-  for (const auto& text : overrides) apply_override(root, parse_override(text), dropped);
+  for (const auto& text : overrides) apply_override(root, parse_override(text), dropped, sections);
   return root;
 }
 

@@ -218,7 +218,44 @@ Value validate_impl(const OptionSchema& schema, const Value& node, const std::st
   return out;
 }
 
+// The declared defaults, as check_declared_defaults describes. A component option's default is a
+// name, resolved (and checked) only where plugins are known; `any` has nothing to check.
+class NoCatalog final : public ComponentCatalog {
+ public:
+  const OptionSchema& component_schema(std::string_view kind, std::string_view, std::string_view path,
+                                       const SourceLocation&) const override {
+    throw InternalError(std::string(path) + ": a default " + std::string(kind) + " is not resolved here");
+  }
+};
+
+void check_defaults_impl(const OptionSchema& schema, const std::string& path, const std::string& owner) {
+  for (const auto& spec : schema.options()) {
+    const std::string key = join_path(path, spec.name());
+    if (spec.type() == OptionType::object) {
+      check_defaults_impl(*spec.object_schema(), key, owner);
+      continue;
+    }
+    const Value& d = spec.default_value();
+    if (d.is_null() || spec.type() == OptionType::component || spec.type() == OptionType::any) continue;
+    try {
+      validate_option(spec, d, key, NoCatalog());
+    } catch (const UserError& e) {
+      // e.message() reads "KEY: expected ..., got ... (why)"; the key is named once, in front.
+      std::string why = e.message();
+      if (why.rfind(key + ": ", 0) == 0) why.erase(0, key.size() + 2);
+      const std::string shown = d.is_string() ? "\"" + d.as_string() + "\"" : d.to_flow();
+      throw UserError(owner + " declares the option '" + key + "' with the default " + shown +
+                      ", which the option itself refuses (" + why +
+                      "): the plugin must change the default or the option's range or choices");
+    }
+  }
+}
+
 }  // namespace
+
+void check_declared_defaults(const OptionSchema& schema, std::string_view owner) {
+  check_defaults_impl(schema, "", std::string(owner));
+}
 
 Value validate(const OptionSchema& schema, const Value& node, std::string_view path, const ComponentCatalog& catalog) {
   return validate_impl(schema, node, std::string(path), std::string(path), catalog);

@@ -1,6 +1,8 @@
 // Reading a plugin's ABI record from its file, before the dynamic loader runs any of its code.
 #include <elf.h>
 
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -69,14 +71,29 @@ AbiRecordInfo read_abi_record(const std::filesystem::path& file) {
     in.clear();
     if (std::strcmp(name, "loom_abi") != 0) continue;
 
-    if (section.sh_type == SHT_NOBITS || section.sh_size != sizeof(LoomAbiRecord))
+    // ABI 6 and older records end where `isa` begins.
+    constexpr std::uint64_t short_size = offsetof(LoomAbiRecord, isa);
+    if (section.sh_type == SHT_NOBITS || (section.sh_size != sizeof(LoomAbiRecord) && section.sh_size != short_size))
       throw UserError("malformed loom ABI record (section loom_abi has " + std::to_string(section.sh_size) +
                       " bytes, expected " + std::to_string(sizeof(LoomAbiRecord)) + ")");
-    const auto record = read_at<LoomAbiRecord>(in, section.sh_offset, size, "the loom ABI record");
+    LoomAbiRecord record{};
+    if (section.sh_size == sizeof(LoomAbiRecord)) {
+      record = read_at<LoomAbiRecord>(in, section.sh_offset, size, "the loom ABI record");
+    } else {
+      struct ShortRecord {
+        char bytes[short_size];
+      };
+      const auto bytes = read_at<ShortRecord>(in, section.sh_offset, size, "the loom ABI record");
+      std::memcpy(&record, bytes.bytes, short_size);
+    }
     if (std::memcmp(record.magic, "LOOMABI", 8) != 0) throw UserError("malformed loom ABI record (bad magic)");
-    return AbiRecordInfo{record.abi_major, record.abi_minor,
-                         fixed_string(record.sdk_version, sizeof(record.sdk_version)),
-                         fixed_string(record.build_tag, sizeof(record.build_tag))};
+    if (section.sh_size != sizeof(LoomAbiRecord) && record.abi_major >= 7)
+      throw UserError("malformed loom ABI record (ABI " + std::to_string(record.abi_major) + " in " +
+                      std::to_string(section.sh_size) + " bytes, expected " + std::to_string(sizeof(LoomAbiRecord)) +
+                      ")");
+    return AbiRecordInfo{
+        record.abi_major, record.abi_minor, fixed_string(record.sdk_version, sizeof(record.sdk_version)),
+        fixed_string(record.build_tag, sizeof(record.build_tag)), fixed_string(record.isa, sizeof(record.isa))};
   }
   throw UserError(
       "a shared object without a loom ABI record (missing symbol loom_plugin_abi: was it built with LOOM_PLUGIN?)");
@@ -88,8 +105,8 @@ std::string host_build_tag() {
 
 namespace {
 
-// "gcc-12.2;cxx11abi=1" -> {compiler: gcc-12.2, cxx11abi: 1}. Fields the host does not check
-// (older SDKs recorded eigen=...) are ignored.
+// "gcc-12.2;cxxabi=itanium;stdlib=libstdc++-12;cxx11abi=1" -> {compiler: gcc-12.2, cxxabi:
+// itanium, ...}. Fields the host does not check (older SDKs recorded eigen=...) are ignored.
 std::vector<std::pair<std::string, std::string>> parse_tag(const std::string& tag) {
   std::vector<std::pair<std::string, std::string>> fields;
   std::size_t start = 0;
@@ -115,31 +132,67 @@ std::string field(const std::vector<std::pair<std::string, std::string>>& fields
   return "";
 }
 
-// "gcc-12.2" -> "gcc-12"
-std::string compiler_major(const std::string& compiler) {
-  return compiler.substr(0, compiler.find('.'));
+// "libstdc++-12" -> {"libstdc++", "12"}
+std::pair<std::string, std::string> split_stdlib(const std::string& stdlib) {
+  const auto dash = stdlib.rfind('-');
+  if (dash == std::string::npos) return {stdlib, ""};
+  return {stdlib.substr(0, dash), stdlib.substr(dash + 1)};
+}
+
+std::string abi_version(unsigned major, unsigned minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
 }
 
 }  // namespace
 
 std::string check_abi(const AbiRecordInfo& record) {
-  const std::string rebuild = "; rebuild the plugin against loom " + std::string(sdk_version) + "'s SDK";
+  const std::string ours_abi = abi_version(abi_major, abi_minor);
+  const std::string theirs_abi = abi_version(record.abi_major, record.abi_minor);
+  const std::string rebuild =
+      "; rebuild the plugin against the SDK installed with this loom (its loom/version.hpp says "
+      "ABI " +
+      ours_abi + ")";
   if (record.abi_major != abi_major)
-    return "ABI mismatch: the plugin has ABI " + std::to_string(record.abi_major) + "." +
-           std::to_string(record.abi_minor) + " (SDK " + record.sdk_version + "), this loom has ABI " +
-           std::to_string(abi_major) + "." + std::to_string(abi_minor) + rebuild;
+    return "ABI mismatch: the plugin has ABI " + theirs_abi + " (SDK " + record.sdk_version + "), this loom has ABI " +
+           ours_abi + " (SDK " + std::string(sdk_version) + ")" + rebuild;
   if (record.abi_minor > abi_minor)
-    return "ABI mismatch: the plugin needs ABI " + std::to_string(record.abi_major) + "." +
-           std::to_string(record.abi_minor) + " (SDK " + record.sdk_version + "), newer than this loom's " +
-           std::to_string(abi_major) + "." + std::to_string(abi_minor) + "; upgrade loom or rebuild the plugin";
+    return "ABI mismatch: the plugin needs ABI " + theirs_abi + " (SDK " + record.sdk_version +
+           "), newer than this loom's " + ours_abi +
+           "; upgrade loom, or rebuild the plugin against the SDK installed "
+           "with this loom";
   const auto theirs = parse_tag(record.build_tag);
   const auto ours = parse_tag(host_build_tag());
-  if (compiler_major(field(theirs, "compiler")) != compiler_major(field(ours, "compiler")))
-    return "build mismatch: the plugin was built with " + field(theirs, "compiler") + ", this loom with " +
-           field(ours, "compiler") + rebuild;
-  if (field(theirs, "cxx11abi") != field(ours, "cxx11abi"))
-    return "build mismatch: the plugin uses libstdc++ ABI cxx11abi=" + field(theirs, "cxx11abi") + ", this loom " +
-           field(ours, "cxx11abi") + rebuild;
+  const std::string compiler = field(theirs, "compiler");
+  const std::string built_with = compiler.empty() ? "" : " (built with " + compiler + ")";
+
+  if (field(theirs, "cxxabi") != field(ours, "cxxabi"))
+    return "build mismatch: the plugin" + built_with + " follows the " +
+           (field(theirs, "cxxabi").empty() ? std::string("unrecorded") : field(theirs, "cxxabi")) +
+           " C++ ABI, this loom the " + field(ours, "cxxabi") +
+           " one; build the plugin with a compiler of that C++ ABI (GCC or Clang)";
+
+  const auto [their_lib, their_release] = split_stdlib(field(theirs, "stdlib"));
+  const auto [our_lib, our_release] = split_stdlib(field(ours, "stdlib"));
+  if (their_lib != our_lib)
+    return "build mismatch: the plugin" + built_with + " is built against " +
+           (their_lib.empty() ? std::string("an unrecorded standard library") : their_lib) + ", this loom against " +
+           our_lib + ", and standard-library types cross the plugin boundary; build the plugin against " + our_lib +
+           (their_lib == "libc++" ? " (without -stdlib=libc++)" : "");
+  if (our_lib == "libstdc++") {
+    const int theirs_n = std::atoi(their_release.c_str()), ours_n = std::atoi(our_release.c_str());
+    if (theirs_n > ours_n)
+      return "build mismatch: the plugin" + built_with + " is built against libstdc++ " + their_release +
+             "'s headers, newer than this loom's libstdc++ " + our_release +
+             ", whose library may lack what the plugin calls; build it with a compiler that uses libstdc++ " +
+             our_release + " or older (g++-" + our_release + ", or clang++ --gcc-toolchain=<GCC " + our_release +
+             "'s prefix>)";
+    const std::string their_abi = field(theirs, "cxx11abi"), our_abi = field(ours, "cxx11abi");
+    if (their_abi != our_abi)
+      return "build mismatch: the plugin uses libstdc++ ABI cxx11abi=" + their_abi + ", this loom uses " + our_abi +
+             " (std::string and std::list differ between the two); build the plugin with -D_GLIBCXX_USE_CXX11_ABI=" +
+             our_abi + (our_abi == "1" ? " (or without defining it: 1 is the default)" : "");
+  }
+  if (std::string why = check_isa(record.isa, host_cpu_features()); !why.empty()) return why;
   return "";
 }
 

@@ -1,7 +1,11 @@
 #include "loom/error.hpp"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <memory>
 
 #include "loom/utf8.hpp"
 
@@ -23,6 +27,17 @@ void Error::rebuild() {
   full_.clear();
   for (const auto& c : context_) full_ += c + ": ";
   full_ += message_;
+}
+
+std::string describe_current_exception() {
+  std::string what = "an exception that is not a std::exception";
+  if (const std::type_info* type = abi::__cxa_current_exception_type()) {
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type->name(), nullptr, nullptr, &status),
+                                                std::free);
+    what += " (of type " + std::string(status == 0 && name ? name.get() : type->name()) + ")";
+  }
+  return what;
 }
 
 namespace {
@@ -104,6 +119,16 @@ std::string escape_input(std::string_view input, std::size_t max_bytes) {
   }
   if (i < input.size()) out += "...";
   return out;
+}
+
+std::string json_parse_error(std::string_view what, std::size_t byte, std::string_view input) {
+  std::string message(what);
+  if (const auto close = message.find("] "); message.starts_with("[json.exception") && close != std::string::npos)
+    message.erase(0, close + 2);
+  if (const auto last = message.find("; last read: "); last != std::string::npos) message.erase(last);
+  const std::size_t at = std::min<std::size_t>(byte > 0 ? byte - 1 : 0, input.size());
+  const std::size_t from = at > 20 ? at - 20 : 0;
+  return message + "; near '" + (from > 0 ? "..." : "") + escape_input(input.substr(from), at - from + 20) + "'";
 }
 
 }  // namespace loom

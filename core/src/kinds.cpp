@@ -36,8 +36,24 @@ Dataset::~Dataset() = default;
 Tokenizer::~Tokenizer() = default;
 LrSchedule::~LrSchedule() = default;
 Tracker::~Tracker() = default;
+CollectiveGroup::~CollectiveGroup() = default;
+CollectiveGroup::Pending::~Pending() = default;
 Collective::~Collective() = default;
-Collective::Pending::~Pending() = default;
+
+std::shared_ptr<CollectiveGroup> Collective::group(const Mesh& mesh, MeshAxis axis) {
+  if (mesh.world_size() != size())
+    throw InternalError("collective: a group of mesh " + mesh.describe() + " (" + std::to_string(mesh.world_size()) +
+                        " ranks) asked of a run of " + std::to_string(size()) + " ranks");
+  auto group = split(mesh.group_index(rank(), axis), mesh.coordinate(rank(), axis));
+  if (!group || group->size() != mesh.size(axis) || group->rank() != mesh.coordinate(rank(), axis))
+    throw InternalError("collective: the group along " + std::string(mesh_axis_name(axis)) + " of mesh " +
+                        mesh.describe() + " should hold rank " + std::to_string(rank()) + " at " +
+                        std::to_string(mesh.coordinate(rank(), axis)) + " of " + std::to_string(mesh.size(axis)) +
+                        (group ? "; the collective's split gave " + std::to_string(group->rank()) + " of " +
+                                     std::to_string(group->size())
+                               : std::string("; the collective's split gave none")));
+  return group;
+}
 
 HfModel::~HfModel() = default;
 HfTokenizer::~HfTokenizer() = default;

@@ -1,5 +1,6 @@
 #include "loom/core/plugin_host.hpp"
 
+#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -57,6 +58,24 @@ class CollectingRegistrar final : public Registrar {
 std::vector<std::shared_ptr<LoadedLibrary>>& resident_libraries() {
   static auto* libraries = new std::vector<std::shared_ptr<LoadedLibrary>>;
   return *libraries;
+}
+
+// The dynamic loader's message with each C++ symbol demangled: "undefined symbol:
+// _ZN9loom_test7missingEv" reads "undefined symbol: loom_test::missing()".
+std::string demangle_symbols(std::string message) {
+  const std::string marker = "undefined symbol: ";
+  for (std::size_t at = message.find(marker); at != std::string::npos; at = message.find(marker, at)) {
+    const std::size_t start = at + marker.size();
+    std::size_t end = start;
+    while (end < message.size() && message[end] != ',' && message[end] != ' ' && message[end] != '\n') ++end;
+    const std::string symbol = message.substr(start, end - start);
+    int status = 0;
+    char* name = symbol.rfind("_Z", 0) == 0 ? abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status) : nullptr;
+    if (name && status == 0) message.replace(start, end - start, name);
+    std::free(name);
+    at = start;
+  }
+  return message;
 }
 
 bool is_plugin_file_name(const std::string& name) {
@@ -137,6 +156,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     const AbiRecordInfo abi = read_abi_record(file);
     record.sdk_version = abi.sdk_version;
     record.build_tag = abi.build_tag;
+    record.isa = abi.isa;
     if (std::string why = check_abi(abi); !why.empty()) throw UserError(why);
 
     // 2. Load it. RTLD_NOW: an unresolved symbol fails here, not in the middle of a run.
@@ -144,7 +164,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     boost::dll::shared_library library(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
     if (ec || !library.is_loaded()) {
       const char* why = dlerror();
-      throw UserError("cannot be loaded: " + std::string(why ? why : ec.message()));
+      throw UserError("cannot be loaded: " + demangle_symbols(why ? why : ec.message()));
     }
     if (!library.has("loom_plugin_abi"))
       throw UserError("missing symbol loom_plugin_abi (an ABI record section without the exported record)");

@@ -63,6 +63,7 @@ void Registry::add(std::vector<ComponentEntry> entries) {
       throw UserError(e.kind + " name '" + e.decl.name +
                       "' is not valid: use lower-case letters, digits, '_', '-' and '.'");
     const std::string key = e.kind + "/" + e.decl.name;
+    config::check_declared_defaults(e.decl.options, e.kind + " '" + e.decl.name + "'");
     if (std::find(seen.begin(), seen.end(), key) != seen.end())
       throw UserError(key + " is registered twice by " + e.plugin_file);
     seen.push_back(key);

@@ -52,10 +52,10 @@ std::vector<PluginSearchPath> config_plugin_paths(const Value& config) {
 
 Runtime::Runtime(const RuntimeOptions& options) {
   if (options.config) {
-    raw_config_ = config::load(*options.config, options.overrides, &dropped_options_);
+    raw_config_ = config::load(*options.config, options.overrides, &dropped_options_, options.sections);
   } else {
     for (const auto& text : options.overrides)
-      config::apply_override(raw_config_, config::parse_override(text), &dropped_options_);
+      config::apply_override(raw_config_, config::parse_override(text), &dropped_options_, options.sections);
   }
   std::vector<PluginSearchPath> command_line;
   for (const auto& p : options.plugin_paths) command_line.push_back({p, "--plugin-path"});

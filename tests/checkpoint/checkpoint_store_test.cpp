@@ -11,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "../core/test_support.hpp"
 #include "checkpoint/checkpoint_writer.hpp"
@@ -264,11 +265,65 @@ TEST(CheckpointStore, FallsBackPastACorruptLatestNamingIt) {
   EXPECT_NE(latest.warnings[1].find((tmp.path() / "step-20" / "config.yaml").string() + "' is missing"),
             std::string::npos)
       << latest.warnings[1];
-  // A run resuming from 10 replaces what came after it.
-  EXPECT_EQ(store.discard_after(10), (std::vector<std::int64_t>{20, 30}));
+  // A run resuming from 10 replaces what came after it; those that fail verification are moved
+  // aside, never deleted.
+  const Discarded discarded = store.discard_after(10);
+  EXPECT_TRUE(discarded.removed.empty());
+  ASSERT_EQ(discarded.set_aside.size(), 2u);
+  EXPECT_EQ(discarded.set_aside[0].step, 20);
+  EXPECT_EQ(discarded.set_aside[1].step, 30);
+  EXPECT_NE(discarded.set_aside[1].problem.find("state.json' is truncated"), std::string::npos);
   EXPECT_EQ(steps_of(store), (std::vector<std::int64_t>{10}));
   EXPECT_FALSE(store.latest());
   EXPECT_EQ(store.find_latest_valid().checkpoint->step, 10);
+  const auto aside = store.list_set_aside();
+  ASSERT_EQ(aside.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(aside[i], discarded.set_aside[i].to);
+    EXPECT_EQ(aside[i].filename().string().rfind("step-" + std::to_string(10 * (i + 2)) + ".unusable-", 0), 0u)
+        << aside[i];
+  }
+  EXPECT_EQ(read_whole(aside[1] / "state.json"), "state.json");  // what was there, truncated: kept as it was
+  // A verified checkpoint past the point is removed (the run replaces it).
+  store.commit(20, [](const fs::path& d) { write_fake_files(d, 20); });
+  EXPECT_EQ(store.discard_after(10).removed, (std::vector<std::int64_t>{20}));
+  // `loom checkpoints` names the ones set aside; the run's leftover cleanup leaves them alone.
+  store.remove_leftovers();
+  EXPECT_EQ(store.list_set_aside().size(), 2u);
+  const CheckpointsReport report = list_checkpoints(tmp.path());
+  EXPECT_EQ(report.set_aside.size(), 2u);
+  std::ostringstream printed;
+  print_checkpoints(printed, report);
+  EXPECT_NE(printed.str().find(aside[0].filename().string() + ": moved aside by loom"), std::string::npos)
+      << printed.str();
+}
+
+// keep_last counts only checkpoints that verify, and one that fails is moved aside, not deleted:
+// a run restarted over a bad step-20 keeps step-10 in its place.
+TEST(CheckpointStore, RetentionCountsOnlyVerifiedCheckpointsAndDeletesNoBadOne) {
+  test::TempDir tmp;
+  {
+    CheckpointStore first(tmp.path(), Retention{2, 0});
+    for (std::int64_t step : {10, 20}) first.commit(step, [&](const fs::path& d) { write_fake_files(d, step); });
+  }
+  {
+    std::fstream f(tmp.path() / "step-20" / "optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    f.put('!');
+  }
+  CheckpointStore store(tmp.path(), Retention{2, 0});
+  const CommitResult r = store.commit(30, [](const fs::path& d) { write_fake_files(d, 30); });
+  EXPECT_TRUE(r.removed.empty());
+  ASSERT_EQ(r.set_aside.size(), 1u);
+  EXPECT_EQ(r.set_aside[0].step, 20);
+  EXPECT_NE(r.set_aside[0].problem.find("fails its CRC-32C check"), std::string::npos) << r.set_aside[0].problem;
+  EXPECT_EQ(steps_of(store), (std::vector<std::int64_t>{10, 30}));
+  ASSERT_EQ(store.list_set_aside().size(), 1u);
+  EXPECT_TRUE(fs::exists(store.list_set_aside()[0] / "optimizer.safetensors"));
+  // Then rolling as usual, over the verified ones.
+  EXPECT_EQ(store.commit(40, [](const fs::path& d) { write_fake_files(d, 40); }).removed,
+            (std::vector<std::int64_t>{10}));
+  EXPECT_EQ(steps_of(store), (std::vector<std::int64_t>{30, 40}));
 }
 
 TEST(CheckpointStore, StepsPastLatestAreNotCommittedAndAMissingLatestFallsBackToTheNewest) {

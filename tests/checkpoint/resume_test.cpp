@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -291,6 +292,70 @@ TEST(Resume, ACorruptCheckpointIsPassedOverUnderAutoAndRefusedWhenNamed) {
   EXPECT_EQ(losses(run), losses(full));
   EXPECT_EQ(bytes_of(run / "checkpoints" / "step-20" / "optimizer.safetensors"),
             bytes_of(full / "checkpoints" / "step-20" / "optimizer.safetensors"));
+}
+
+void flip_a_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-5, std::ios::end);
+  const char c = static_cast<char>(f.get());
+  f.seekp(-5, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+// A resume that finds checkpoints and none that verifies refuses, naming each, and touches
+// nothing; trainer.resume=never then starts over and moves them aside, deleting none.
+TEST(Resume, NoValidCheckpointIsARefusalAndNeverMovesThemAside) {
+  test::TempDir tmp;
+  const fs::path full = tmp.path() / "full", run = tmp.path() / "run";
+  train_in(tmp, full);
+  fs::copy(full, run, fs::copy_options::recursive);
+  interrupt_after(run, 20, 20);
+  std::vector<int> steps{4, 8, 12, 16, 20};
+  std::map<int, std::string> damaged;
+  for (int step : steps) {
+    const fs::path weights = run / "checkpoints" / ("step-" + std::to_string(step)) / "model.safetensors";
+    flip_a_byte(weights);
+    damaged[step] = bytes_of(weights);
+  }
+  const std::string metrics = bytes_of(run / "metrics.jsonl");
+  std::vector<std::string> words{"has checkpoints in " + (run / "checkpoints").string(),
+                                 "none of them can be resumed from", "trainer.resume=never", "not deleted"};
+  for (int step : steps)
+    words.push_back("checkpoint " + (run / "checkpoints" / ("step-" + std::to_string(step))).string() +
+                    " is unusable: '" +
+                    (run / "checkpoints" / ("step-" + std::to_string(step)) / "model.safetensors").string() +
+                    "' fails its CRC-32C check");
+  expect_error([&] { train_in(tmp, run); }, words);
+  // Nothing was changed: every checkpoint, `latest` and the metrics are as they were.
+  for (int step : steps)
+    EXPECT_EQ(bytes_of(run / "checkpoints" / ("step-" + std::to_string(step)) / "model.safetensors"), damaged[step]);
+  EXPECT_EQ(bytes_of(run / "checkpoints" / "latest"), "step-20\n");
+  EXPECT_EQ(bytes_of(run / "metrics.jsonl"), metrics);
+
+  const Result fresh = train_in(tmp, run, {"trainer.resume=never"});
+  EXPECT_EQ(fresh.summary.resumed_from_step, -1);
+  EXPECT_EQ(bytes_of(run / "model.safetensors"), bytes_of(full / "model.safetensors"));
+  EXPECT_EQ(losses(run), losses(full));
+  // The old ones are beside the new ones, as they were.
+  std::map<int, fs::path> aside;
+  for (const auto& e : fs::directory_iterator(run / "checkpoints")) {
+    const std::string name = e.path().filename().string();
+    if (const auto at = name.find(".unusable-"); at != std::string::npos) aside[std::stoi(name.substr(5, at - 5))] = e;
+  }
+  ASSERT_EQ(aside.size(), steps.size()) << fresh.log;
+  for (int step : steps) {
+    EXPECT_EQ(bytes_of(aside[step] / "model.safetensors"), damaged[step]);
+    EXPECT_NE(fresh.log.find("warning: checkpoint " +
+                             (run / "checkpoints" / ("step-" + std::to_string(step))).string() + " is unusable ("),
+              std::string::npos)
+        << fresh.log;
+    EXPECT_NE(fresh.log.find("moved it aside to " + aside[step].string()), std::string::npos) << fresh.log;
+  }
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-20" / "manifest.json"));  // the new run's own
+  // A directory whose checkpoint verifies is still refused under never.
+  interrupt_after(run, 16, 16);
+  expect_error([&] { train_in(tmp, run, {"trainer.resume=never"}); },
+               {"already holds a run and trainer.resume is `never`", "step-16 verifies"});
 }
 
 TEST(Resume, InitFromIsIgnoredWhenTheRunResumes) {

@@ -55,6 +55,18 @@ TEST(ConformanceCommand, ReplaysPyTorchForAnOptimizerItRecorded) {
   EXPECT_NE(r.out.find("EveryOptimizer.ZeroLearningRateLeavesParametersUnchanged"), std::string::npos) << r.out;
 }
 
+TEST(ConformanceCommand, RunsTheCollectiveSuiteOnACollective) {
+  // One process here; tests/distributed runs it on `mpi` under `mpirun -np 4`.
+  const auto r = loom_conformance({plugin("collective-single")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(collective/single)"), std::string::npos) << r.out;
+  for (const char* test :
+       {"[       OK ] CollectiveConformance.EveryOperationWorksOnEveryGroup",
+        "[       OK ] CollectiveConformance.GroupReductionsAreTheSameBitsOnEveryRankAndGroupAndRepeat"})
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing from\n" << r.out;
+  EXPECT_EQ(r.out.find("[ RUN      ] EveryOptimizer"), std::string::npos) << r.out;
+}
+
 TEST(ConformanceCommand, FailsAKernelThatBreaksTheContract) {
   // test_unmasked ignores the causal mask, windows and segment ids.
   const auto r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/conformance/libloom-test-unmasked.so",
@@ -62,6 +74,10 @@ TEST(ConformanceCommand, FailsAKernelThatBreaksTheContract) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("[  FAILED  ] AttentionConformance.EveryKernelMatchesNaive"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("causal"), std::string::npos) << "the failing case is described\n" << r.out;
+  // Failure lines cite the suite's source relative to loom's source tree, not a path of the
+  // machine loom was built on.
+  EXPECT_NE(r.out.find("\ntests/conformance/attention_test.cpp:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("/tests/conformance/attention_test.cpp"), std::string::npos) << r.out;
 }
 
 TEST(ConformanceCommand, RefusesWhatItCannotCheck) {
@@ -71,8 +87,8 @@ TEST(ConformanceCommand, RefusesWhatItCannotCheck) {
 
   r = loom_conformance({plugin("tokenizer-byte")});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("provides tokenizer/byte; conformance suites exist for backends, attention kernels and "
-                       "optimizers"),
+  EXPECT_NE(r.err.find("provides tokenizer/byte; conformance suites exist for backends, attention kernels, "
+                       "optimizers and collectives"),
             std::string::npos)
       << r.err;
 

@@ -8,7 +8,9 @@
 // the suites of the kinds PLUGIN.so provides: backend (every operation against `reference`,
 // values and gradients, the kernel contract, determinism), attention (against `naive`, with every
 // integer option at its minimum too) and optimizer (the contract, and PyTorch's recorded
-// trajectories from <prefix>/share/loom/conformance/optimizer for the algorithms they cover).
+// trajectories from <prefix>/share/loom/conformance/optimizer for the algorithms they cover) and
+// collective (every operation on the world and on the groups along each axis of every mesh of
+// its ranks, determinism bit for bit; under `mpirun -np N` each rank runs this program).
 // Exit status: 0 when every test passes, 1 when one fails, 2 when the plugin cannot be checked
 // (missing, fails to load, provides no kind with a suite).
 #include <gtest/gtest.h>
@@ -23,7 +25,11 @@
 #include <vector>
 
 #include "conformance_setup.hpp"
+#include "loom/build_isa.hpp"
 #include "numerics_test_support.hpp"
+
+// Installed with loom, so it checks the CPU at start-up as `loom` does (apps/loom/cpu_check.cpp).
+extern "C" const char loom_executable_isa[] = LOOM_BUILD_ISA;
 
 namespace {
 
@@ -36,6 +42,7 @@ const char* suite_filter(const std::string& kind) {
   if (kind == "backend") return "*BackendConformance.*:*KernelContract.*:*Determinism.RepeatedRunsAreBitIdentical*";
   if (kind == "attention") return "AttentionConformance.*";
   if (kind == "optimizer") return "EveryOptimizer.*:*AgreesWithPyTorch.*";
+  if (kind == "collective") return "CollectiveConformance.*";
   return nullptr;
 }
 constexpr const char* own_build_checks =
@@ -45,7 +52,8 @@ int usage(std::ostream& out, int status) {
   out << "usage: loom conformance PLUGIN.so [GoogleTest options, e.g. --gtest_filter=...]\n\n"
          "Runs loom's conformance suites on the components PLUGIN.so registers: a backend against the\n"
          "`reference` backend, an attention kernel against `naive`, an optimizer against the contract\n"
-         "and PyTorch's recorded trajectories. Exit status 0: every test passed; 1: a test failed; 2: the\n"
+         "and PyTorch's recorded trajectories, a collective against its contract on every mesh of its\n"
+         "ranks (under `mpirun -np 4`). Exit status 0: every test passed; 1: a test failed; 2: the\n"
          "plugin could not be checked.\n";
   return status;
 }
@@ -101,7 +109,7 @@ int run(int argc, char** argv) {
   if (kinds.empty()) {
     std::cerr << "loom conformance: error: " << setup.subject.string() << " provides "
               << (listed.empty() ? "no component" : listed)
-              << "; conformance suites exist for backends, attention kernels and optimizers\n";
+              << "; conformance suites exist for backends, attention kernels, optimizers and collectives\n";
     return 2;
   }
   std::cout << "loom conformance: " << setup.subject.string() << " (" << listed << ")\n"

@@ -369,5 +369,60 @@ TEST(ConfigLayers, AnIncludedFilesLayersAreNamedWhereItLands) {
   EXPECT_EQ(dropped[0].layer, adam.string());
 }
 
+// The options a section declares for every type (the run layer's optimizer.learning_rate and
+// max_grad_norm) are not the old type's: where the loader knows the top-level schema, a change of
+// type keeps them, in every kind of layer, and the note names only what was dropped.
+TEST(ConfigLayers, SectionWideOptionsSurviveATypeChange) {
+  OptionSchema section;
+  section.number("learning_rate", 6e-4, "Peak rate.").min(0.0);
+  section.number("max_grad_norm", 1.0, "Clip.").min(0.0).nullable();
+  OptionSchema stage;
+  stage.component("optimizer", "optimizer", "adamw", "Nested under an object.").section_options(section);
+  OptionSchema sections;
+  sections.component("optimizer", "optimizer", "adamw", "The optimizer.").section_options(section);
+  sections.component("model", "model", std::nullopt, "No section options.");
+  sections.object("stage", stage, "An object holding a component section.");
+
+  TempDir dir;
+  const auto file = dir.write("run.yaml",
+                              "optimizer:\n  type: adamw\n  learning_rate: 2.0e-3\n  beta2: 0.99\n"
+                              "model: {type: gpt2, hidden_dim: 64}\n");
+  std::vector<config::DroppedOptions> dropped;
+  // The command line: the rate given before the type change stays.
+  Value v = config::load(file, {"optimizer.learning_rate=1e-3", "optimizer.type=sgd"}, &dropped, &sections);
+  ASSERT_EQ(keys_at(v, "optimizer"), (Keys{"type", "learning_rate"}));
+  EXPECT_EQ(v.at_path("optimizer.learning_rate")->as_double(), 1e-3);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].keys, (Keys{"beta2 (" + file.string() + ":4:10)"}));
+
+  // A map with the new type and its options, and a bare name: the file's rate stays.
+  dropped.clear();
+  v = config::load(file, {"optimizer={type: sgd, momentum: 0.9, max_grad_norm: 0.5}"}, &dropped, &sections);
+  ASSERT_EQ(keys_at(v, "optimizer"), (Keys{"type", "momentum", "max_grad_norm", "learning_rate"}));
+  EXPECT_EQ(v.at_path("optimizer.learning_rate")->as_double(), 2e-3);
+  EXPECT_EQ(v.at_path("optimizer.max_grad_norm")->as_double(), 0.5);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].keys.size(), 1u);  // beta2
+  v = config::load(file, {"optimizer=sgd"}, nullptr, &sections);
+  ASSERT_EQ(keys_at(v, "optimizer"), (Keys{"type", "learning_rate"}));
+  EXPECT_EQ(v.at_path("optimizer.type")->as_string(), "sgd");
+
+  // A file layer over a base of another type.
+  const auto child = dir.write("child.yaml", "base_config: run.yaml\noptimizer: {type: lion, beta1: 0.95}\n");
+  v = config::load_file(child, nullptr, &sections);
+  EXPECT_EQ(keys_at(v, "optimizer"), (Keys{"type", "beta1", "learning_rate"}));
+
+  // A section under a plain map follows the same rule; a section that declares none drops all.
+  const auto nested = dir.write("nested.yaml", "stage:\n  optimizer: {type: adamw, learning_rate: 0.1, eps: 1.0e-8}\n");
+  v = config::load(nested, {"stage.optimizer.type=sgd"}, nullptr, &sections);
+  EXPECT_EQ(keys_at(v, "stage.optimizer"), (Keys{"type", "learning_rate"}));
+  v = config::load(file, {"model.type=llama"}, nullptr, &sections);
+  EXPECT_EQ(keys_at(v, "model"), (Keys{"type"}));
+
+  // Without the schema the loader cannot tell, and drops them (the behaviour of plain load()).
+  v = config::load(file, {"optimizer.type=sgd"});
+  EXPECT_EQ(keys_at(v, "optimizer"), (Keys{"type"}));
+}
+
 }  // namespace
 }  // namespace loom

@@ -357,5 +357,59 @@ TEST(RegistryAdd, AFailedBatchAddsNothing) {
   EXPECT_EQ(r.find("optimizer", "fresh"), nullptr);
 }
 
+// A default its own option refuses is the plugin's bug: registration fails naming the component,
+// the option (nested ones by their path) and what the option accepts; nothing is added.
+TEST(RegistryAdd, DeclaredDefaultsMustBeAcceptedByTheirOwnOptions) {
+  auto factory = [](const Options&, const CreateContext&) -> std::unique_ptr<Component> { return nullptr; };
+  auto refused = [&](OptionSchema options) {
+    Registry r;
+    try {
+      r.add({{nullptr, "optimizer", {.name = "valid"}, factory, "a.so"},
+             {nullptr, "optimizer", {.name = "mine", .options = std::move(options)}, factory, "a.so"}});
+    } catch (const UserError& e) {
+      EXPECT_EQ(r.find("optimizer", "valid"), nullptr);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  OptionSchema range;
+  range.number("beta", 1.5, "Decay.").min(0.0).max(1.0, false);
+  EXPECT_EQ(refused(range),
+            "optimizer 'mine' declares the option 'beta' with the default 1.5, which the option itself refuses "
+            "(expected a number in [0, 1), got 1.5 (out of range)): the plugin must change the default or the "
+            "option's range or choices");
+  OptionSchema integer;
+  integer.integer("steps", 0, "Steps.").min(1);
+  EXPECT_NE(refused(integer).find("'steps' with the default 0"), std::string::npos);
+  OptionSchema choice;
+  choice.string("mode", "constant", "Shape.").one_of({"linear", "cosine"});
+  EXPECT_NE(refused(choice).find("'mode' with the default \"constant\", which the option itself refuses "
+                                 "(expected a string, one of linear, cosine"),
+            std::string::npos)
+      << refused(choice);
+  OptionSchema list;
+  list.list("betas", OptionType::number, {0.9, 1.0}, "Betas.").range(0.0, 1.0, false);
+  EXPECT_NE(
+      refused(list).find("'betas' with the default [0.9, 1.0], which the option itself refuses (betas[1]: expected"),
+      std::string::npos)
+      << refused(list);
+  OptionSchema length;
+  length.list("betas", OptionType::number, {0.9}, "Betas.").length(2, 2);
+  EXPECT_NE(refused(length).find("wrong length"), std::string::npos) << refused(length);
+  OptionSchema inner, nested;
+  inner.integer("every", -1, "Period.").min(1);
+  nested.object("restart", inner, "Restarts.");
+  EXPECT_NE(refused(nested).find("'restart.every' with the default -1"), std::string::npos) << refused(nested);
+
+  // Null defaults, required options, component names and `any` have nothing to check.
+  OptionSchema fine;
+  fine.number("beta", std::nullopt, "Derived when null.").min(0.0).max(1.0, false);
+  fine.integer("count", 0, "Count.").required();
+  fine.component("attention", "attention", "flash", "Kernel.");
+  fine.any("tags", Value::map(), "Tags.");
+  fine.number("edge", 0.0, "On the inclusive bound.").range(0.0, 1.0);
+  EXPECT_EQ(refused(fine), "");
+}
+
 }  // namespace
 }  // namespace loom

@@ -15,6 +15,7 @@
 #include "loom/core/registry.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
+#include "reference_required.hpp"
 
 namespace loom::test {
 

@@ -347,6 +347,37 @@ TEST(DataParallel, ShardingTheOptimizerStateLowersThePeakMemoryOfEachRank) {
       << plain.out << sharded.out;
 }
 
+// trainer.mesh: the header and the step lines say it; one that does not fit the ranks, or that
+// asks for fsdp (not available yet), is refused before the run directory is made.
+TEST(DataParallel, TheMeshIsShownAndAMeshThatDoesNotFitIsRefusedFirst) {
+  const fs::path ok = scratch("mesh-ok");
+  auto args = train_args(ok, 4);
+  args[4] = "trainer.num_train_steps=2";
+  args.push_back("trainer.mesh={data: 2, fsdp: -1}");
+  auto r = mpirun(2, args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("data parallel: 2 ranks: data 2 x fsdp 1 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  2 ranks: data 2 x fsdp 1\n"), std::string::npos) << r.out;
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"trainer.mesh.data=3", "trainer.mesh {data: 3, fsdp: 1} has 3 ranks but the run has 2 ranks"},
+      {"trainer.mesh={data: -1, fsdp: 3}", "trainer.mesh {data: -1, fsdp: 3} does not divide the 2 ranks of this run"},
+      {"trainer.mesh={data: 1, fsdp: 2}",
+       "trainer.mesh (data 1 x fsdp 2): fully sharded data parallelism (fsdp > 1, ZeRO-3) is not available in this "
+       "loom yet; every rank holds the whole model. Use data parallelism, trainer.mesh: {data: -1, fsdp: 1} (the "
+       "default), and trainer.shard_optimizer_state: true to split the optimizer state across the ranks (ZeRO-1)"},
+  };
+  for (const auto& [override_, message] : refused) {
+    const fs::path dir = scratch("mesh-refused");
+    auto refused_args = train_args(dir, 4);
+    refused_args.push_back(override_);
+    r = mpirun(2, refused_args);
+    EXPECT_NE(r.exit_code, 0) << override_;
+    EXPECT_NE((r.out + r.err).find(message), std::string::npos) << override_ << "\n" << r.out << r.err;
+    EXPECT_FALSE(fs::exists(dir)) << override_;
+  }
+}
+
 TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
   const fs::path dir = scratch("killed");
   auto args = train_args(dir, 4);

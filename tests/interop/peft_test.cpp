@@ -1,11 +1,11 @@
 // LoRA adapters against Hugging Face PEFT (docs/fine-tuning.md). For a gpt2 ([in, out] Conv1D
-// weights: fan_in_fan_out) and a llama (a fused qkv_proj that PEFT sees as q_proj, k_proj and
-// v_proj): a base run is exported with `loom export`, a LoRA run from its weights exports its
-// adapters (PEFT's files) and, with --merge-lora, the merged model. peft_reference.py (in the
-// Python environment of scripts/setup-python-env.sh with peft added, or LOOM_PEFT_PYTHON) loads
-// base + adapters with peft.PeftModel.from_pretrained, and the merged model with transformers.
-// Their logits must agree with loom's adapted model (Ops with the adapters) and loom's merged
-// model to a relative error of 1e-4:
+// weights: fan_in_fan_out), a llama (a fused qkv_proj that PEFT sees as q_proj, k_proj and
+// v_proj), and a llama with PEFT's own target_modules [q_proj, v_proj] (adapters on rows of the
+// fused weight), with and without lm_head: a base run is exported with `loom export`, a LoRA run from its weights
+// exports its adapters (PEFT's files) and, with --merge-lora, the merged model. peft_reference.py (in the Python
+// environment of scripts/setup-python-env.sh with peft added, or LOOM_PEFT_PYTHON) loads base + adapters with
+// peft.PeftModel.from_pretrained, and the merged model with transformers. Their logits must agree with loom's adapted
+// model (Ops with the adapters) and loom's merged model to a relative error of 1e-4:
 //   error = max |loom - reference| / max |reference|
 // The test skips, saying why, where peft is not installed.
 #include <gtest/gtest.h>
@@ -59,6 +59,8 @@ void export_run(const fs::path& run, const fs::path& out, bool merge) {
 struct Case {
   std::string name;
   std::string model;
+  std::vector<std::string> lora = {};  // more lora.* overrides
+  int lora_modules = 0;                // the LoRA modules PEFT builds (0: not checked)
 };
 
 class Peft : public ::testing::TestWithParam<Case> {};
@@ -66,8 +68,9 @@ class Peft : public ::testing::TestWithParam<Case> {};
 TEST_P(Peft, AdaptersAgreeWithPeft) {
   std::error_code ec;
   if (!fs::exists(LOOM_PEFT_PYTHON, ec))
-    GTEST_SKIP() << "peft is not available: there is no Python environment at " << LOOM_PEFT_PYTHON
-                 << " (scripts/setup-python-env.sh makes it; set LOOM_PEFT_PYTHON to one with peft)";
+    return loom::test::skip_missing_reference(
+        std::string("peft is not available: there is no Python environment at ") + LOOM_PEFT_PYTHON +
+        " (scripts/setup-python-env.sh makes it; set LOOM_PEFT_PYTHON to one with peft)");
   test::TempDir work;
   const fs::path dir = work.path() / GetParam().name;
   fs::create_directories(dir);
@@ -84,9 +87,10 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
 )");
   train_in(yaml, work.path() / "base_run", {});
   export_run(work.path() / "base_run", dir / "base", false);
-  train_in(yaml, work.path() / "lora_run",
-           {"trainer.init_from=" + (work.path() / "base_run").string(), "lora.rank=4", "lora.alpha=8",
-            "trainer.num_train_steps=6"});
+  std::vector<std::string> lora = {"trainer.init_from=" + (work.path() / "base_run").string(), "lora.rank=4",
+                                   "lora.alpha=8", "trainer.num_train_steps=6"};
+  lora.insert(lora.end(), GetParam().lora.begin(), GetParam().lora.end());
+  train_in(yaml, work.path() / "lora_run", lora);
   export_run(work.path() / "lora_run", dir / "adapters", false);
   export_run(work.path() / "lora_run", dir / "merged", true);
 
@@ -96,12 +100,15 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
   safetensors::save(dir / "tokens.safetensors", std::vector<std::pair<std::string, Tensor>>{{"tokens", tokens}});
 
   const auto r = test::run_command({LOOM_PEFT_PYTHON, LOOM_PEFT_REFERENCE_SCRIPT, work.path().string()});
-  if (r.exit_code == 77) GTEST_SKIP() << r.err.substr(0, r.err.find('\n'));
+  if (r.exit_code == 77) return loom::test::skip_missing_reference(r.err.substr(0, r.err.find('\n')));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::ifstream report_file(dir / "peft.json");
   const auto report = nlohmann::json::parse(report_file);
   EXPECT_TRUE(report["reached"].get<bool>()) << r.err;
   EXPECT_EQ(report["lora_modules"].get<int>() * 2, report["tensors"].get<int>());
+  if (GetParam().lora_modules > 0) {
+    EXPECT_EQ(report["lora_modules"].get<int>(), GetParam().lora_modules);
+  }
   const safetensors::Reader reference(dir / "peft.safetensors");
 
   auto logits = [&](bool merge) {
@@ -136,7 +143,19 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2", "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 2, num_heads: 4}"},
                       Case{"llama",
                            "{type: llama, seq_len: 16, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, "
-                           "num_heads: 4, num_kv_heads: 2}"}),
+                           "num_heads: 4, num_kv_heads: 2}"},
+                      // PEFT's usual Llama recipe: the query and value rows of the fused qkv_proj,
+                      // each its own adapter; and the untied output head.
+                      Case{"llama_q_v",
+                           "{type: llama, seq_len: 16, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, "
+                           "num_heads: 4, num_kv_heads: 2}",
+                           {"lora.target_modules=[q_proj, v_proj]"},
+                           4},
+                      Case{"llama_q_v_lm_head",
+                           "{type: llama, seq_len: 16, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, "
+                           "num_heads: 4, num_kv_heads: 2}",
+                           {"lora.target_modules=[q_proj, v_proj, lm_head]"},
+                           5}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "../core/reference_required.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -349,8 +351,9 @@ std::string python_with(const std::string& modules) {
 TEST_F(SafetensorsTest, PythonSafetensorsAndTransformersOpenLoomsFileAsPyTorch) {
   const std::string python = python_with("safetensors, torch");
   if (python.empty())
-    GTEST_SKIP() << "neither " << LOOM_REFERENCE_ENV_PYTHON
-                 << " (scripts/setup-python-env.sh) nor /usr/bin/python3 imports safetensors and torch";
+    return loom::test::skip_missing_reference(std::string("neither ") + LOOM_REFERENCE_ENV_PYTHON +
+                                              " (scripts/setup-python-env.sh) nor /usr/bin/python3 imports "
+                                              "safetensors and torch");
   const std::vector<std::pair<std::string, Tensor>> t = {{"w", f32({1.5f, -2.0f, 3.0f}, Shape{3})}};
   st::save(file("py.safetensors"), t, {{"model", "gpt2"}});
   const fs::path script = file("check.py");

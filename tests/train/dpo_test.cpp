@@ -165,6 +165,33 @@ TEST(Dpo, RowsThatAreNotPairsAreRefused) {
   }
 }
 
+// configs/dpo-tiny.yaml over data without preference pairs (synthetic documents, plain text):
+// refused before anything trains, naming the objective, the dataset and what is missing; no run
+// directory is made.
+TEST(Dpo, DatasetsWithoutPreferencePairsAreRefused) {
+  test::TempDir dir;
+  const fs::path text = dir.write("plain.txt", std::string(4000, 'a'));
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"synthetic", {"data.type=synthetic"}}, {"text", {"data.type=text", "data.paths=[" + text.string() + "]"}}};
+  for (const auto& [type, overrides] : cases) {
+    SCOPED_TRACE(type);
+    std::vector<std::string> o = overrides;
+    o.push_back("trainer.num_train_steps=2");
+    try {
+      test::train_in(source_dir / "configs/dpo-tiny.yaml", dir.path() / type, o);
+      FAIL() << "no error";
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("objective.type 'dpo' needs batches with the trait 'preference_pairs', and data.type '" + type +
+                       "' does not give them"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("data.type: preference"), std::string::npos) << m;
+    }
+    EXPECT_FALSE(fs::exists(dir.path() / type));
+  }
+}
+
 // configs/dpo-tiny.yaml as shipped: the held-out pairs' reward accuracy rises above 0.5.
 TEST(Dpo, DpoTinyLearnsThePreferenceRule) {
   test::TempDir dir;

@@ -274,6 +274,33 @@ TEST(Generation, GoesPastTheContextOrStopsThereWhenAsked) {
   EXPECT_TRUE(generate(*lm.model, *lm.backend, tokenizer, boundary, prompt, options).tokens.empty());
 }
 
+// A model whose vocabulary is padded past its tokenizer's (as Hugging Face files often are): the
+// padded ids have no text, and neither sampling nor greedy decoding picks them, even where their
+// logits are the largest (the head's rows of real tokens zeroed, the padded rows random).
+TEST(Generation, NeverPicksIdsPastTheTokenizersVocabulary) {
+  test::TempDir dir;
+  ByteTokenizer tokenizer(false);  // 256 ids
+  Lm lm = make_lm(dir, llama_yaml, 320);
+  for (const auto& p : lm.model->parameters()) {
+    if (p.parameter->name() != "lm_head.weight") continue;
+    Tensor head = p.parameter->data();
+    ASSERT_EQ(head.size(0), 320);
+    head.slice(0, 0, 256).copy_from(Tensor::zeros(Shape{256, head.size(1)}));
+  }
+  const DocumentBoundary boundary = document_boundary(tokenizer, true);
+  const std::vector<std::int32_t> prompt = tokenizer.encode("The ");
+  for (const double temperature : {0.0, 1.0, 50.0}) {
+    SCOPED_TRACE(temperature);
+    SamplingOptions options;
+    options.max_new_tokens = 40;
+    options.temperature = temperature;
+    options.seed = 7;
+    const Generation g = generate(*lm.model, *lm.backend, tokenizer, boundary, prompt, options);
+    ASSERT_EQ(g.tokens.size(), 40u);
+    for (const auto t : g.tokens) ASSERT_TRUE(t >= 0 && t < 256) << t;
+  }
+}
+
 TEST(Generation, SamplingOptionsOutOfRangeAreUserErrors) {
   const auto message = [](const SamplingOptions& o) {
     try {

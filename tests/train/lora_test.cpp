@@ -225,6 +225,137 @@ TEST(LoraAdapters, PatternThatMatchesNoLinearWeightIsAUserError) {
   EXPECT_THROW(LoraAdapters(*lm.model, *lm.backend, settings), UserError);
 }
 
+// PEFT's module names on a llama, whose q, k and v share one fused weight: [q_proj, v_proj] gives
+// the query rows and the value rows of each layer's qkv_proj an adapter each (PEFT's q_proj and
+// v_proj adapters), the key rows none; lm_head adapts the untied output head, also inside the
+// loss's fused cross-entropy. The adapted forward equals the merged weights', the merge leaves
+// the key rows alone, and the gradients of every adapter match finite differences.
+TEST(LoraPeftNames, QueryAndValueRowsOfTheFusedWeightAndTheOutputHead) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, llama_yaml);  // 4 query heads and 2 key/value heads of 8: q 32 rows, k 16, v 16
+  LoraSettings settings;
+  settings.rank = 2;
+  settings.alpha = 4;
+  settings.target_modules = {"q_proj", "v_proj", "lm_head"};
+  LoraAdapters adapters(*lm.model, *lm.backend, settings);
+  lm.model->initialize(5);
+  EXPECT_EQ(adapters.target_names(),
+            (std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight (q_proj)",
+                                      "layers.0.self_attn.qkv_proj.weight (v_proj)",
+                                      "layers.1.self_attn.qkv_proj.weight (q_proj)",
+                                      "layers.1.self_attn.qkv_proj.weight (v_proj)", "lm_head.weight"}));
+  std::vector<std::string> names;
+  for (const auto& p : adapters.parameters()) names.push_back(p.parameter->name() + " " + p.parameter->shape().str());
+  EXPECT_EQ(names[0], "layers.0.self_attn.qkv_proj.q_proj.lora_A.weight [2, 32]");
+  EXPECT_EQ(names[1], "layers.0.self_attn.qkv_proj.q_proj.lora_B.weight [32, 2]");
+  EXPECT_EQ(names[3], "layers.0.self_attn.qkv_proj.v_proj.lora_B.weight [16, 2]");
+  EXPECT_EQ(names[9], "lm_head.lora_B.weight [256, 2]");
+  randomise(adapters);
+
+  const Tensor tokens = tokens_of(2, 16, 1), targets = tokens_of(2, 16, 2);
+  auto run = [&](bool adapted, bool record, double* loss) {
+    Tape tape;
+    tape.set_enabled(record);
+    Ops ops(*lm.backend, &tape);
+    ops.set_training(false);
+    if (adapted) ops.set_linear_adapters(&adapters.table());
+    const auto logits = lm.model->logits(ops, tokens, Tensor()).to_vector();
+    Tensor l = lm.model->loss(ops, tokens, targets, Tensor());
+    *loss = l.item();
+    if (record) tape.backward(l);
+    return logits;
+  };
+  double base_loss = 0, adapted_loss = 0, merged_loss = 0;
+  const auto base = run(false, false, &base_loss);
+  const auto adapted = run(true, false, &adapted_loss);
+  EXPECT_GT(max_relative(adapted, base), 1e-3);
+  // The loss's fused cross-entropy sees the adapted head as logits() does.
+  double from_logits = 0;
+  for (std::int64_t r = 0; r < 32; ++r) {
+    const float* row = adapted.data() + r * 256;
+    double m = -INFINITY, z = 0;
+    for (int v = 0; v < 256; ++v) m = std::max(m, static_cast<double>(row[v]));
+    for (int v = 0; v < 256; ++v) z += std::exp(row[v] - m);
+    from_logits += (m + std::log(z) - row[targets.data<std::int32_t>()[r]]) / 32.0;
+  }
+  EXPECT_NEAR(adapted_loss, from_logits, 1e-5 * from_logits);
+  const Parameter* qkv = nullptr;
+  for (const auto& p : lm.model->parameters())
+    if (p.parameter->name() == "layers.0.self_attn.qkv_proj.weight") qkv = p.parameter;
+  ASSERT_NE(qkv, nullptr);
+  const auto qkv_before = qkv->data().to_vector();
+  adapters.with_merged(*lm.backend, [&] {
+    EXPECT_LE(max_relative(run(false, false, &merged_loss), adapted), 1e-5);
+    const auto qkv_merged = qkv->data().to_vector();
+    for (std::size_t i = 0; i < qkv_merged.size(); ++i) {
+      const std::size_t row = i / 32;
+      if (row >= 32 && row < 48) {
+        EXPECT_EQ(qkv_merged[i], qkv_before[i]) << "key row " << row;
+      } else if (row < 32 && i % 32 == 0) {
+        EXPECT_NE(qkv_merged[i], qkv_before[i]) << "query row " << row;
+      }
+    }
+    return 0;
+  });
+
+  for (const auto& p : lm.model->parameters()) p.parameter->set_requires_grad(false);
+  for (const auto& p : adapters.parameters()) p.parameter->zero_grad();
+  double loss = 0;
+  run(true, true, &loss);
+  for (const auto& p : adapters.parameters()) {
+    ASSERT_TRUE(p.parameter->has_grad()) << p.parameter->name();
+    const auto grad = p.parameter->grad().to_vector();
+    Tensor value = p.parameter->data();
+    for (std::int64_t i : {std::int64_t{0}, value.numel() / 2, value.numel() - 1}) {
+      float* x = value.data<float>() + i;
+      const float keep = *x, h = 1e-2f;
+      double up = 0, down = 0;
+      *x = keep + h;
+      run(true, false, &up);
+      *x = keep - h;
+      run(true, false, &down);
+      *x = keep;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[static_cast<std::size_t>(i)], numeric, 2e-3 + 2e-2 * std::abs(numeric))
+          << p.parameter->name() << "[" << i << "]";
+    }
+  }
+}
+
+// Without target_modules every weight the loss multiplies is adapted, the output head not.
+TEST(LoraPeftNames, TheDefaultLeavesTheOutputHeadAlone) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, llama_yaml);
+  LoraSettings settings;
+  settings.rank = 2;
+  const auto names = LoraAdapters(*lm.model, *lm.backend, settings).target_names();
+  EXPECT_EQ(names.size(), 10u);  // qkv, o, gate, up, down in each of 2 layers
+  EXPECT_EQ(std::find(names.begin(), names.end(), "lm_head.weight"), names.end());
+}
+
+// lm_head on a model that ties its head to the embedding: the message says how to untie it.
+TEST(LoraPeftNames, WhatCannotBeAdaptedIsAUserError) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, gpt2_yaml);
+  LoraSettings settings;
+  settings.rank = 2;
+  settings.target_modules = {"lm_head"};
+  try {
+    LoraAdapters adapters(*lm.model, *lm.backend, settings);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("set model.tie_word_embeddings: false to adapt lm_head"), std::string::npos)
+        << e.what();
+  }
+  settings.target_modules = {"lm_head"};
+  test::TempDir dir2;
+  Lm untied = make_lm(dir2,
+                      "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 2, num_heads: 2, "
+                      "tie_word_embeddings: false}");
+  EXPECT_EQ(LoraAdapters(*untied.model, *untied.backend, settings).target_names(),
+            std::vector<std::string>{"lm_head.weight"});
+}
+
 // ---- Training ----
 
 const char* tiny_config = R"(
@@ -291,7 +422,7 @@ class LoraTraining : public ::testing::Test {
 
 TEST_F(LoraTraining, LearnsAndSavesTheAdaptersAlone) {
   const TinyRun run = train_tiny(*dir_, "lora", lora({"trainer.checkpoint.save_every_steps=30"}));
-  EXPECT_NE(run.log.find("lora: rank 4 adapters on 8 weights"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("lora: 8 rank-4 adapters"), std::string::npos) << run.log;
   // The same run at a learning rate of zero: the base model on this data.
   const TinyRun still = train_tiny(*dir_, "still", lora({"optimizer.learning_rate=0"}));
   EXPECT_LT(run.summary.final_eval_loss, still.summary.final_eval_loss - 0.05)
@@ -408,9 +539,7 @@ TEST_F(LoraTraining, PatternsThatMatchNothingAreUserErrors) {
 // configs/lora-gpt2.yaml, shortened: from a short quickstart run's weights, the adapters learn
 // tiny Shakespeare (the evaluation loss falls).
 TEST(LoraConfig, LoraGpt2Learns) {
-  const fs::path data = fs::path(LOOM_SHARED_DATA_DIR) / "tinyshakespeare.txt";
-  std::error_code ec;
-  if (!fs::exists(data, ec)) GTEST_SKIP() << "no " << data.string() << " (the shared data directory)";
+  const fs::path data = LOOM_TINYSHAKESPEARE;  // configs/data/tinyshakespeare.txt, the config's own file
   test::TempDir dir;
   auto run = [&](const char* config, std::vector<std::string> overrides) {
     RuntimeOptions options;

@@ -201,13 +201,53 @@ TEST(Trainer, MissingSectionIsAUserError) {
   }
 }
 
+// With a threshold at the window's mean (sigma 1e-3) and a learning rate high enough to make the
+// loss jump about, steps that exceed it in loss or gradient norm are skipped: the count is
+// reported, and each skipped step leaves the weights as they were. With the rule off, the same run
+// skips nothing.
 TEST(Trainer, SkipBadStepsRunsAndReportsSkips) {
   test::TempDir dir;
-  const TinyRun run = train_tiny(dir, "a", {"trainer.skip_bad_steps=true", "trainer.skip_step_window=4"});
-  EXPECT_EQ(run.summary.steps, 6);
-  bool reported = false;
-  for (const auto& r : read_metrics(run.dir)) reported |= r.contains("train/skipped_steps");
-  EXPECT_TRUE(reported);
+  const std::vector<std::string> rule{"trainer.skip_bad_steps=true",   "trainer.skip_step_window=2",
+                                      "trainer.skip_step_sigma=0.001", "trainer.log_every=1",
+                                      "trainer.num_train_steps=10",    "optimizer.learning_rate=0.1"};
+  const TinyRun run = train_tiny(dir, "a", rule);
+  EXPECT_EQ(run.summary.steps, 10);
+  EXPECT_GT(run.summary.skipped_steps, 0);
+  EXPECT_LE(run.summary.skipped_steps, 8);  // the first two steps fill the window: never skipped
+  double reported = -1;
+  for (const auto& r : read_metrics(run.dir))
+    if (r.contains("train/skipped_steps")) reported = r["train/skipped_steps"].get<double>();
+  EXPECT_EQ(reported, static_cast<double>(run.summary.skipped_steps));
+
+  auto off = rule;
+  off[0] = "trainer.skip_bad_steps=false";
+  const TinyRun plain = train_tiny(dir, "b", off);
+  EXPECT_EQ(plain.summary.skipped_steps, 0);
+  for (const auto& r : read_metrics(plain.dir)) EXPECT_EQ(r.value("train/skipped_steps", 0.0), 0.0);
+  // A skipped step is not applied: the weights differ from the run that applied every step.
+  EXPECT_NE(all_weights(run.dir / "model.safetensors"), all_weights(plain.dir / "model.safetensors"));
+}
+
+// A NaN or infinite loss (crash_on_nan and crash_on_inf off) is skipped and never enters the
+// window: the threshold stays finite and the next outlier is still caught.
+TEST(SkipStepRule, NonFiniteStepsAreSkippedAndNeverEnterTheWindow) {
+  for (const double bad : {std::nan(""), double{INFINITY}, -double{INFINITY}}) {
+    SkipStepRule rule(/*window=*/8, /*sigma=*/3.0);
+    for (int i = 0; i < 8; ++i) EXPECT_FALSE(rule.should_skip(2.0 + 0.01 * (i % 2), 1.0 + 0.01 * (i % 3)));
+    const auto before = rule.losses();
+    EXPECT_TRUE(rule.should_skip(bad, 1.0)) << bad;
+    EXPECT_TRUE(rule.should_skip(2.0, bad)) << bad;
+    EXPECT_EQ(rule.losses(), before);  // what a checkpoint's state.json saves
+    for (double x : rule.grad_norms()) EXPECT_TRUE(std::isfinite(x));
+    EXPECT_TRUE(rule.should_skip(10.0, 1.0)) << "a loss spike after " << bad;
+    EXPECT_TRUE(rule.should_skip(2.0, 50.0)) << "a gradient-norm spike after " << bad;
+  }
+  // A window saved with NaN in it (by an older loom) is restored without them.
+  SkipStepRule restored(8, 3.0);
+  restored.restore({2.0, std::nan(""), 2.01, 2.0, 2.01, 2.0}, {1.0, 1.0, INFINITY, 1.01, 1.0, 1.01});
+  EXPECT_EQ(restored.losses(), (std::vector<double>{2.0, 2.0, 2.01, 2.0}));
+  EXPECT_EQ(restored.grad_norms(), (std::vector<double>{1.0, 1.01, 1.0, 1.01}));
+  EXPECT_TRUE(restored.should_skip(10.0, 1.0));
 }
 
 TEST(SkipStepRule, SkipsOutliersOnceTheWindowIsHalfFull) {
@@ -298,6 +338,33 @@ TEST(Trainer, ZLossWeightAddsToTheTrainingLoss) {
   const TinyRun z = train_tiny(dir, "z", {"trainer.z_loss_weight=0.01"});
   EXPECT_GT(z.summary.final_train_loss, plain.summary.final_train_loss);
   EXPECT_TRUE(std::isfinite(z.summary.final_train_loss));
+}
+
+// A fuzzed config that ran for minutes without a line after the header (issue 26): soap with
+// merge_dims made each 256 x 32 embedding one 8192 x 8192 preconditioner, whose eigendecomposition
+// on the first step took minutes. Such a tensor is now a vector (no preconditioner without
+// precondition_1d), and the run finishes in about a second.
+TEST(Trainer, SoapWithMergeDimsOnATinyModelFinishes) {
+  test::TempDir dir;
+  const auto config = dir.write("soap.yaml", R"(
+model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 1, num_heads: 2, attention: naive,
+        tie_word_embeddings: false}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: soap, learning_rate: 0.113, max_grad_norm: 0.255, beta1: 0.852, beta2: 0.765, shampoo_beta: 0.189,
+            weight_decay: 0.053, merge_dims: true}
+lr_schedule: {type: linear, decay: 0.537}
+trainer:
+  num_train_steps: 3
+  train_batch_size: 4
+  sample_length: 8
+  trackers: [jsonl]
+  checkpoint: {save_every_steps: 1, async: false}
+)");
+  const TinyRun run = test::train_in(config, dir.path() / "soap");
+  EXPECT_EQ(run.summary.steps, 3);
+  EXPECT_TRUE(std::isfinite(run.summary.final_train_loss));
+  EXPECT_TRUE(fs::exists(dir.path() / "soap" / "checkpoints" / "step-3"));
 }
 
 }  // namespace

@@ -87,6 +87,7 @@ std::string describe_plugins_json(const Runtime& runtime) {
                        {"reason", p.reason},
                        {"sdk_version", p.sdk_version},
                        {"build_tag", p.build_tag},
+                       {"isa", p.isa},
                        {"components", p.components}});
   json doc = {{"components", components}, {"plugins", plugins}, {"plugin_path", runtime.registry().searched_dirs()}};
   return doc.dump(2) + "\n";

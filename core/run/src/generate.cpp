@@ -187,8 +187,12 @@ Generation generate(Model& model, Backend& backend, const Tokenizer& tokenizer, 
   if (options.max_new_tokens == 0) return out;
   TokenStream stream(model, backend, boundary, options.at_context_end);
   stream.start(prompt);
+  // A model's vocabulary may be larger than its tokenizer's (padded to a multiple, as Hugging
+  // Face files often are): the ids past the tokenizer's have no text, so they are never picked.
+  const auto candidates = static_cast<std::size_t>(std::max<std::int64_t>(tokenizer.vocab_size(), 1));
   for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
     std::vector<float> row = stream.logits();
+    if (row.size() > candidates) row.resize(candidates);
     const double u =
         static_cast<double>(hash_u64(stream_key(options.seed, 5, static_cast<std::uint64_t>(i))) >> 11) * 0x1.0p-53;
     const std::int32_t token = sample_token(row, options, u);
@@ -277,23 +281,30 @@ fs::path run_directory(const fs::path& run_or_weights) {
   return config.parent_path();
 }
 
-LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_lora) {
-  LoadedRun run;
+LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_lora, WeightsChoice choice) {
   std::error_code ec;
-  fs::path weights = run_or_weights;
+  fs::path weights = run_or_weights, run_dir;
   if (fs::is_directory(run_or_weights, ec)) {
-    run.run_dir = run_or_weights;
+    run_dir = run_or_weights;
     weights = run_or_weights / "model.safetensors";
     // A LoRA run's final save: its adapters alone.
     if (!fs::exists(weights, ec) && fs::exists(run_or_weights / "adapter_model.safetensors", ec))
       weights = run_or_weights / "adapter_model.safetensors";
   } else {
-    run.run_dir = run_or_weights.parent_path();
+    run_dir = run_or_weights.parent_path();
   }
   if (!fs::exists(weights, ec))
     throw UserError("no weights at '" + weights.string() +
                     "': give a run directory that holds model.safetensors "
                     "(trainer.save_final: true writes it) or the weights file itself");
+  return load_run(runtime, choose_weights(run_dir.empty() ? fs::path(".") : run_dir, weights, choice), merge_lora);
+}
+
+LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora) {
+  LoadedRun run;
+  run.run_dir = files.dir;
+  run.weights = files;
+  const fs::path& weights = files.weights;
   const Value config = resolved_run_config(runtime);
   auto create = [&](const char* section, std::string_view kind) {
     const Value* node = config.find(section);
@@ -326,12 +337,11 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_
   run.documents = document_boundary(*run.tokenizer, separator_ends_documents);
   run.model->build(ModelSetup{run.tokenizer->vocab_size()});
   if (lora_settings(config).enabled()) {
-    run.lora = load_lora_model(*run.model, *run.backend, config, weights, merge_lora);
+    run.lora = load_lora_model(*run.model, *run.backend, config, files, merge_lora);
     return run;
   }
   const std::vector<ModelParameter> params = run.model->parameters();
-  with_context("while loading weights from " + weights.string(),
-               [&] { safetensors::load_parameters(weights, params); });
+  with_context("while loading weights from " + weights.string(), [&] { load_run_weights(files, params); });
   return run;
 }
 

@@ -98,8 +98,9 @@ OptionSchema lora_schema() {
       .min(0.0)
       .max(1.0, false);
   s.list("target_modules", OptionType::string, Value::List{},
-         "Parameter-name patterns of the weights that get adapters (\"c_attn\", \"q_proj\", \"h.*.mlp.*\"); empty: "
-         "every weight the model multiplies in a linear layer, embeddings excepted.");
+         "Name patterns of the weights that get adapters, loom's or PEFT's (\"c_attn\", \"q_proj\", \"lm_head\", "
+         "\"h.*.mlp.*\"); empty: every weight the model multiplies in a linear layer, embeddings and the output "
+         "head excepted.");
   return s;
 }
 
@@ -124,63 +125,179 @@ bool parameter_pattern_matches(std::string_view pattern, std::string_view name) 
 struct LoraAdapters::Entry {
   Parameter* weight = nullptr;
   bool weight_in_out = false;
-  std::int64_t in = 0, out = 0;
+  std::int64_t in = 0, out = 0;  // the adapter's: out is rows_end - rows_begin
+  // The weight's output features the adapter adds to: all of them (whole), or the rows of one
+  // Hugging Face module of a fused weight (PEFT's q_proj within llama's qkv_proj).
+  std::int64_t rows_begin = 0, rows_end = 0;
+  bool whole = true;
+  std::string module;  // a partial adapter's Hugging Face module: "model.layers.0.self_attn.q_proj"
   std::unique_ptr<Parameter> a, b;
   Tensor base;  // with_merged's copy of the weight
 };
 
+namespace {
+
+// One PEFT module of an adapted weight: its Hugging Face module name and the rows of the loom
+// weight it covers (a fused weight, such as llama's qkv_proj, is several modules).
+struct PeftModule {
+  std::string module;  // "transformer.h.0.attn.c_attn"
+  std::int64_t begin = 0, end = 0;
+  bool whole = true;
+};
+
+// The Hugging Face modules of each parameter of a model with a Hugging Face layout (none without).
+std::map<std::string, std::vector<PeftModule>> hf_modules(Model& model) {
+  std::map<std::string, std::vector<PeftModule>> out;
+  auto* hf = dynamic_cast<HfModel*>(&model);
+  if (!hf) return out;
+  std::map<std::string, std::int64_t> rows;
+  for (const auto& p : model.parameters()) rows[p.parameter->name()] = p.parameter->shape()[0];
+  for (const auto& t : hf->hf_tensors().tensors) {
+    std::string module = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : t.name;
+    out[t.parameter].push_back({module, t.begin, t.end, t.begin == 0 && t.end == rows[t.parameter]});
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<PeftModule>> peft_modules(Model& model) {
+  if (!dynamic_cast<HfModel*>(&model))
+    throw UserError(
+        "the model has no Hugging Face mapping (its plugin does not implement loom::HfModel), so its adapters "
+        "cannot be named in PEFT's layout");
+  return hf_modules(model);
+}
+
+bool any_matches(const std::vector<std::string>& patterns, const std::string& name) {
+  return std::any_of(patterns.begin(), patterns.end(),
+                     [&](const std::string& pattern) { return parameter_pattern_matches(pattern, name); });
+}
+
+// "model.layers.0.self_attn.q_proj" -> "q_proj"
+std::string last_part(const std::string& module) {
+  const std::size_t dot = module.rfind('.');
+  return dot == std::string::npos ? module : module.substr(dot + 1);
+}
+
+}  // namespace
+
 LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings) : settings_(settings) {
   if (!settings.enabled()) throw InternalError("LoraAdapters: lora.rank is 0");
-  // Which weights the model multiplies, and how: one loss over a few tokens, observed. The values
-  // are zeros (the model may not be initialised yet): only the calls matter.
+  // Which weights the model multiplies, and how: one loss and one logits pass over a few tokens,
+  // observed. The loss shows the weights inside the model (the default targets); the logits also
+  // the output head (an untied lm_head), which the loss multiplies in its fused cross-entropy.
+  // The values are zeros (the model may not be initialised yet): only the calls matter.
   const std::vector<ModelParameter> params = model.parameters();
   for (const auto& p : params) p.parameter->data().copy_from(Tensor::zeros(p.parameter->shape()));
-  std::vector<std::pair<Parameter*, bool>> seen;
-  std::unordered_set<const Parameter*> seen_set;
+  std::map<const Parameter*, bool> layout;  // weight -> [in, out]
+  std::set<const Parameter*> in_loss;
   {
     Tape tape;
     tape.set_enabled(false);
     Ops ops(backend, &tape);
     ops.set_training(false);
+    bool loss_pass = true;
     ops.set_linear_observer([&](Parameter& p, bool in_out) {
-      if (seen_set.insert(&p).second) seen.emplace_back(&p, in_out);
+      layout.emplace(&p, in_out);
+      if (loss_pass) in_loss.insert(&p);
     });
     const std::int64_t len = std::min<std::int64_t>(model.max_seq_len(), 4);
     const std::vector<std::int32_t> zeros(static_cast<std::size_t>(len), 0);
     const Tensor tokens = Tensor::from(std::span<const std::int32_t>(zeros), Shape{1, len});
     model.loss(ops, tokens, tokens, Tensor());
+    loss_pass = false;
+    model.logits(ops, tokens, Tensor());
   }
-  std::map<const Parameter*, bool> layout;
-  for (const auto& [p, in_out] : seen) layout[p] = in_out;
-  std::vector<std::string> linear_names;
-  for (const auto& p : params)
-    if (layout.contains(p.parameter) && p.role != ParameterRole::embedding) linear_names.push_back(p.parameter->name());
+  const auto modules = hf_modules(model);
+  // What a pattern may name: the weights' loom names, and their Hugging Face modules' names
+  // (PEFT's target_modules: q_proj, v_proj, lm_head), with ".weight" so that a pattern matches
+  // them as it matches a parameter's name.
+  std::vector<std::string> linear_names, module_names;
+  for (const auto& p : params) {
+    if (!layout.contains(p.parameter) || p.role == ParameterRole::embedding) continue;
+    linear_names.push_back(p.parameter->name());
+    if (const auto it = modules.find(p.parameter->name()); it != modules.end())
+      for (const auto& m : it->second) module_names.push_back(m.module + ".weight");
+  }
   if (linear_names.empty())
     throw UserError("lora: the model multiplies no whole parameter in a linear layer, so no weight can get an adapter");
-  check_patterns_match(settings.target_modules, linear_names, "lora.target_modules",
-                       "weight the model multiplies in a linear layer");
+  for (const auto& pattern : settings.target_modules) {
+    auto matches = [&](const std::string& n) { return parameter_pattern_matches(pattern, n); };
+    if (std::any_of(linear_names.begin(), linear_names.end(), matches) ||
+        std::any_of(module_names.begin(), module_names.end(), matches))
+      continue;
+    std::string message = "lora.target_modules: '" + pattern +
+                          "' matches no weight the model multiplies in a linear layer; they are named like " +
+                          some_names(linear_names);
+    if (!module_names.empty()) {
+      std::vector<std::string> short_names;
+      std::set<std::string> seen;
+      for (const auto& n : module_names)
+        if (const std::string s = last_part(n.substr(0, n.size() - 7)); seen.insert(s).second) short_names.push_back(s);
+      message += ", or by their Hugging Face (PEFT) module names " + some_names(short_names);
+    }
+    message += " (a pattern matches a whole name or a dot-separated end of it, with * and ?)";
+    if (parameter_pattern_matches(pattern, "lm_head.weight"))
+      message +=
+          "; the output head has no weight of its own when the model ties it to the token embedding "
+          "(set model.tie_word_embeddings: false to adapt lm_head)";
+    throw UserError(message);
+  }
 
+  BufferType& memory = backend.buffer_type();
+  auto add = [&](Parameter* weight, bool in_out, std::int64_t begin, std::int64_t end, const std::string& module) {
+    auto e = std::make_unique<Entry>();
+    e->weight = weight;
+    e->weight_in_out = in_out;
+    const Shape& shape = weight->shape();
+    e->in = in_out ? shape[0] : shape[1];
+    const std::int64_t outputs = in_out ? shape[1] : shape[0];
+    e->whole = module.empty();
+    e->rows_begin = e->whole ? 0 : begin;
+    e->rows_end = e->whole ? outputs : end;
+    e->out = e->rows_end - e->rows_begin;
+    e->module = module;
+    // A partial adapter is named after its module within the weight:
+    // "layers.0.self_attn.qkv_proj.q_proj.lora_A.weight".
+    const std::string& w = weight->name();
+    const std::string stem =
+        e->whole ? w : (w.ends_with(".weight") ? w.substr(0, w.size() - 7) : w) + "." + last_part(module) + ".weight";
+    e->a = std::make_unique<Parameter>(adapter_name(stem, "lora_A"),
+                                       Tensor::zeros(Shape{settings.rank, e->in}, DType::f32, memory.device()));
+    e->b = std::make_unique<Parameter>(adapter_name(stem, "lora_B"),
+                                       Tensor::zeros(Shape{e->out, settings.rank}, DType::f32, memory.device()));
+    table_[weight].push_back(LinearAdapter{e->a.get(), e->b.get(), settings.scale(),
+                                           static_cast<float>(settings.dropout), e->whole ? 0 : e->rows_begin,
+                                           e->whole ? 0 : e->rows_end});
+    entries_.push_back(std::move(e));
+  };
   for (const auto& p : params) {
     const auto it = layout.find(p.parameter);
     if (it == layout.end() || p.role == ParameterRole::embedding) continue;
     const std::string& name = p.parameter->name();
-    if (!settings.target_modules.empty() &&
-        std::none_of(settings.target_modules.begin(), settings.target_modules.end(),
-                     [&](const std::string& pattern) { return parameter_pattern_matches(pattern, name); }))
+    if (settings.target_modules.empty()) {
+      if (in_loss.contains(p.parameter)) add(p.parameter, it->second, 0, 0, "");
       continue;
-    auto e = std::make_unique<Entry>();
-    e->weight = p.parameter;
-    e->weight_in_out = it->second;
-    const Shape& shape = p.parameter->shape();
-    e->in = e->weight_in_out ? shape[0] : shape[1];
-    e->out = e->weight_in_out ? shape[1] : shape[0];
-    BufferType& memory = backend.buffer_type();
-    e->a = std::make_unique<Parameter>(adapter_name(name, "lora_A"),
-                                       Tensor::zeros(Shape{settings.rank, e->in}, DType::f32, memory.device()));
-    e->b = std::make_unique<Parameter>(adapter_name(name, "lora_B"),
-                                       Tensor::zeros(Shape{e->out, settings.rank}, DType::f32, memory.device()));
-    table_[p.parameter] = LinearAdapter{e->a.get(), e->b.get(), settings.scale(), static_cast<float>(settings.dropout)};
-    entries_.push_back(std::move(e));
+    }
+    if (any_matches(settings.target_modules, name)) {
+      add(p.parameter, it->second, 0, 0, "");
+      continue;
+    }
+    const auto m = modules.find(name);
+    if (m == modules.end()) continue;
+    std::vector<const PeftModule*> named;
+    for (const auto& module : m->second)
+      if (any_matches(settings.target_modules, module.module + ".weight")) named.push_back(&module);
+    if (named.empty()) continue;
+    if (named.size() == 1 && named[0]->whole) {
+      add(p.parameter, it->second, 0, 0, "");
+      continue;
+    }
+    if (it->second)
+      throw UserError("lora.target_modules names " + last_part(named[0]->module) + ", part of '" + name +
+                      "', whose weight is [in, out]: an adapter covers whole output features, so it can only "
+                      "adapt the whole weight ('" +
+                      name.substr(0, name.size() - 7) + "')");
+    for (const PeftModule* module : named) add(p.parameter, false, module->begin, module->end, module->module);
   }
 }
 
@@ -212,7 +329,8 @@ std::vector<ModelParameter> LoraAdapters::parameters() const {
 
 std::vector<std::string> LoraAdapters::target_names() const {
   std::vector<std::string> out;
-  for (const auto& e : entries_) out.push_back(e->weight->name());
+  for (const auto& e : entries_)
+    out.push_back(e->whole ? e->weight->name() : e->weight->name() + " (" + last_part(e->module) + ")");
   return out;
 }
 
@@ -220,40 +338,18 @@ bool LoraAdapters::any_in_out() const {
   return std::any_of(entries_.begin(), entries_.end(), [](const auto& e) { return e->weight_in_out; });
 }
 
-namespace {
-
-// One PEFT module of an adapted weight: its Hugging Face module name and the rows of the loom
-// weight it covers (a fused weight, such as llama's qkv_proj, is several modules).
-struct PeftModule {
-  std::string module;  // "transformer.h.0.attn.c_attn"
-  std::int64_t begin = 0, end = 0;
-  bool whole = true;
-};
-
-std::map<std::string, std::vector<PeftModule>> peft_modules(Model& model) {
-  auto* hf = dynamic_cast<HfModel*>(&model);
-  if (!hf)
-    throw UserError(
-        "the model has no Hugging Face mapping (its plugin does not implement loom::HfModel), so its adapters "
-        "cannot be named in PEFT's layout");
-  std::map<std::string, std::int64_t> rows;
-  for (const auto& p : model.parameters()) rows[p.parameter->name()] = p.parameter->shape()[0];
-  std::map<std::string, std::vector<PeftModule>> out;
-  for (const auto& t : hf->hf_tensors().tensors) {
-    std::string module = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : t.name;
-    out[t.parameter].push_back({module, t.begin, t.end, t.begin == 0 && t.end == rows[t.parameter]});
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<std::string> LoraAdapters::save_peft(Model& model, const fs::path& dir,
                                                  const std::string& base_model) const {
   const auto modules = peft_modules(model);
   std::vector<std::pair<std::string, Tensor>> tensors;
   nlohmann::ordered_json targets = nlohmann::ordered_json::array();
   for (const auto& e : entries_) {
+    if (!e->whole) {  // PEFT's adapter of one module of a fused weight: its own A and B
+      tensors.emplace_back("base_model.model." + e->module + ".lora_A.weight", e->a->data());
+      tensors.emplace_back("base_model.model." + e->module + ".lora_B.weight", e->b->data());
+      targets.push_back(e->module);
+      continue;
+    }
     const auto it = modules.find(e->weight->name());
     if (it == modules.end())
       throw InternalError("the model's Hugging Face layout does not name '" + e->weight->name() + "'");
@@ -293,6 +389,12 @@ void LoraAdapters::load(Model& model, const fs::path& weights) {
   }
   const auto modules = peft_modules(model);
   for (const auto& e : entries_) {
+    if (!e->whole) {
+      const std::string prefix = "base_model.model." + e->module;
+      reader.read_into(prefix + ".lora_A.weight", e->a->data());
+      reader.read_into(prefix + ".lora_B.weight", e->b->data());
+      continue;
+    }
     const auto it = modules.find(e->weight->name());
     if (it == modules.end())
       throw InternalError("the model's Hugging Face layout does not name '" + e->weight->name() + "'");
@@ -327,10 +429,10 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
     const float* a = e->a->data().device_data<float>();
     const float* b = e->b->data().device_data<float>();
     float* w = e->weight->data().device_data<float>();
-    if (e->weight_in_out)  // W[in, out] += scale * A^T[in, r] B^T[r, out]
+    if (e->weight_in_out)  // W[in, out] += scale * A^T[in, r] B^T[r, out] (whole adapters only)
       gemm(Transpose::yes, Transpose::yes, e->in, e->out, r, a, e->in, b, r, w, e->out);
-    else  // W[out, in] += scale * B[out, r] A[r, in]
-      gemm(Transpose::no, Transpose::no, e->out, e->in, r, b, r, a, e->in, w, e->in);
+    else  // W[out, in] rows [begin, end) += scale * B[end - begin, r] A[r, in]
+      gemm(Transpose::no, Transpose::no, e->out, e->in, r, b, r, a, e->in, w + e->rows_begin * e->in, e->in);
   }
 }
 
@@ -377,16 +479,22 @@ std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& 
 }
 
 std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
-                                              const fs::path& weights, bool merge) {
+                                              const RunFiles& files, bool merge) {
   const LoraSettings settings = lora_settings(run_config);
   auto adapters = std::make_shared<LoraAdapters>(model, backend, settings);
   const Value* trainer = run_config.find("trainer");
   const Options o(trainer ? *trainer : Value::map(), "trainer");
   model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
   if (const std::string from = o.get<std::string>("init_from"); !from.empty())
-    with_context("while loading the base weights (trainer.init_from '" + from + "')",
-                 [&] { load_initial_weights(model, from); });
-  with_context("while loading the adapters from " + weights.string(), [&] { adapters->load(model, weights); });
+    with_context("while loading the base weights (trainer.init_from '" + from + "')", [&] {
+      load_initial_weights(model, from,
+                           parse_weights_choice(o.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+    });
+  with_context("while loading the adapters from " + files.weights.string(), [&] {
+    adapters->load(model, files.weights);
+    // A checkpoint's average of the adapters, in loom's names, over what it read.
+    if (!files.average.empty()) load_run_weights(files, adapters->parameters());
+  });
   if (merge) adapters->merge_into_weights(backend);
   return adapters;
 }

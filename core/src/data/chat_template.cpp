@@ -110,9 +110,7 @@ std::vector<ChatMessage> parse_chat_record(std::string_view json_line) {
   try {
     j = nlohmann::json::parse(json_line);
   } catch (const nlohmann::json::parse_error& e) {
-    std::string what = e.what();
-    if (const auto at = what.find("] "); at != std::string::npos) what = what.substr(at + 2);
-    throw UserError("not valid JSON: " + what);
+    throw UserError("not valid JSON: " + json_parse_error(e.what(), e.byte, json_line));
   }
   if (!j.is_object()) throw UserError(std::string("expected a JSON object, found a ") + j.type_name());
   std::vector<ChatMessage> messages;

@@ -28,19 +28,6 @@ std::string relative_note(const std::string& pattern) {
   return ec ? "" : " (relative paths are relative to the current directory, " + cwd.string() + ")";
 }
 
-// nlohmann's parse error without its tag ("[json.exception.parse_error.101] ") and without the
-// raw bytes it quotes ("; last read: '...'"), which can be binary or a whole line: the bytes
-// around the error, escaped, instead.
-std::string json_error(const nlohmann::json::parse_error& e, std::string_view line) {
-  std::string what = e.what();
-  if (const auto bracket = what.find("] "); bracket != std::string::npos) what = what.substr(bracket + 2);
-  if (const auto last = what.find("; last read: "); last != std::string::npos) what.erase(last);
-  // e.byte is 1-based: the byte the parser stopped at.
-  const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, line.size());
-  const std::size_t from = at > 20 ? at - 20 : 0;
-  return what + "; near '" + (from > 0 ? "..." : "") + escape_input(line.substr(from), at - from + 20) + "'";
-}
-
 std::string where(const std::string& option) {
   return option.empty() ? "" : " (in " + option + ")";
 }
@@ -141,7 +128,7 @@ void read_jsonl(const fs::path& file, const std::string& field,
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
-      throw UserError(at + "not valid JSON: " + json_error(e, line));
+      throw UserError(at + "not valid JSON: " + json_parse_error(e.what(), e.byte, line));
     }
     if (!j.is_object())
       throw UserError(at + "expected a JSON object with a \"" + field + "\" field, found a " + j.type_name());

@@ -149,11 +149,12 @@ nlohmann::json parse_header(const fs::path& path, std::span<const std::byte> fil
     fail(path, "is truncated: the header alone needs " + std::to_string(header_bytes) + " bytes but only " +
                    std::to_string(file.size() - 8) + " follow the length");
   nlohmann::json doc;
+  const auto* text = reinterpret_cast<const char*>(file.data() + 8);
   try {
-    const auto* text = reinterpret_cast<const char*>(file.data() + 8);
     doc = nlohmann::json::parse(text, text + header_bytes);
   } catch (const nlohmann::json::parse_error& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
+    fail(path, "header is not valid JSON: " +
+                   json_parse_error(e.what(), e.byte, std::string_view(text, static_cast<std::size_t>(header_bytes))));
   }
   if (!doc.is_object()) fail(path, "header must be a JSON object, not " + std::string(doc.type_name()));
   return doc;

@@ -149,23 +149,42 @@ Tensor Ops::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, co
         weight.device_data<float>() == p->tensor().device_data<float>()) {
       if (linear_observer_) linear_observer_(*p, options.weight_in_out);
       if (adapters_)
-        if (const auto it = adapters_->find(p); it != adapters_->end())
+        if (const auto it = adapters_->find(p); it != adapters_->end() && !it->second.empty())
           return adapted_linear(it->second, x, weight, bias, options);
     }
   }
   return linear_product(x, weight, bias, options);
 }
 
-// y = act(x W^T + b + scale * dropout(x) A^T B^T), composed from recorded operations: the
-// backward pass is theirs. The scale applies to the rank-wide intermediate (the cheap side).
-Tensor Ops::adapted_linear(const LinearAdapter& adapter, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const LinearOptions& options) {
+// y = act(x W^T + b + sum over the adapters of scale * dropout(x) A^T B^T), composed from recorded
+// operations: the backward pass is theirs. The scale applies to the rank-wide intermediate (the
+// cheap side). An adapter on some of the output features has B padded with zero rows to all of
+// them (concat: the zeros are constants, B's gradient is its own rows').
+Tensor Ops::adapted_linear(const std::vector<LinearAdapter>& adapters, const Tensor& x, const Tensor& weight,
+                           const Tensor& bias, const LinearOptions& options) {
   LinearOptions plain = options;
   plain.activation = Activation::none;
-  const Tensor y = linear_product(x, weight, bias, plain);
-  const Tensor h = adapter.dropout > 0.0f ? dropout(x, adapter.dropout) : x;
-  const Tensor low = scale(linear_product(h, adapter.a->tensor(), Tensor(), {}), adapter.scale);
-  const Tensor sum = add(y, linear_product(low, adapter.b->tensor(), Tensor(), {}));
+  Tensor sum = linear_product(x, weight, bias, plain);
+  const std::int64_t n = options.weight_in_out ? weight.size(1) : weight.size(0);
+  for (const LinearAdapter& adapter : adapters) {
+    const Tensor h = adapter.dropout > 0.0f ? dropout(x, adapter.dropout) : x;
+    const Tensor low = scale(linear_product(h, adapter.a->tensor(), Tensor(), {}), adapter.scale);
+    Tensor b = adapter.b->tensor();
+    const std::int64_t begin = adapter.rows_begin, end = adapter.rows_end == 0 ? n : adapter.rows_end;
+    if (begin < 0 || end > n || end - begin != b.size(0))
+      op_error("linear", "an adapter of " + std::to_string(b.size(0)) + " rows on output features [" +
+                             std::to_string(begin) + ", " + std::to_string(end) + ") of a weight with " +
+                             std::to_string(n));
+    if (end - begin != n) {
+      const std::int64_t rank = b.size(1);
+      std::vector<Tensor> parts;
+      if (begin > 0) parts.push_back(Tensor::zeros(Shape{begin, rank}, DType::f32, device()));
+      parts.push_back(b);
+      if (end < n) parts.push_back(Tensor::zeros(Shape{n - end, rank}, DType::f32, device()));
+      b = concat(parts);
+    }
+    sum = add(sum, linear_product(low, b, Tensor(), {}));
+  }
   switch (options.activation) {
     case Activation::none:
       return sum;

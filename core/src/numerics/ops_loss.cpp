@@ -317,6 +317,20 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   if (!(cap >= 0.0f)) op_error(op, "logit_softcap must be >= 0");
   if (cap > 0.0f && !(x_in.is_host_visible() && weight.is_host_visible()))
     op_error(op, "logit_softcap computes on the host; x and weight must be host-visible");
+  if (adapters_) {
+    // An adapted output head (LoRA on lm_head): the logits whole, through linear's adapters, then
+    // the plain cross-entropy; the chunked path below has no place for the adapters' products.
+    const Parameter* p = weight.parameter();
+    if (p && weight.shape() == p->shape() && weight.device_data<float>() == p->tensor().device_data<float>())
+      if (const auto it = adapters_->find(p); it != adapters_->end() && !it->second.empty()) {
+        Tensor logits = adapted_linear(it->second, x_in, weight, Tensor(), {});
+        if (cap > 0.0f) logits = softcap(logits, cap);
+        CrossEntropyOptions whole = options;
+        whole.chunk_tokens = 0;
+        whole.logit_softcap = 0.0f;
+        return cross_entropy(logits, targets, whole);
+      }
+  }
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
   const detail::Matrix xm = detail::as_matrix(x);
   const detail::Matrix wm = detail::as_matrix(weight);

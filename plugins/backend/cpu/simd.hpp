@@ -1,9 +1,10 @@
 // A 16-float vector type (GCC vector extensions) and the few functions the cpu kernels need.
 //
-// With -march=native on an AVX-512 machine each operation is one zmm instruction; elsewhere the
-// compiler splits it into narrower ones, so the code stays portable. Tails shorter than a vector
-// go through the same vector code on a zero-padded copy: every element is computed by the same
-// instructions wherever it sits, which keeps results independent of how a loop is chunked.
+// In a build for AVX-512 each operation is one zmm instruction; in loom's default x86-64-v3 build
+// the compiler splits it into two AVX2 ones (which multiply-adds it fuses may differ, so results
+// may differ in the last bits). Tails shorter than a vector go through the same vector code on a
+// zero-padded copy: every element is computed by the same instructions wherever it sits, which
+// keeps results independent of how a loop is chunked.
 #pragma once
 
 #include <algorithm>

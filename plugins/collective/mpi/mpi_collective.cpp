@@ -12,6 +12,10 @@
 // sums N micro-batches (a plain MPI_Allreduce promises none of this for floats). It moves as
 // many bytes as a ring all-reduce. The all-to-all goes piece by piece through a scratch of
 // 8 MiB, and reductions run in place: the memory they take does not grow with the buffer.
+//
+// Groups (Collective::split, the ranks along one mesh axis) are communicators of their own
+// (MPI_Comm_split) with the same operations, made and freed on the communication thread too; so
+// the world's operations and every group's run one after the other in the order they were posted.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -178,13 +182,16 @@ MPI_Datatype mpi_type() {
     return MPI_DOUBLE;
 }
 
-class MpiCollective final : public loom::Collective {
+// The operations on one communicator: the world (Interface = loom::Collective) or a group
+// (loom::CollectiveGroup).
+template <class Interface>
+class MpiCommunicator : public Interface {
  public:
-  MpiCollective() : process_(mpi_process()) {}
+  MpiCommunicator(std::shared_ptr<MpiProcess> process, MPI_Comm comm, int rank, int size)
+      : process_(std::move(process)), comm_(comm), rank_(rank), size_(size) {}
 
-  int rank() const override { return process_->rank(); }
-  int size() const override { return process_->size(); }
-  std::string describe() const override { return process_->describe(); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   void all_reduce(std::span<float> data, loom::ReduceOp op) override {
     process_->call([&] { reduce(data, op); });
@@ -208,28 +215,27 @@ class MpiCollective final : public loom::Collective {
     const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank()) * in.size();
     process_->call([&] {
       check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
-                          static_cast<int>(in.size()), MPI_FLOAT, MPI_COMM_WORLD),
+                          static_cast<int>(in.size()), MPI_FLOAT, comm_),
             "MPI_Allgather");
     });
   }
 
   void broadcast(std::span<std::byte> data, int root) override {
-    process_->call([&] {
-      check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-    });
+    process_->call(
+        [&] { check(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_), "MPI_Bcast"); });
   }
 
   void barrier() override {
-    process_->call([] { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); });
+    process_->call([this] { check(MPI_Barrier(comm_), "MPI_Barrier"); });
   }
 
-  std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
+  std::unique_ptr<loom::CollectiveGroup::Pending> start_all_reduce(std::span<float> data) override {
     // Operations run one after the other on the communication thread, so they share its buffers.
     return std::make_unique<PendingReduce>(process_->post([this, data] { reduce(data, loom::ReduceOp::sum); }));
   }
 
- private:
-  class PendingReduce final : public Pending {
+ protected:
+  class PendingReduce final : public loom::CollectiveGroup::Pending {
    public:
     explicit PendingReduce(std::future<void> done) : done_(std::move(done)) {}
     ~PendingReduce() override {
@@ -281,7 +287,7 @@ class MpiCollective final : public loom::Collective {
         receive_at[r] = static_cast<int>(r * n);
       }
       check(MPI_Alltoallv(in, counts.data(), send_at.data(), mpi_type<T>(), scratch.data(), counts.data(),
-                          receive_at.data(), mpi_type<T>(), MPI_COMM_WORLD),
+                          receive_at.data(), mpi_type<T>(), comm_),
             "MPI_Alltoallv");
       T* sum = out + at;
       std::copy(scratch.data(), scratch.data() + n, sum);
@@ -327,7 +333,7 @@ class MpiCollective final : public loom::Collective {
     check_count(chunk * static_cast<std::size_t>(size()), "MPI_Allgather");
     scatter_reduce(data, data + chunk * static_cast<std::size_t>(rank()), chunk, op);
     check(MPI_Allgather(MPI_IN_PLACE, static_cast<int>(chunk), mpi_type<T>(), data, static_cast<int>(chunk),
-                        mpi_type<T>(), MPI_COMM_WORLD),
+                        mpi_type<T>(), comm_),
           "MPI_Allgather");
   }
 
@@ -349,15 +355,54 @@ class MpiCollective final : public loom::Collective {
   static constexpr std::size_t kScratchBytes = std::size_t{8} << 20;
 
   std::shared_ptr<MpiProcess> process_;
+  MPI_Comm comm_;
+  int rank_, size_;
   Buffers<float> float_buffers_;
   Buffers<double> double_buffers_;
+};
+
+class MpiGroup final : public MpiCommunicator<loom::CollectiveGroup> {
+ public:
+  using MpiCommunicator::MpiCommunicator;
+  ~MpiGroup() override {
+    // Unwinding from an error: the communication thread may be stuck in an operation a dead
+    // peer never joins (see ~MpiProcess); the process is about to exit, leave the communicator.
+    if (std::uncaught_exceptions() > 0) return;
+    try {
+      process_->call([this] { MPI_Comm_free(&comm_); });
+    } catch (...) {
+    }
+  }
+};
+
+class MpiCollective final : public MpiCommunicator<loom::Collective> {
+ public:
+  MpiCollective() : MpiCollective(mpi_process()) {}
+
+  std::string describe() const override { return process_->describe(); }
+
+  std::shared_ptr<loom::CollectiveGroup> split(int color, int key) override {
+    if (color < 0) throw loom::InternalError("mpi: split with colour " + std::to_string(color) + " (must be >= 0)");
+    MPI_Comm comm = MPI_COMM_NULL;
+    int group_rank = 0, group_size = 0;
+    process_->call([&] {
+      check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
+      MPI_Comm_rank(comm, &group_rank);
+      MPI_Comm_size(comm, &group_size);
+    });
+    return std::make_shared<MpiGroup>(process_, comm, group_rank, group_size);
+  }
+
+ private:
+  explicit MpiCollective(std::shared_ptr<MpiProcess> process)
+      : MpiCommunicator(process, MPI_COMM_WORLD, process->rank(), process->size()) {}
 };
 
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Collective>(
       {.name = "mpi",
        .description = "the ranks of an mpirun job, over OpenMPI (picked by itself under mpirun)",
-       .version = "1.0.0"},
+       .version = "1.1.0"},
       [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<MpiCollective>(); });
 }
 

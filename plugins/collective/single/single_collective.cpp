@@ -1,5 +1,6 @@
 // collective `single`: a run of one process, the default. Every operation is the identity (an
 // all-reduce over one rank is its input), so the trainer has one code path for one rank and many.
+// Every group of one process is that process alone, with the same operations.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -10,11 +11,13 @@
 
 namespace {
 
-class SingleCollective final : public loom::Collective {
+// The operations of a group of one rank, for the world (Interface = loom::Collective) and its
+// groups (loom::CollectiveGroup).
+template <class Interface>
+class OneRank : public Interface {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string describe() const override { return "one process"; }
 
   void all_reduce(std::span<float>, loom::ReduceOp) override {}
   void all_reduce(std::span<double>, loom::ReduceOp) override {}
@@ -31,10 +34,12 @@ class SingleCollective final : public loom::Collective {
   }
   void barrier() override {}
 
-  std::unique_ptr<Pending> start_all_reduce(std::span<float>) override { return std::make_unique<Done>(); }
+  std::unique_ptr<loom::CollectiveGroup::Pending> start_all_reduce(std::span<float>) override {
+    return std::make_unique<Done>();
+  }
 
  private:
-  struct Done final : Pending {
+  struct Done final : loom::CollectiveGroup::Pending {
     void wait() override {}
   };
   static void check_sizes(const char* operation, std::size_t in, std::size_t out) {
@@ -44,11 +49,20 @@ class SingleCollective final : public loom::Collective {
   }
 };
 
+class SingleCollective final : public OneRank<loom::Collective> {
+ public:
+  std::string describe() const override { return "one process"; }
+  std::shared_ptr<loom::CollectiveGroup> split(int color, int) override {
+    if (color < 0) throw loom::InternalError("single: split with colour " + std::to_string(color) + " (must be >= 0)");
+    return std::make_shared<OneRank<loom::CollectiveGroup>>();
+  }
+};
+
 void register_components(loom::Registrar& registrar) {
   registrar.add<loom::Collective>(
       {.name = "single",
        .description = "one process: every collective is the identity (the default outside mpirun)",
-       .version = "1.0.0"},
+       .version = "1.1.0"},
       [](const loom::Options&, const loom::CreateContext&) { return std::make_unique<SingleCollective>(); });
 }
 

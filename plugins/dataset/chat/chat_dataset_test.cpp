@@ -224,6 +224,17 @@ TEST(ChatDataset, BadRecordsNameFileAndLineOrAreSkippedAndCounted) {
   EXPECT_EQ(lenient->num_tokens(Split::train), 4 * 26);  // the four good conversations, 26 tokens each
 }
 
+// A binary file given as chat data: the message quotes the bytes escaped, never raw.
+TEST(ChatDataset, ABinaryFileIsQuotedEscaped) {
+  TempDir dir;
+  const auto png = dir.write("image.jsonl", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\xff\xfe", 18));
+  auto ds = make_dataset(LOOM_PLUGIN_DIR, "chat", chat_options({png.string()}));
+  const std::string e = user_error([&] { ds->prepare(make_setup(std::make_shared<SpecialTokenizer>(), 64, 1)); });
+  EXPECT_NE(e.find("image.jsonl:1: not valid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("\\x89PNG"), std::string::npos) << e;
+  EXPECT_TRUE(std::all_of(e.begin(), e.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) << e;
+}
+
 TEST(ChatDataset, LongConversationsAreCutToTheContext) {
   TempDir dir;
   const auto file = dir.write("chat.jsonl", R"({"prompt": "hi", "completion": "a long answer"})"

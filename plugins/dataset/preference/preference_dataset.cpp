@@ -102,6 +102,8 @@ class PreferenceDataset final : public loom::Dataset {
     }
   }
 
+  std::vector<std::string> batch_traits() const override { return {std::string(loom::batch_traits::preference_pairs)}; }
+
   std::int64_t num_tokens(loom::Split split) const override {
     std::int64_t total = 0;
     for (const auto& p : split == loom::Split::train ? train_ : validation_)
@@ -126,7 +128,7 @@ class PreferenceDataset final : public loom::Dataset {
         try {
           j = nlohmann::json::parse(line);
         } catch (const nlohmann::json::parse_error& e) {
-          throw loom::UserError(at + ": not valid JSON (" + e.what() + ")");
+          throw loom::UserError(at + ": not valid JSON: " + loom::json_parse_error(e.what(), e.byte, line));
         }
         if (!j.is_object())
           throw loom::UserError(at + ": expected a JSON object with \"" + prompt_field_ + "\", \"" + chosen_field_ +

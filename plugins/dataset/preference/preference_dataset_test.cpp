@@ -95,5 +95,21 @@ TEST(PreferenceDataset, BadRecordsNameTheFileAndLine) {
   EXPECT_THROW(preference_dataset({missing.string()})->prepare(make_setup(tok, 12, 3)), UserError);  // odd batch
 }
 
+// A binary file given as preference data: the message quotes the bytes escaped, never raw.
+TEST(PreferenceDataset, ABinaryFileIsQuotedEscaped) {
+  TempDir dir;
+  auto tok = std::make_shared<TestTokenizer>(false, true);
+  const auto png = dir.write("image.jsonl", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\xff\xfe", 18));
+  try {
+    preference_dataset({png.string()})->prepare(make_setup(tok, 12, 4));
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("image.jsonl:1: not valid JSON"), std::string::npos) << m;
+    EXPECT_NE(m.find("\\x89PNG"), std::string::npos) << m;
+    EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) << m;
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

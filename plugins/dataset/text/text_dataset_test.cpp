@@ -303,8 +303,8 @@ TEST(TextDataset, BadDataIsAClearUserError) {
 }
 
 TEST(TextDataset, Shakespeare) {
-  const std::filesystem::path file = std::filesystem::path(LOOM_SHARED_DATA_DIR) / "tinyshakespeare.txt";
-  if (!std::filesystem::exists(file)) GTEST_SKIP() << file << " is absent (../shared/data); skipping";
+  const std::filesystem::path file = LOOM_TINYSHAKESPEARE;  // configs/data/tinyshakespeare.txt
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
   auto tok = std::make_shared<TestTokenizer>(true);
   auto ds = text_dataset({file.string()});
   ds->prepare(make_setup(tok, 64, 12, 1337, 65));
@@ -319,8 +319,8 @@ TEST(TextDataset, Shakespeare) {
 
 // The real `char` tokenizer plugin on nanoGPT's recipe, when it is built.
 TEST(TextDataset, ShakespeareWithTheCharTokenizerPlugin) {
-  const std::filesystem::path file = std::filesystem::path(LOOM_SHARED_DATA_DIR) / "tinyshakespeare.txt";
-  if (!std::filesystem::exists(file)) GTEST_SKIP() << file << " is absent (../shared/data); skipping";
+  const std::filesystem::path file = LOOM_TINYSHAKESPEARE;  // configs/data/tinyshakespeare.txt
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
   auto tok = plugin_tokenizer(LOOM_PLUGIN_DIR, "char");
   if (!tok) GTEST_SKIP() << "the char tokenizer plugin is not built";
   auto ds = text_dataset({file.string()});

@@ -158,7 +158,8 @@ class GemmaModel final : public loom::models::TransformerLm {
   }
 
   void check_hf_config(loom::HfConfigCheck& check, const std::string&, const loom::Value& config) const override {
-    // Gemma2Config's defaults (Gemma 2 9B's shapes) stand in for absent fields.
+    // An absent field takes Gemma2Config's default (Gemma 2 9B's shapes), as transformers 4.46.3
+    // reads it; tests/interop/hf_config_defaults_test.cpp checks each against transformers.
     check.expect_integer("vocab_size", 256000, vocab_, "vocab_size");
     check.expect_integer("hidden_size", 3072, o_.hidden_dim, "hidden_dim");
     check.expect_integer("intermediate_size", 24576, o_.intermediate_dim, "intermediate_dim");
@@ -168,7 +169,7 @@ class GemmaModel final : public loom::models::TransformerLm {
     check.expect_integer("head_dim", 256, o_.head_dim, "head_dim");
     check.expect_number("rms_norm_eps", 1e-6, o_.layer_norm_epsilon, "layer_norm_epsilon");
     check.expect_number("rope_theta", 10000.0, o_.rope_theta, "rope_theta");
-    check.expect_number("query_pre_attn_scalar", 256.0, o_.query_pre_attn_scalar, "query_pre_attn_scalar");
+    check.expect_number("query_pre_attn_scalar", 224.0, o_.query_pre_attn_scalar, "query_pre_attn_scalar");
     check_optional(check, config, "attn_logit_softcapping", 50.0, o_.attn_logit_softcapping);
     check_optional(check, config, "final_logit_softcapping", 30.0, o_.final_logit_softcapping);
     check_optional(check, config, "sliding_window", 4096.0, static_cast<double>(o_.sliding_window));

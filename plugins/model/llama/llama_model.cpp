@@ -265,22 +265,37 @@ class LlamaModel final : public loom::models::TransformerLm {
     if (o_.moe.num_experts > 0)
       check.mismatch(at + ".moe.num_experts is " + std::to_string(o_.moe.num_experts) + ", and " + type +
                      " checkpoints have a dense MLP (a Mixtral checkpoint has model_type \"mixtral\")");
-    // The config classes' defaults stand in for absent fields (LlamaConfig, MistralConfig and
-    // Qwen2Config agree on those checked here unless noted).
-    check.expect_integer("vocab_size", 32000, vocab_, "vocab_size");
+    // An absent field takes its config class's default, as transformers 4.46.3 reads it
+    // (LlamaConfig, MistralConfig, Qwen2Config: they agree on those checked here unless noted);
+    // tests/interop/hf_config_defaults_test.cpp checks each against transformers.
+    check.expect_integer("vocab_size", type == "qwen2" ? 151936 : 32000, vocab_, "vocab_size");
     check.expect_integer("hidden_size", 4096, o_.hidden_dim, "hidden_dim");
-    check.expect_integer("intermediate_size", type == "mistral" ? 14336 : 11008, o_.intermediate_dim,
-                         "intermediate_dim");
+    check.expect_integer("intermediate_size",
+                         type == "mistral" ? 14336
+                         : type == "qwen2" ? 22016
+                                           : 11008,
+                         o_.intermediate_dim, "intermediate_dim");
     check.expect_integer("num_hidden_layers", 32, o_.num_layers, "num_layers");
     const std::int64_t heads = check.integer("num_attention_heads", 32);
     check.expect_integer("num_attention_heads", 32, o_.num_heads, "num_heads");
-    check.expect_integer("num_key_value_heads", heads, o_.num_kv_heads, "num_kv_heads");
+    // Absent: LlamaConfig's None (as many as the query heads), MistralConfig's 8, Qwen2Config's
+    // 32; an explicit null is as many as the query heads in all three.
+    check.expect_integer("num_key_value_heads",
+                         present(config, "num_key_value_heads") ? heads
+                         : type == "mistral"                    ? 8
+                         : type == "qwen2"                      ? 32
+                                                                : heads,
+                         o_.num_kv_heads, "num_kv_heads");
     const std::int64_t hidden = check.integer("hidden_size", 4096);
     const std::int64_t derived_head_dim = heads > 0 ? hidden / heads : 0;
     if (type == "qwen2") {
       if (o_.head_dim != derived_head_dim)
         check.mismatch("Qwen2's head width is hidden_size / num_attention_heads = " + std::to_string(derived_head_dim) +
                        ", " + at + ".head_dim is " + std::to_string(o_.head_dim));
+    } else if (type == "mistral" && check.integer("head_dim", derived_head_dim) == 0) {
+      // MistralConfig: `head_dim or hidden_size // num_attention_heads`, so 0 derives it too.
+      if (o_.head_dim != derived_head_dim)
+        check.differ("head_dim", std::to_string(derived_head_dim), "head_dim", std::to_string(o_.head_dim));
     } else {
       check.expect_integer("head_dim", derived_head_dim, o_.head_dim, "head_dim");
     }
@@ -331,6 +346,12 @@ class LlamaModel final : public loom::models::TransformerLm {
       check.mismatch("sliding_window is " + (window > 0 ? std::to_string(window) : std::string("null")) + ", " + at +
                      ".sliding_window is " +
                      (o_.sliding_window > 0 ? std::to_string(o_.sliding_window) : std::string("null")));
+  }
+
+  // Whether config.json has `key`, null or not: transformers' config classes give an absent field
+  // their default and some give a null one another value.
+  static bool present(const loom::Value& config, const char* key) {
+    return config.is_map() && config.find(key) != nullptr;
   }
 
   // The Hugging Face architecture that computes what this model computes.
@@ -386,7 +407,9 @@ class LlamaModel final : public loom::models::TransformerLm {
     check.expect_integer("num_hidden_layers", 32, o_.num_layers, "num_layers");
     const std::int64_t heads = check.integer("num_attention_heads", 32);
     check.expect_integer("num_attention_heads", 32, o_.num_heads, "num_heads");
-    check.expect_integer("num_key_value_heads", 8, o_.num_kv_heads, "num_kv_heads");
+    // MixtralConfig: 8 when absent, as many as the query heads when null.
+    check.expect_integer("num_key_value_heads", present(config, "num_key_value_heads") ? heads : 8, o_.num_kv_heads,
+                         "num_kv_heads");
     if (heads > 0 && o_.head_dim != check.integer("hidden_size", 4096) / heads)
       check.mismatch("Mixtral's head width is hidden_size / num_attention_heads, " + at + ".head_dim is " +
                      std::to_string(o_.head_dim));

@@ -12,6 +12,7 @@
 // a rejected one's, computed here and handed to the trainer as the backward pass's seed.
 #include <cmath>
 #include <loom/error.hpp>
+#include <loom/kinds/dataset.hpp>
 #include <loom/kinds/objective.hpp>
 #include <loom/model_support.hpp>
 #include <loom/plugin.hpp>
@@ -37,6 +38,9 @@ class DpoObjective final : public loom::Objective {
   std::int64_t rows_per_example() const override { return 2; }
   bool needs_reference_model() const override { return true; }
   bool loss_is_token_cross_entropy() const override { return false; }
+  std::vector<std::string> required_batch_traits() const override {
+    return {std::string(loom::batch_traits::preference_pairs)};
+  }
   std::vector<std::string> metric_names() const override {
     return {"reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"};
   }

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <loom/error.hpp>
 #include <loom/optimizer_base.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
@@ -140,17 +141,27 @@ class Soap final : public loom::OptimizerBase {
         dims = std::move(merged);
       }
       p.dims = dims;
-      for (const std::int64_t d : dims) p.preconditioned.push_back(d <= max_dim_);
+      if (dims.size() == 1) {
+        // merge_dims made the whole tensor one dimension: a vector, which gets a preconditioner only
+        // under precondition_1d. (The authors' code gives it an n x n one regardless: for a
+        // [256, 32] matrix with max_precond_dim 10000, an 8192 x 8192 eigendecomposition of a
+        // rank-one statistic at set-up, minutes of double-precision work on a CPU.)
+        p.preconditioned = {precondition_1d_ && dims[0] <= max_dim_};
+      } else {
+        for (const std::int64_t d : dims) p.preconditioned.push_back(d <= max_dim_);
+      }
     }
     // Blocks: the cartesian product of each dimension's cuts.
     std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> cuts;  // per dimension: (offset, extent)
     for (std::size_t d = 0; d < p.dims.size(); ++d) {
       const bool cut = block_size_ > 0 && p.preconditioned[d] && p.dims[d] > block_size_;
-      const std::int64_t step = cut ? block_size_ : p.dims[d];
+      const std::int64_t step = std::max<std::int64_t>(1, cut ? block_size_ : p.dims[d]);
       p.side.push_back(step);
       cuts.emplace_back();
       for (std::int64_t o = 0; o < p.dims[d]; o += step) cuts.back().emplace_back(o, std::min(step, p.dims[d] - o));
     }
+    for (const auto& c : cuts)
+      if (c.empty()) return p;  // an empty tensor: no blocks
     std::vector<std::size_t> index(p.dims.size(), 0);
     while (true) {
       Plan::Block b;
@@ -278,11 +289,28 @@ class Soap final : public loom::OptimizerBase {
       for (Eigen::Index j = 0; j < m.cols(); ++j) out[i * ld + j] = static_cast<float>(m(i, j));
   }
 
-  // The first basis: eigenvectors of GG + 1e-30 I, by decreasing eigenvalue.
-  static void eigenbasis(const float* gg, float* q, std::int64_t k, std::int64_t ld) {
-    MatrixD m = load(gg, k, ld) + 1e-30 * MatrixD::Identity(k, k);
+  // Statistics that are not finite (gradients that overflowed in G G^T: a diverged run) have no
+  // eigenbasis, and Eigen's tridiagonal QR would spend its whole iteration budget (30 k sweeps of
+  // O(k^2)) finding that out: refused before any solver runs.
+  static void check_finite(const MatrixD& m, const loom::Parameter& parameter, std::size_t d) {
+    if (m.allFinite()) return;
+    throw loom::UserError("soap: the preconditioner statistics of '" + parameter.name() + "' (dimension " +
+                          std::to_string(d) +
+                          " of its working shape) are not finite: its gradients overflowed, so the run diverged. "
+                          "Lower optimizer.learning_rate, set optimizer.max_grad_norm, or raise the warmup");
+  }
+
+  // The first basis: eigenvectors of GG + 1e-30 I, by decreasing eigenvalue. Eigen's solver is
+  // iterative but bounded (at most 30 k QR sweeps); should it not converge, the basis stays the
+  // identity (Adam along this dimension until the first refresh), as documented in the README.
+  static void eigenbasis(const float* gg, float* q, std::int64_t k, std::int64_t ld, const loom::Parameter& parameter,
+                         std::size_t d) {
+    MatrixD m = load(gg, k, ld);
+    check_finite(m, parameter, d);
+    m += 1e-30 * MatrixD::Identity(k, k);
     Eigen::SelfAdjointEigenSolver<MatrixD> solver(m);
-    MatrixD v = solver.eigenvectors().rowwise().reverse();
+    MatrixD v = solver.info() == Eigen::Success ? MatrixD(solver.eigenvectors().rowwise().reverse())
+                                                : MatrixD(MatrixD::Identity(k, k));
     canonical_signs(v);
     store(v, q, ld);
   }
@@ -290,9 +318,11 @@ class Soap final : public loom::OptimizerBase {
   // One power-iteration step and QR (get_orthogonal_matrix_QR): the basis sorted by the estimated
   // eigenvalues diag(Q^T GG Q), decreasing, with exp_avg_sq sorted alike along dimension d; then
   // Q <- qr(GG Q).Q.
-  void refresh_basis(const BlockView& b, std::size_t d, float* v, const Plan& p) {
+  // Not iterative: one product and a Householder QR (a fixed number of reflections).
+  void refresh_basis(const BlockView& b, std::size_t d, float* v, const Plan& p, const loom::Parameter& parameter) {
     const std::int64_t k = b.extent[d], ld = p.side[d];
     const MatrixD m = load(b.gg[d], k, ld), o = load(b.q[d], k, ld);
+    check_finite(m, parameter, d);
     const Eigen::VectorXd est = (o.transpose() * m * o).diagonal();
     std::vector<Eigen::Index> order(static_cast<std::size_t>(k));
     std::iota(order.begin(), order.end(), 0);
@@ -347,7 +377,7 @@ class Soap final : public loom::OptimizerBase {
         }
         accumulate_statistics(g, b, p);
         for (std::size_t d = 0; d < p.dims.size(); ++d)
-          if (b.q[d]) eigenbasis(b.gg[d], b.q[d], b.extent[d], p.side[d]);
+          if (b.q[d]) eigenbasis(b.gg[d], b.q[d], b.extent[d], p.side[d], *state.parameter, d);
       }
       step_slot = 1.0f;
       return;
@@ -377,7 +407,7 @@ class Soap final : public loom::OptimizerBase {
         v = block_v_.data();
         dir = block_dir_.data();
       }
-      update_block(g, m, v, dir, b, p, refresh);
+      update_block(g, m, v, dir, b, p, refresh, *state.parameter);
       if (!single) {
         scatter(m, m_full, p, i);
         scatter(v, v_full, p, i);
@@ -402,7 +432,8 @@ class Soap final : public loom::OptimizerBase {
   // it, before the step size) in `dir`; then the preconditioner's update (update_preconditioner):
   // the first moment back to the original basis, the statistics, every precondition_frequency
   // updates new bases, and the first moment into them.
-  void update_block(const float* g, float* m, float* v, float* dir, const BlockView& b, const Plan& p, bool refresh) {
+  void update_block(const float* g, float* m, float* v, float* dir, const BlockView& b, const Plan& p, bool refresh,
+                    const loom::Parameter& parameter) {
     const std::int64_t n = b.numel;
     projected_.resize(static_cast<std::size_t>(n));
     project(g, projected_.data(), b, p, false);
@@ -426,7 +457,7 @@ class Soap final : public loom::OptimizerBase {
     accumulate_statistics(g, b, p);
     if (refresh)
       for (std::size_t d = 0; d < p.dims.size(); ++d)
-        if (b.q[d]) refresh_basis(b, d, v, p);
+        if (b.q[d]) refresh_basis(b, d, v, p, parameter);
     project(gp, m, b, p, false);
   }
 
@@ -462,7 +493,8 @@ loom::OptionSchema soap_options() {
       .min(1);
   s.boolean("merge_dims", false,
             "Merge a tensor's consecutive dimensions while their product stays within max_precond_dim, before "
-            "preconditioning each dimension (the authors' merge_dims).");
+            "preconditioning each dimension (the authors' merge_dims). A tensor merged into one dimension is a "
+            "vector: preconditioned only under precondition_1d.");
   s.boolean("precondition_1d", false,
             "Precondition vectors of at most max_precond_dim elements too (the authors' precondition_1d); "
             "otherwise they get Adam.");

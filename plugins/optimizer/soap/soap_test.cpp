@@ -9,9 +9,11 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "loom/error.hpp"
 #include "optimizer_test_support.hpp"
 
 namespace {
@@ -155,6 +157,59 @@ TEST_F(SoapTest, PreconditionOneDimensionalMatchesARowMatrix) {
   const auto want = row.parameters[0].data().to_vector();
   for (std::size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-6) << j;
   EXPECT_NE(got, plain.parameters[0].data().to_vector());  // the preconditioner changes the update
+}
+
+// merge_dims turning a whole matrix into one dimension makes it a vector: preconditioned only
+// under precondition_1d, like any vector. (Otherwise a [256, 32] embedding with max_precond_dim
+// 10000 became one 8192 x 8192 preconditioner, whose set-up eigendecomposition took minutes: a
+// fuzzed run that seemed to hang.) A matrix that merges into two dimensions keeps both.
+TEST_F(SoapTest, AMatrixMergedIntoOneDimensionIsAVector) {
+  auto state_names = [&](const Value::Map& options, std::vector<std::int64_t> shape) {
+    auto opt = create(options);
+    ot::ParameterSet set;
+    set.backend = backend_.get();
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::mt19937 rng(11);
+    set.add("w", loom::Shape(shape), true, ot::random_values(rng, n, 1.0f));
+    opt->init(set.for_optimizer());
+    std::map<std::string, loom::Shape> names;
+    for (const auto& [name, tensor] : opt->state()) names.emplace(name, tensor.shape());
+    return names;
+  };
+  const Value::Map merged{{"merge_dims", Value(true)}, {"max_precond_dim", Value(100)}};
+  EXPECT_EQ(state_names(merged, {8, 4}).size(), 3u);  // [32]: exp_avg, exp_avg_sq, step
+  Value::Map merged_1d = merged;
+  merged_1d.emplace_back("precondition_1d", Value(true));
+  EXPECT_EQ(state_names(merged_1d, {8, 4}).at("GG0/w"), (loom::Shape{32, 32}));
+  const auto two = state_names(merged, {2, 3, 40});  // [6, 40]
+  EXPECT_EQ(two.at("GG0/w"), (loom::Shape{6, 6}));
+  EXPECT_EQ(two.at("GG1/w"), (loom::Shape{40, 40}));
+  EXPECT_EQ(state_names({{"max_precond_dim", Value(100)}}, {8, 4}).at("GG1/w"), (loom::Shape{4, 4}));
+}
+
+// Statistics that are not finite have no eigenbasis: a clear error naming the parameter, before
+// any eigensolver runs (Eigen's would iterate through its whole budget on them).
+TEST_F(SoapTest, NonFiniteStatisticsAreAnErrorNamingTheParameter) {
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    auto opt = create({{"max_precond_dim", Value(16)}});
+    ot::ParameterSet set;
+    set.backend = backend_.get();
+    std::mt19937 rng(13);
+    set.add("h.0.mlp.c_fc.weight", {4, 6}, true, ot::random_values(rng, 24, 1.0f));
+    opt->init(set.for_optimizer());
+    auto g = ot::random_values(rng, 24, 1.0f);
+    g[5] = bad;
+    ot::set_gradient(set.parameters[0], g);
+    try {
+      opt->step(0.01, 0);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const loom::UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("soap: the preconditioner statistics of 'h.0.mlp.c_fc.weight'"), std::string::npos) << m;
+      EXPECT_NE(m.find("the run diverged"), std::string::npos) << m;
+    }
+  }
 }
 
 }  // namespace

@@ -154,8 +154,8 @@ TEST_F(CharTokenizerTest, CorruptStateIsAUserError) {
 }
 
 TEST_F(CharTokenizerTest, TinyShakespeareGivesNanoGptsVocabulary) {
-  const std::filesystem::path file = std::filesystem::path(LOOM_SHARED_DATA_DIR) / "tinyshakespeare.txt";
-  if (!std::filesystem::exists(file)) GTEST_SKIP() << "no " << file << " (../shared/data is absent)";
+  const std::filesystem::path file = LOOM_TINYSHAKESPEARE;  // configs/data/tinyshakespeare.txt
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
   std::ifstream in(file, std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();

@@ -61,17 +61,7 @@ json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    std::string message = e.what();
-    // "[json.exception.parse_error.101] parse error at line 3, column 2: ..." without the tag.
-    if (const auto close = message.find("] "); message.rfind("[json.exception", 0) == 0 && close != std::string::npos)
-      message.erase(0, close + 2);
-    // nlohmann quotes the raw bytes it last read, which may be binary or long: the bytes around
-    // the error, escaped, instead.
-    if (const auto last = message.find("; last read: "); last != std::string::npos) message.erase(last);
-    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
-    const std::size_t from = at > 20 ? at - 20 : 0;
-    throw UserError("gpt2-bpe: " + what + " is not valid JSON: " + message + "; near '" + (from > 0 ? "..." : "") +
-                    escape_input(std::string_view(text).substr(from), at - from + 20) + "'");
+    throw UserError("gpt2-bpe: " + what + " is not valid JSON: " + json_parse_error(e.what(), e.byte, text));
   }
 }
 

@@ -155,15 +155,20 @@ class NoGradGuard {
 
 // A low-rank adapter (LoRA, Hu et al. 2021) on the weight of a linear operation: Ops::linear with
 // that weight adds scale * dropout(x) A^T B^T to x W^T (before the bias's activation), whatever
-// the weight's layout. The model does not know: the run layer attaches adapters to an Ops.
+// the weight's layout, and so does Ops::linear_cross_entropy to the logits of an adapted output
+// head. The model does not know: the run layer attaches adapters to an Ops. An adapter may cover
+// some of the output's features only, [rows_begin, rows_end): B then has rows_end - rows_begin
+// rows and adds to those features alone (PEFT's q_proj adapter on a fused qkv weight).
 struct LinearAdapter {
-  Parameter* a = nullptr;  // [rank, in]
-  Parameter* b = nullptr;  // [out, rank]
-  float scale = 1.0f;      // alpha / rank
-  float dropout = 0.0f;    // on the adapter's input, from the Ops' dropout stream
+  Parameter* a = nullptr;       // [rank, in]
+  Parameter* b = nullptr;       // [rows_end - rows_begin, rank]
+  float scale = 1.0f;           // alpha / rank
+  float dropout = 0.0f;         // on the adapter's input, from the Ops' dropout stream
+  std::int64_t rows_begin = 0;  // the output features it adds to; rows_end 0: all of them
+  std::int64_t rows_end = 0;
 };
-// Adapters by the parameter whose whole value is the weight.
-using LinearAdapters = std::unordered_map<const Parameter*, LinearAdapter>;
+// Adapters by the parameter whose whole value is the weight (several on one weight add up).
+using LinearAdapters = std::unordered_map<const Parameter*, std::vector<LinearAdapter>>;
 
 struct LinearOptions {
   // false: weight is [out, in] (PyTorch nn.Linear, y = x W^T); true: weight is [in, out] (y = x W).
@@ -265,11 +270,14 @@ class Ops {
   void set_z_loss_weight(float weight) { z_loss_weight_ = weight; }
   float z_loss_weight() const { return z_loss_weight_; }
 
-  // Low-rank adapters: linear() with a weight that is a whole parameter listed in `adapters` adds
-  // that adapter's product. The table must outlive this Ops; null (the default): none.
+  // Low-rank adapters: linear() and linear_cross_entropy() with a weight that is a whole parameter
+  // listed in `adapters` add its adapters' products (linear_cross_entropy then computes the
+  // logits whole, not in chunks). The table must outlive this Ops; null (the default): none.
   void set_linear_adapters(const LinearAdapters* adapters) { adapters_ = adapters; }
   // Called by linear() for each weight that is a whole parameter, with its layout: how the run
   // layer finds the weights a model multiplies (the targets of adapters) without the model's help.
+  // (linear_cross_entropy does not call it: a model's loss() shows the weights inside the model,
+  // its logits() the output head too.)
   void set_linear_observer(std::function<void(Parameter& weight, bool weight_in_out)> observer) {
     linear_observer_ = std::move(observer);
   }
@@ -363,8 +371,8 @@ class Ops {
  private:
   friend struct detail::CheckpointNode;
   Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options);
-  Tensor adapted_linear(const LinearAdapter& adapter, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const LinearOptions& options);
+  Tensor adapted_linear(const std::vector<LinearAdapter>& adapters, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias, const LinearOptions& options);
   const LinearAdapters* adapters_ = nullptr;
   std::function<void(Parameter&, bool)> linear_observer_;
   // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the

@@ -60,8 +60,13 @@ class InternalError : public Error {
   ~InternalError() override;
 };
 
-// Runs `body`; a loom::Error escaping it gets `context` added, and any other exception becomes
-// an InternalError with that context. Use at layer boundaries, not in hot loops.
+// For a catch (...) block: "an exception that is not a std::exception (of type int)", the type
+// demangled; what a message can say about an exception that carries no what().
+std::string describe_current_exception();
+
+// Runs `body`; a loom::Error escaping it gets `context` added, and any other exception (a
+// std::exception or not) becomes an InternalError with that context, so that the message names
+// the component or file it came from. Use at layer boundaries, not in hot loops.
 template <class F>
 decltype(auto) with_context(std::string_view context, F&& body) {
   try {
@@ -71,6 +76,10 @@ decltype(auto) with_context(std::string_view context, F&& body) {
     throw;
   } catch (const std::exception& e) {
     InternalError wrapped(e.what());
+    wrapped.add_context(std::string(context));
+    throw wrapped;
+  } catch (...) {
+    InternalError wrapped(describe_current_exception());
     wrapped.add_context(std::string(context));
     throw wrapped;
   }
@@ -86,5 +95,13 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 // binary file, or a megabyte-long line, stays one readable line. Every message that quotes input
 // uses it.
 std::string escape_input(std::string_view input, std::size_t max_bytes = 60);
+
+// A JSON parser's error made fit to quote: nlohmann::json's parse_error `what` ("[json.exception.
+// parse_error.101] parse error at line 1, column 3: syntax error ...; last read: '<raw bytes>'")
+// without its tag and without the raw bytes it quotes, which can be binary or a whole line; the
+// bytes of `input` around the parser's position `byte` (parse_error::byte, 1-based), escaped by
+// escape_input, instead: "parse error at line 1, column 3: ...; near '...\x89PNG...'". Every
+// message about JSON that loom or a plugin reads uses it.
+std::string json_parse_error(std::string_view what, std::size_t byte, std::string_view input);
 
 }  // namespace loom

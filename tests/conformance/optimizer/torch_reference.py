@@ -185,7 +185,9 @@ def adafactor_step(params, grads, state, lr, step, o, decays):
 # update_preconditioner, get_orthogonal_matrix, get_orthogonal_matrix_QR, merge_dims,
 # precondition_1d), transcribed, with Levanter's blocks (block_size: each block of the working
 # shape is one SOAP of its own; Levanter pads the last blocks, loom and this transcription do not).
-# Differences, on purpose: eigh and QR in float64 (rounded to float32), and each basis column's
+# Differences, on purpose: a tensor that merge_dims makes one dimension is a vector (preconditioned
+# only under precondition_1d; the authors' code gives it an n x n preconditioner, prohibitive on a
+# CPU for n in the thousands); eigh and QR in float64 (rounded to float32), and each basis column's
 # sign fixed (largest entry positive), which SOAP's update does not depend on but its state does;
 # weight decay follows the mask; the step lives in a tensor, 0 until the preconditioner is set up.
 
@@ -292,7 +294,10 @@ def soap_plan(shape, o):
         pre = [bool(o.get("precondition_1d", False)) and dims[0] <= max_dim]
     else:
         dims = soap_merge_dims(list(shape), max_dim) if o.get("merge_dims", False) else list(shape)
-        pre = [d <= max_dim for d in dims]
+        if len(dims) == 1:  # merged into one dimension: a vector (loom's rule; the authors' gives it a preconditioner)
+            pre = [bool(o.get("precondition_1d", False)) and dims[0] <= max_dim]
+        else:
+            pre = [d <= max_dim for d in dims]
     bs = o.get("block_size")
     cuts, sides = [], []
     for d, p in zip(dims, pre):

@@ -14,9 +14,12 @@
 // component (or a variant chosen by `type`), and its other keys are that type's options: a layer
 // that changes `type` starts the section afresh, so the options earlier layers gave for the old
 // type are dropped (and reported as DroppedOptions) while the layer's own options, and later
-// layers', apply. A layer that repeats the same type, or gives options without a type, merges as
-// usual. A bare name (`attention: flash`) is shorthand for `{type: flash}`: options merged onto
-// it, or an override below it (`model.attention.block_size=64`), extend it into that map.
+// layers', apply. Options declared for the whole section rather than for one type (OptionSpec::
+// section_options: `optimizer.learning_rate`, `optimizer.max_grad_norm`, read by the run layer
+// whichever optimizer is named) survive the change, where the loader is given the top-level
+// schema that declares them (`sections` below). A layer that repeats the same type, or gives
+// options without a type, merges as usual. A bare name (`attention: flash`) is shorthand for `{type: flash}`: options
+// merged onto it, or an override below it (`model.attention.block_size=64`), extend it into that map.
 #pragma once
 
 #include <filesystem>
@@ -46,10 +49,13 @@ struct DroppedOptions {
 // `!include` relative to `file`'s directory and `base_config` as described above. Scalars are
 // typed by the YAML 1.2 core schema (null, booleans, integers, floats, else strings); quoted
 // scalars are always strings.
-// Options dropped by type changes are appended to `dropped` when it is given.
-Value load_file(const std::filesystem::path& file, std::vector<DroppedOptions>* dropped = nullptr);
+// Options dropped by type changes are appended to `dropped` when it is given. `sections`, the
+// top-level schema when the caller knows it, names the section-wide options that a change of type
+// keeps (null: every option of the old type is dropped).
+Value load_file(const std::filesystem::path& file, std::vector<DroppedOptions>* dropped = nullptr,
+                const OptionSchema* sections = nullptr);
 Value load_string(std::string_view text, const std::filesystem::path& file_for_locations,
-                  std::vector<DroppedOptions>* dropped = nullptr);
+                  std::vector<DroppedOptions>* dropped = nullptr, const OptionSchema* sections = nullptr);
 
 // One `a.b.c=value` override. The value parses as YAML ("3e-4", "[1,2]", "null", "{a: 1}").
 struct Override {
@@ -62,16 +68,19 @@ Override parse_override(std::string_view text);
 // (a map value merges, a changed `type` drops the section's earlier options). Going through a
 // bare name extends it into {type: name}; going through any other non-map (`a=1` then `a.b=2`)
 // is a UserError.
-void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped = nullptr);
+void apply_override(Value& root, const Override& o, std::vector<DroppedOptions>* dropped = nullptr,
+                    const OptionSchema* sections = nullptr);
 
 // load_file followed by every override.
 Value load(const std::filesystem::path& file, const std::vector<std::string>& overrides,
-           std::vector<DroppedOptions>* dropped = nullptr);
+           std::vector<DroppedOptions>* dropped = nullptr, const OptionSchema* sections = nullptr);
 
 // Merges layer `over` into `base`: maps recursively, component sections as described above,
-// everything else replaced. `layer` names `over` in DroppedOptions; `path` is where `base` sits.
+// everything else replaced. `layer` names `over` in DroppedOptions; `path` is where `base` sits
+// in the config that `sections` (the top-level schema, or null) describes.
 void merge(Value& base, const Value& over, const std::string& layer = "",
-           std::vector<DroppedOptions>* dropped = nullptr, const std::string& path = "");
+           std::vector<DroppedOptions>* dropped = nullptr, const std::string& path = "",
+           const OptionSchema* sections = nullptr);
 
 // What validation needs to know about components; the plugin registry implements it.
 class ComponentCatalog {
@@ -96,5 +105,12 @@ Value validate(const OptionSchema& schema, const Value& node, std::string_view p
 // {type: name, ...options with defaults}.
 Value validate_component(std::string_view kind, const Value& node, std::string_view path,
                          const ComponentCatalog& catalog);
+
+// Checks that every default `schema` declares (nested objects' included) is a value the option
+// itself accepts: a default outside its own range, choices or length would pass `loom plugins`
+// and `loom config schema` and fail only in a run, blaming the user's config. Throws UserError
+// naming `owner` ("optimizer 'mine'"), the option, the default and what the option accepts. The
+// registry runs it on every component it registers.
+void check_declared_defaults(const OptionSchema& schema, std::string_view owner);
 
 }  // namespace loom::config

@@ -41,6 +41,7 @@ struct PluginRecord {
   std::string reason;                   // why it failed or what shadows it
   std::string sdk_version;              // from its ABI record, when readable
   std::string build_tag;                // from its ABI record, when readable
+  std::string isa;                      // from its ABI record (ABI 7 and newer), when readable
   std::vector<std::string> components;  // "kind/name" registered by it
 };
 
@@ -48,14 +49,31 @@ struct PluginRecord {
 struct AbiRecordInfo {
   unsigned abi_major = 0, abi_minor = 0;
   std::string sdk_version, build_tag;
+  std::string isa;  // empty in records of ABI 6 and older, which have no such field
 };
-// Reads the `loom_abi` section of an ELF shared object. Throws UserError saying why the file is
-// not a loom plugin (not ELF, not a shared object, no record, malformed record).
+// Reads the `loom_abi` section of an ELF shared object, in this ABI's layout or the shorter one
+// of ABI 6 and older (so that those are refused by their version, not as malformed). Throws
+// UserError saying why the file is not a loom plugin (not ELF, not a shared object, no record,
+// malformed record).
 AbiRecordInfo read_abi_record(const std::filesystem::path& file);
-// Empty when a plugin with this record may be loaded by this host; else the reason.
+// Empty when a plugin with this record may be loaded by this host on this CPU; else the reason,
+// saying what to change. What is checked is what breaks compatibility: the ABI version, the C++
+// ABI (Itanium), the standard library (libstdc++, its dual ABI, a release no newer than the
+// host's) and the instruction set; not the compiler's name.
 std::string check_abi(const AbiRecordInfo& record);
-// The host's own build tag (compiler, libstdc++ ABI).
+// The host's own build tag ("gcc-12.2;cxxabi=itanium;stdlib=libstdc++-12;cxx11abi=1").
 std::string host_build_tag();
+// The instruction set the host was compiled for (LOOM_BUILD_ISA: "x86-64-v3").
+std::string host_isa();
+
+// The instruction-set extensions this CPU runs, by LOOM_BUILD_ISA's names (cpuid and the OS's
+// saved register state); empty off x86-64.
+std::vector<std::string> host_cpu_features();
+// The x86-64 level `cpu_features` make up, with the extensions beyond it: "x86-64-v4+avx512bf16+...".
+std::string describe_cpu(const std::vector<std::string>& cpu_features);
+// Empty when a CPU with `cpu_features` runs code built for `isa` (a LOOM_BUILD_ISA string); else
+// the reason: the extensions it lacks, or names this loom cannot check.
+std::string check_isa(const std::string& isa, const std::vector<std::string>& cpu_features);
 
 class PluginHost {
  public:

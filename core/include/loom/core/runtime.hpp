@@ -22,6 +22,10 @@ struct RuntimeOptions {
   // When false, only plugin_paths are searched: no config paths, environment, executable-
   // relative or install directory (for reproducible listings and tests).
   bool default_plugin_path = true;
+  // The top-level schema the config will be validated against (the run layer's
+  // run_config_schema()), when the caller knows it: the options it declares for a whole component
+  // section (`optimizer.learning_rate`) survive a layer that changes the section's `type`.
+  const OptionSchema* sections = nullptr;
 };
 
 // The `plugins` section, which the runtime reads itself to find the plugins before anything is

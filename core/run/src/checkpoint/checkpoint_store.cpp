@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "checkpoint/durable_io.hpp"
@@ -34,6 +35,18 @@ int test_stage_delay_ms() {
   }();
   return ms;
 }
+
+// "20261124-210211": when a checkpoint was moved aside, in its new name (UTC).
+std::string utc_stamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%SZ", &tm);
+  return buf;
+}
+
+constexpr const char* kSetAside = ".unusable-";
 
 }  // namespace
 
@@ -87,6 +100,44 @@ std::vector<CheckpointDir> CheckpointStore::list() const {
   return out;
 }
 
+bool CheckpointStore::is_set_aside_name(const std::string& name) {
+  const auto at = name.find(kSetAside);
+  return at != std::string::npos && parse_dir_name(name.substr(0, at)).has_value();
+}
+
+std::vector<fs::path> CheckpointStore::list_set_aside() const {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (entry.is_directory(ec) && is_set_aside_name(entry.path().filename().string())) out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool CheckpointStore::verifies(const CheckpointDir& checkpoint, std::string* problem) const {
+  const Verification v = verify_checkpoint(checkpoint.path);
+  if (v.ok && v.step == checkpoint.step) {
+    verified_.insert(checkpoint.step);
+    return true;
+  }
+  if (problem) *problem = v.ok ? "its manifest is for step " + std::to_string(v.step) : v.describe(checkpoint.path);
+  return false;
+}
+
+SetAside CheckpointStore::set_aside(const CheckpointDir& checkpoint, std::string problem) const {
+  verified_.erase(checkpoint.step);
+  const std::string base = checkpoint.path.filename().string() + kSetAside + utc_stamp();
+  fs::path to = dir_ / base;
+  std::error_code ec;
+  for (int i = 2; fs::exists(to, ec); ++i) to = dir_ / (base + "-" + std::to_string(i));
+  if (::rename(checkpoint.path.c_str(), to.c_str()) != 0)
+    throw UserError("cannot move the unusable checkpoint '" + checkpoint.path.string() + "' aside to '" + to.string() +
+                    "': " + std::strerror(errno));
+  sync_path(dir_);
+  return {checkpoint.step, checkpoint.path, to, std::move(problem)};
+}
+
 std::optional<std::int64_t> CheckpointStore::latest() const {
   std::error_code ec;
   if (!fs::exists(dir_ / kLatest, ec)) return std::nullopt;
@@ -115,13 +166,12 @@ LatestValid CheckpointStore::find_latest_valid() const {
     result.warnings.push_back("'" + (dir_ / kLatest).string() + "' does not name a step-N directory");
   }
   for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
-    const Verification v = verify_checkpoint(it->path);
-    if (v.ok && v.step == it->step) {
+    std::string problem;
+    if (verifies(*it, &problem)) {
       result.checkpoint = *it;
       return result;
     }
-    result.warnings.push_back("checkpoint " + it->path.string() + " is unusable: " +
-                              (v.ok ? "its manifest is for step " + std::to_string(v.step) : v.describe(it->path)));
+    result.warnings.push_back("checkpoint " + it->path.string() + " is unusable: " + problem);
   }
   return result;
 }
@@ -149,32 +199,49 @@ CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void
     result.bytes += manifest_text.size();
     sync_path(temp);
     stage(CommitStage::manifest_written);
-    // A step directory left by an attempt whose `latest` never named it is replaced.
-    if (fs::exists(final_dir, ec)) remove_directory(final_dir);
+    // A step directory left by an attempt whose `latest` never named it is replaced (moved
+    // aside when it does not verify: loom deletes no such checkpoint).
+    if (fs::exists(final_dir, ec)) {
+      std::string problem;
+      if (verifies({step, final_dir}, &problem))
+        remove_directory(final_dir);
+      else
+        result.set_aside.push_back(set_aside({step, final_dir}, std::move(problem)));
+    }
     if (::rename(temp.c_str(), final_dir.c_str()) != 0)
       throw UserError("cannot rename '" + temp.string() + "' to '" + final_dir.string() + "': " + std::strerror(errno));
   } catch (...) {
     fs::remove_all(temp, ec);
+    verified_.erase(step);
     throw;
   }
   sync_path(dir_);
+  // Its checksums were computed from the bytes written (describe_directory reads them back).
+  verified_.insert(step);
   stage(CommitStage::renamed);
   replace_atomically(dir_ / kLatest, dir_name(step) + "\n");
   stage(CommitStage::latest_replaced);
   result.path = final_dir;
-  result.removed = apply_retention(step);
+  apply_retention(step, result);
   stage(CommitStage::retention_done);
   return result;
 }
 
-std::vector<std::int64_t> CheckpointStore::apply_retention(std::int64_t newest) const {
-  std::vector<std::int64_t> removed;
+void CheckpointStore::apply_retention(std::int64_t newest, CommitResult& result) const {
+  // Only checkpoints that verify count toward keep_last: one that has gone bad is moved aside
+  // (never deleted), and an older good one is kept in its place.
   std::int64_t rolling_kept = 0;
   const std::vector<CheckpointDir> all = list();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->step > newest) continue;  // not this store's business: discard_after handles them
-    if (it->step == newest || retention_.is_permanent(it->step)) {
-      if (it->step == newest && !retention_.is_permanent(it->step)) ++rolling_kept;
+    if (it->step == newest) {
+      if (!retention_.is_permanent(it->step)) ++rolling_kept;
+      continue;
+    }
+    if (retention_.is_permanent(it->step)) continue;  // kept for good: nothing to decide
+    std::string problem;
+    if (!verified_.contains(it->step) && !verifies(*it, &problem)) {
+      result.set_aside.push_back(set_aside(*it, std::move(problem)));
       continue;
     }
     if (rolling_kept < retention_.keep_last) {
@@ -182,10 +249,11 @@ std::vector<std::int64_t> CheckpointStore::apply_retention(std::int64_t newest) 
       continue;
     }
     remove_directory(it->path);
-    removed.push_back(it->step);
+    verified_.erase(it->step);
+    result.removed.push_back(it->step);
   }
-  std::reverse(removed.begin(), removed.end());
-  return removed;
+  std::reverse(result.removed.begin(), result.removed.end());
+  std::reverse(result.set_aside.begin(), result.set_aside.end());
 }
 
 void CheckpointStore::remove_directory(const fs::path& path) const {
@@ -215,8 +283,8 @@ void CheckpointStore::remove_leftovers() const {
   }
 }
 
-std::vector<std::int64_t> CheckpointStore::discard_after(std::int64_t step) const {
-  std::vector<std::int64_t> removed;
+Discarded CheckpointStore::discard_after(std::int64_t step) const {
+  Discarded result;
   const std::optional<std::int64_t> pointer = latest();
   std::error_code ec;
   if (pointer && *pointer > step) {
@@ -225,10 +293,16 @@ std::vector<std::int64_t> CheckpointStore::discard_after(std::int64_t step) cons
   }
   for (const auto& c : list())
     if (c.step > step) {
+      std::string problem;
+      if (!verifies(c, &problem)) {
+        result.set_aside.push_back(set_aside(c, std::move(problem)));
+        continue;
+      }
       remove_directory(c.path);
-      removed.push_back(c.step);
+      verified_.erase(c.step);
+      result.removed.push_back(c.step);
     }
-  return removed;
+  return result;
 }
 
 }  // namespace loom::checkpoint

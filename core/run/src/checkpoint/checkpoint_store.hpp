@@ -4,6 +4,9 @@
 //   <dir>/latest           "step-<N>\n": the checkpoint a resumed run continues from
 //   <dir>/.tmp-step-<N>-<pid>/, .deleting-step-<N>-<pid>/
 //                          a write or a deletion that a crash interrupted (removed by the next run)
+//   <dir>/step-<N>.unusable-<time>/
+//                          a checkpoint that failed verification, moved aside: loom never deletes
+//                          one (it may be repaired, or hold what a bug in loom would destroy)
 //
 // commit(N) writes checkpoint N in these stages, each durable before the next starts:
 //   1. the temporary directory .tmp-step-<N>-<pid>/ is created;
@@ -20,6 +23,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,7 +32,9 @@
 namespace loom::checkpoint {
 
 // Which checkpoints stay once a new one is committed: the newest, the `keep_last` newest of
-// the rolling ones, and every permanent one (a step that is a multiple of keep_every_steps).
+// the rolling ones that verify, and every permanent one (a step that is a multiple of
+// keep_every_steps). A checkpoint that fails verification does not count and is moved aside,
+// never deleted.
 struct Retention {
   std::int64_t keep_last = 2;         // >= 1
   std::int64_t keep_every_steps = 0;  // 0: no permanent checkpoints
@@ -50,10 +56,24 @@ struct CheckpointDir {
   std::filesystem::path path;
 };
 
+// A checkpoint that failed verification, moved aside.
+struct SetAside {
+  std::int64_t step = 0;
+  std::filesystem::path from, to;  // step-<N>/ and step-<N>.unusable-<time>/
+  std::string problem;             // what failed: Verification::describe
+};
+
 struct CommitResult {
   std::filesystem::path path;
   std::uint64_t bytes = 0;            // the files' total size
   std::vector<std::int64_t> removed;  // steps deleted by the retention policy
+  std::vector<SetAside> set_aside;    // older checkpoints that no longer verify
+};
+
+// What discard_after did.
+struct Discarded {
+  std::vector<std::int64_t> removed;  // verified checkpoints deleted
+  std::vector<SetAside> set_aside;    // ones that failed verification, moved aside
 };
 
 // The latest valid checkpoint, and what was wrong with the newer ones passed over.
@@ -75,6 +95,16 @@ class CheckpointStore {
 
   // Every step-<N> directory, by step (committed or not: verify_checkpoint tells).
   std::vector<CheckpointDir> list() const;
+  // The checkpoints moved aside (step-<N>.unusable-<time>/), by name.
+  std::vector<std::filesystem::path> list_set_aside() const;
+  // Whether `name` is one of those.
+  static bool is_set_aside_name(const std::string& name);
+  // Whether step-<N> verifies (verify_checkpoint, and its manifest is for step N), with the
+  // problem when it does not. Reads every byte.
+  bool verifies(const CheckpointDir& checkpoint, std::string* problem = nullptr) const;
+  // Renames step-<N> to step-<N>.unusable-<time> (a free name) and syncs the directory. Throws
+  // UserError when it cannot.
+  SetAside set_aside(const CheckpointDir& checkpoint, std::string problem) const;
   // The step `latest` names; nullopt when there is no pointer or it names nothing valid.
   std::optional<std::int64_t> latest() const;
 
@@ -92,8 +122,9 @@ class CheckpointStore {
   // `latest`). Only safe while no other process writes into the directory.
   void remove_leftovers() const;
   // Removes the step directories past `step` (a run that resumes from `step`, or starts afresh
-  // at 0, replaces them), and `latest` when it names one of them. Returns the steps removed.
-  std::vector<std::int64_t> discard_after(std::int64_t step) const;
+  // at 0, replaces them), and `latest` when it names one of them; those that fail verification
+  // are moved aside instead.
+  Discarded discard_after(std::int64_t step) const;
 
   // For crash tests: called after each stage of commit() (it may kill the process).
   void set_stage_hook(std::function<void(CommitStage)> hook) { stage_hook_ = std::move(hook); }
@@ -102,12 +133,15 @@ class CheckpointStore {
   void stage(CommitStage s) const {
     if (stage_hook_) stage_hook_(s);
   }
-  std::vector<std::int64_t> apply_retention(std::int64_t newest) const;
+  void apply_retention(std::int64_t newest, CommitResult& result) const;
   void remove_directory(const std::filesystem::path& path) const;
 
   std::filesystem::path dir_;
   Retention retention_;
   std::function<void(CommitStage)> stage_hook_;
+  // Steps known to verify: committed by this store, or verified since. Retention trusts them
+  // rather than read every kept checkpoint again at every commit.
+  mutable std::set<std::int64_t> verified_;
 };
 
 }  // namespace loom::checkpoint

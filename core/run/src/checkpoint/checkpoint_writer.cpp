@@ -158,7 +158,8 @@ void CheckpointWriter::write(const Snapshot& snapshot, double snapshot_seconds) 
   const CommitResult commit = with_context(
       "while writing checkpoint " + CheckpointStore::dir_name(snapshot.step) + " into " + store_.dir().string(),
       [&] { return store_.commit(snapshot.step, [&](const fs::path& dir) { write_snapshot(snapshot, dir); }); });
-  WriteReport report{snapshot.step, commit.path, commit.bytes, snapshot_seconds, seconds_since(t0), commit.removed};
+  WriteReport report{snapshot.step,     commit.path,    commit.bytes,    snapshot_seconds,
+                     seconds_since(t0), commit.removed, commit.set_aside};
   std::lock_guard lock(mutex_);
   reports_.push_back(std::move(report));
 }

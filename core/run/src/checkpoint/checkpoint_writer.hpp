@@ -42,6 +42,7 @@ struct WriteReport {
   double snapshot_seconds = 0;  // the copy in the step loop (0 when not async)
   double write_seconds = 0;     // the write and commit
   std::vector<std::int64_t> removed;
+  std::vector<SetAside> set_aside;
 };
 
 class CheckpointWriter {

@@ -1,4 +1,5 @@
 // `loom checkpoints`: see loom/run/checkpoints.hpp.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <iomanip>
@@ -28,7 +29,8 @@ bool has_step_dirs(const fs::path& dir) {
 fs::path checkpoint_dir_of(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw UserError("'" + path.string() + "' is not a directory");
-  if (fs::exists(path / "latest", ec) || has_step_dirs(path)) return path;
+  if (fs::exists(path / "latest", ec) || has_step_dirs(path) || !CheckpointStore(path).list_set_aside().empty())
+    return path;
   // A run whose config puts its checkpoints elsewhere (trainer.checkpoint.dir).
   if (fs::exists(path / "config.yaml", ec)) {
     const Value config = config::load_file(path / "config.yaml");
@@ -103,6 +105,8 @@ CheckpointsReport list_checkpoints(const fs::path& path) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(".tmp-step-", 0) == 0 || name.rfind(".deleting-", 0) == 0) report.leftovers.push_back(name);
   }
+  std::sort(report.leftovers.begin(), report.leftovers.end());
+  for (const auto& p : store.list_set_aside()) report.set_aside.push_back(p.filename().string());
   return report;
 }
 
@@ -120,6 +124,10 @@ void print_checkpoints(std::ostream& out, const CheckpointsReport& report) {
   }
   for (const auto& l : report.leftovers)
     out << "  " << l << ": left by an interrupted write or deletion (removed when the run next starts)\n";
+  for (const auto& a : report.set_aside)
+    out << "  " << a
+        << ": moved aside by loom, which found it unusable; never resumed from nor deleted by loom (inspect or "
+           "repair it, then remove it yourself)\n";
 }
 
 }  // namespace loom

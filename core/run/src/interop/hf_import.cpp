@@ -27,7 +27,7 @@ nlohmann::ordered_json read_json(const fs::path& path) {
   try {
     return nlohmann::ordered_json::parse(text.str());
   } catch (const nlohmann::json::parse_error& e) {
-    throw UserError("'" + path.string() + "' is not valid JSON: " + e.what());
+    throw UserError("'" + path.string() + "' is not valid JSON: " + json_parse_error(e.what(), e.byte, text.str()));
   }
 }
 
@@ -174,8 +174,8 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir) {
     const Tensor destination = t.begin == 0 && t.end == data.size(0) ? data : data.slice(0, t.begin, t.end);
     const safetensors::TensorInfo& info = readers[where[found]].info(found);
     if (!(info.shape == destination.shape()) || (info.dtype != DType::f32 && info.dtype != DType::bf16)) {
-      mismatched.push_back(found + ": the file has " + std::string(safetensors::dtype_code(info.dtype)) + " " +
-                           info.shape.str() + ", the model needs F32 or BF16 " + destination.shape().str());
+      mismatched.push_back(found + ": the file has " + info.stored_dtype + " " + info.shape.str() +
+                           ", the model needs F32, BF16 or F16 " + destination.shape().str());
       continue;
     }
     copies.push_back({where[found], found, destination});

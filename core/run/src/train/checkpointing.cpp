@@ -39,6 +39,11 @@ bool CheckpointPolicy::soon(Clock::time_point now) const {
          std::chrono::duration<double>(now - last_save_).count() >= 30.0 * settings_.save_every_minutes;
 }
 
+std::string describe_set_aside(const checkpoint::SetAside& a) {
+  return "checkpoint " + a.from.string() + " is unusable (" + a.problem + "); moved it aside to " + a.to.string() +
+         ": loom never deletes a checkpoint that fails verification (inspect or repair it, then remove it yourself)";
+}
+
 std::string config_hash(const std::string& config_text) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "crc32c:%08x", checkpoint::crc32c(0, config_text.data(), config_text.size()));

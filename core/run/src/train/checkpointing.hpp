@@ -52,6 +52,9 @@ class CheckpointPolicy {
 checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds);
 checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record);
 
+// The log line of a checkpoint moved aside because it failed verification.
+std::string describe_set_aside(const checkpoint::SetAside& set_aside);
+
 // "crc32c:<8 hex digits>" of a config.yaml's text.
 std::string config_hash(const std::string& config_text);
 

@@ -84,8 +84,8 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
   if (c.lora)
     for (const auto& p : c.lora->parameters()) c.parameters.push_back(p);
   for (const auto& p : c.parameters) trained += p.parameter->shape().numel();
-  std::string line = c.lora ? "lora: rank " + std::to_string(lora.rank) + " adapters on " +
-                                  std::to_string(c.lora->target_names().size()) + " weights, "
+  std::string line = c.lora ? "lora: " + std::to_string(c.lora->target_names().size()) + " rank-" +
+                                  std::to_string(lora.rank) + " adapters, "
                             : "frozen: " + std::to_string(all.size() - c.parameters.size()) + " of " +
                                   std::to_string(all.size()) + " parameters, ";
   char share[32];
@@ -99,8 +99,11 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   c.model->initialize(seed);
   std::vector<std::string> notes;
   if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
-    notes = with_context("while loading trainer.init_from '" + from + "'",
-                         [&] { return load_initial_weights(*c.model, from); });
+    notes = with_context("while loading trainer.init_from '" + from + "'", [&] {
+      return load_initial_weights(
+          *c.model, from,
+          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+    });
   if (c.lora) c.lora->initialize(seed);
   if (c.parameters.empty()) c.parameters = c.model->parameters();
 
@@ -138,7 +141,9 @@ void create_reference_model(RunComponents& c, const Registry& registry, const Va
     c.reference->build(ModelSetup{c.tokenizer->vocab_size()});
     c.reference->initialize(seed);
     if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
-      load_initial_weights(*c.reference, from);
+      load_initial_weights(
+          *c.reference, from,
+          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
     for (auto& p : c.reference->parameters()) p.parameter->set_requires_grad(false);
   });
 }

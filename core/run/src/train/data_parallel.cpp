@@ -193,6 +193,32 @@ void DataParallel::report_together(const Error& error) {
   throw ReportedError(error.kind(), "an error reported by rank 0");
 }
 
+Mesh resolve_mesh(const Options& trainer, int world_size) {
+  const Options section = trainer.object("mesh");
+  Mesh::Sizes requested{};
+  for (MeshAxis axis : mesh_axes)
+    requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
+  const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
+  if (mesh.size(MeshAxis::fsdp) > 1)
+    throw UserError("trainer.mesh (" + mesh.describe() +
+                    "): fully sharded data parallelism (fsdp > 1, ZeRO-3) is not available in this loom yet; every "
+                    "rank holds the whole model. Use data parallelism, trainer.mesh: {data: -1, fsdp: 1} (the "
+                    "default), and trainer.shard_optimizer_state: true to split the optimizer state across the "
+                    "ranks (ZeRO-1)");
+  return mesh;
+}
+
+void DataParallel::set_mesh(const Mesh& mesh) {
+  if (data_group_) throw InternalError("data parallel: the mesh is set once");
+  mesh_ = mesh;
+  data_group_ = collective_->group(mesh_, MeshAxis::data);
+  // Until fsdp > 1 exists (resolve_mesh refuses it), the data axis is every rank: the batch's
+  // rows and ZeRO-1's shards below are counted over the world's ranks, the gradients summed over
+  // the data group, which holds the same ranks in the same order (so the same bits).
+  if (data_group_->size() != size_ || data_group_->rank() != rank_)
+    throw InternalError("data parallel: the data axis of mesh " + mesh_.describe() + " is not every rank");
+}
+
 void DataParallel::check_batch(std::int64_t batch_size, std::int64_t micro_size) const {
   if (batch_size % (static_cast<std::int64_t>(size_) * micro_size) != 0)
     throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) + ") must be a multiple of " +
@@ -297,11 +323,11 @@ void DataParallel::reduce_scatter_gradients() {
     has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
     if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
   }
-  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   // In place: this rank's segment of the buffer receives its sums. No buffer of the gradients'
   // size besides theirs, so the run's memory falls by the optimizer state the shard saves.
   const std::size_t segment = static_cast<std::size_t>(segment_);
-  collective_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
+  data_group_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
                               std::span<float>(flat + segment * static_cast<std::size_t>(rank_), segment));
   // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
   for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -326,7 +352,7 @@ void DataParallel::gather_parameters() {
     std::copy(v.data<float>(), v.data<float>() + v.numel(), flat + offset);
     p->zero_grad();  // its storage holds weights now
   }
-  collective_->all_gather(std::span<const float>(flat + segment * static_cast<std::size_t>(rank_), segment),
+  data_group_->all_gather(std::span<const float>(flat + segment * static_cast<std::size_t>(rank_), segment),
                           std::span<float>(flat, segment * static_cast<std::size_t>(size_)));
   for (auto& [p, offset, rank] : layout_) {
     if (rank == rank_) continue;
@@ -351,7 +377,7 @@ void DataParallel::start_ready_buckets() {
     for (auto& [p, offset] : b.parameters)
       if (!p->has_grad())
         std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
-    pending_.push_back(collective_->start_all_reduce(
+    pending_.push_back(data_group_->start_all_reduce(
         std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
   }
 }
@@ -371,7 +397,7 @@ void DataParallel::reduce_gradients() {
   // Which parameters any rank's micro-batches reached: those get the sum; the others stay
   // without a gradient, as on one process.
   for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
-  collective_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   for (auto& p : pending_) p->wait();
   pending_.clear();
   for (auto& b : buckets_) b.ready = 0;

@@ -17,6 +17,7 @@
 #include "loom/error.hpp"
 #include "loom/kinds/collective.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/mesh.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
@@ -43,6 +44,10 @@ Launcher launcher_from_environment();
 // differs from the number of processes the launcher started.
 Handle<Collective> create_collective(const Registry& registry, const Value& config);
 
+// trainer.mesh on `world_size` ranks: a UserError, before anything is allocated, for a mesh that
+// does not fit them, or that asks for what this loom cannot do yet (fsdp > 1).
+Mesh resolve_mesh(const Options& trainer, int world_size);
+
 // Another rank's process on this host (a lost one is noticed by its pid: stop_signals.hpp).
 struct PeerProcess {
   int rank = 0;
@@ -51,8 +56,13 @@ struct PeerProcess {
 
 class DataParallel {
  public:
-  // With more than one rank, the ranks tell each other their host and pid (one all-reduce).
+  // With more than one rank, the ranks tell each other their host and pid (one all-reduce). The
+  // ranks can agree on errors from here on (together()), before the config is resolved.
   explicit DataParallel(Handle<Collective> collective);
+  // `mesh` (resolve_mesh) lays out the collective's ranks; the gradients are summed over the
+  // group along its data axis. Every rank calls it at the same point (it makes that group), once,
+  // before attach() or shard().
+  void set_mesh(const Mesh& mesh);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -60,6 +70,7 @@ class DataParallel {
   // The other ranks on this host.
   const std::vector<PeerProcess>& same_host_peers() const { return same_host_peers_; }
   Collective& collective() { return *collective_; }
+  const Mesh& mesh() const { return mesh_; }
 
   // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
   // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
@@ -146,13 +157,16 @@ class DataParallel {
   void report_together(const Error& error);
 
   Handle<Collective> collective_;
+  Mesh mesh_;
+  // The ranks that sum their gradients: along the data axis (released before collective_).
+  std::shared_ptr<CollectiveGroup> data_group_;
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
   std::vector<PeerProcess> same_host_peers_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;
   std::size_t started_ = 0;  // buckets_[0..started_) are under way
-  std::vector<std::unique_ptr<Collective::Pending>> pending_;
+  std::vector<std::unique_ptr<CollectiveGroup::Pending>> pending_;
   std::vector<Parameter*> parameters_;
   // ZeRO-1: one flat gradient buffer of size() segments of segment_ floats, rank r's parameters
   // in segment r; (parameter, offset in the buffer, rank) for each. The gradients are

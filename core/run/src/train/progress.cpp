@@ -62,9 +62,9 @@ void ProgressPrinter::header(const RunHeader& run) {
   // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
   if (run.ranks > 1) interactive_ = false;
   if (run.ranks > 1)
-    os << "\ndata parallel: " << run.ranks << " ranks (" << run.collective << "), " << run.batch_size / run.ranks
-       << " sequences of each batch per rank; optimizer state " << std::setprecision(1)
-       << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
+    os << "\ndata parallel: " << run.ranks << " ranks" << (run.mesh.empty() ? "" : ": " + run.mesh) << " ("
+       << run.collective << "), " << run.batch_size / run.ranks << " sequences of each batch per rank; optimizer state "
+       << std::setprecision(1) << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
        << (run.sharded ? " (sharded, ZeRO-1)" : "");
   say(os.str());
 }
@@ -79,7 +79,7 @@ void ProgressPrinter::step(const StepReport& r) {
     line << " (" << format_rate(r.trained_tokens_per_second) << " trained)";
   line << "  MFU " << std::setprecision(1) << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
   if (r.skipped_steps) line << "  skipped " << r.skipped_steps;
-  if (r.ranks > 1) line << "  " << r.ranks << " ranks";
+  if (r.ranks > 1) line << "  " << r.ranks << " ranks" << (r.mesh.empty() ? "" : ": " + r.mesh);
   if (silent_) return;
   if (interactive_) {
     out_ << "\r\033[K" << line.str() << std::flush;

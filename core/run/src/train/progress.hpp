@@ -26,6 +26,7 @@ struct RunHeader {
   double bf16_peak_flops = 0;              // the probe's bf16 GEMM roof (0: none, or not probed)
   std::string matmul_dtype = "f32";        // what the matrix products compute in (Backend::matmul_dtype)
   int ranks = 1;                           // of a data-parallel run
+  std::string mesh;                        // their layout, "data 2 x fsdp 1" (trainer.mesh)
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state
   std::int64_t optimizer_state_bytes = 0;  // on this rank
@@ -41,6 +42,7 @@ struct StepReport {
   double eta_seconds = 0;
   std::int64_t skipped_steps = 0;  // in the whole run
   int ranks = 1;                   // processes the step ran on (shown when more than one)
+  std::string mesh;                // their layout, shown with them
 };
 
 class ProgressPrinter {

@@ -110,18 +110,38 @@ ResumeDecision decide_resume(const Options& trainer, const RunDirectory& directo
   const std::string mode = trainer.get<std::string>("resume");
   const std::string dir = directory.path().string();
   if (mode == "never") {
-    if (directory.holds_run() || !store.list().empty())
-      throw UserError(
-          "run directory '" + dir +
-          "' already holds a run and trainer.resume is `never`: choose another trainer.run_dir (or "
-          "trainer.run_id), remove it, or set trainer.resume=auto to continue it from its latest checkpoint");
+    // Starting over is refused where it would train over something of value: final weights, or
+    // a checkpoint that could be continued. Checkpoints that fail verification are moved aside
+    // (set_up_run's discard_after), never deleted.
+    const checkpoint::LatestValid latest = store.find_latest_valid();
+    if (directory.holds_final_weights() || latest.checkpoint)
+      throw UserError("run directory '" + dir + "' already holds a run and trainer.resume is `never`" +
+                      (latest.checkpoint ? " (checkpoint " + latest.checkpoint->path.string() + " verifies)"
+                                         : std::string(" (its final model.safetensors is there)")) +
+                      ": choose another trainer.run_dir (or trainer.run_id), remove it, or set trainer.resume=auto to "
+                      "continue it from its latest checkpoint");
+    if (!latest.warnings.empty())
+      d.warnings.push_back("trainer.resume is `never`: the run in " + dir +
+                           " starts at step 0; its checkpoints, none of which verifies, are moved aside");
     return d;
   }
   if (mode == "auto") {
     const checkpoint::LatestValid latest = store.find_latest_valid();
+    if (!latest.checkpoint && !latest.warnings.empty()) {
+      // Checkpoints are there and none verifies: starting again from step 0 would train over
+      // them (and a bit flip, a file system's hiccup or a newer format would cost the whole run).
+      std::string list;
+      for (const auto& w : latest.warnings) list += "\n  " + w;
+      throw UserError("run directory '" + dir + "' has checkpoints in " + store.dir().string() +
+                      ", and none of them can be resumed from (nothing was loaded or changed):" + list +
+                      "\nrepair or restore one (`loom checkpoints " + dir +
+                      "` verifies them) and run the same command again; or start over from step 0 deliberately with "
+                      "trainer.resume=never (the checkpoints are then moved aside as step-N.unusable-<time>, not "
+                      "deleted), or choose another trainer.run_dir");
+    }
     for (const auto& w : latest.warnings) d.warnings.push_back(w);
     if (!latest.checkpoint) {
-      if (!latest.warnings.empty() || directory.holds_run()) {
+      if (directory.holds_run()) {
         if (directory.holds_final_weights())
           throw UserError(
               "run directory '" + dir +

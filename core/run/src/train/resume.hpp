@@ -1,8 +1,10 @@
 // trainer.resume: whether a run continues from a checkpoint, which one, and whether the config
 // still fits it. auto (the default) continues from the run directory's latest valid checkpoint
-// (passing over corrupt ones with a warning) and starts afresh when there is none; never starts
-// afresh and refuses a directory that holds a run; a path continues from that checkpoint, which
-// must verify. A run directory that holds a finished run is never trained over.
+// (passing over corrupt ones with a warning), starts afresh when there is no checkpoint, and
+// refuses when there are checkpoints and none verifies; never starts afresh, refusing a directory
+// with final weights or a valid checkpoint; a path continues from that checkpoint, which must
+// verify. A run directory that holds a finished run is never trained over, and a checkpoint that
+// fails verification is moved aside, never deleted (CheckpointStore::discard_after).
 #pragma once
 
 #include <cstdint>
@@ -41,9 +43,10 @@ struct ResumeDecision {
 };
 
 // Decides from trainer.resume, the run directory and its checkpoint store. Throws UserError for
-// a directory that holds a run under `never` (or a finished run without a checkpoint under
-// auto), for an explicit checkpoint that does not verify (naming the file and what is wrong),
-// and for a checkpoint past trainer.num_train_steps.
+// a directory with final weights or a valid checkpoint under `never`, for checkpoints none of
+// which verifies under auto (naming each; nothing is changed), for a finished run without a
+// checkpoint under auto, for an explicit checkpoint that does not verify (naming the file and
+// what is wrong), and for a checkpoint past trainer.num_train_steps.
 ResumeDecision decide_resume(const Options& trainer, const RunDirectory& directory,
                              const checkpoint::CheckpointStore& store, std::int64_t num_steps);
 

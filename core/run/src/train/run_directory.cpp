@@ -83,9 +83,10 @@ void RunDirectory::write_tokenizer_state(const std::string& state) const {
   if (!f) throw UserError("cannot write '" + (path_ / "tokenizer.state").string() + "'");
 }
 
-void RunDirectory::save_weights(const std::vector<ModelParameter>& parameters, std::int64_t step) const {
-  safetensors::save_parameters(path_ / "model.safetensors", parameters,
-                               {{"loom.run_id", run_id_}, {"loom.step", std::to_string(step)}});
+void RunDirectory::save_weights(const std::vector<ModelParameter>& parameters, std::int64_t step, bool average) const {
+  safetensors::save_parameters(
+      path_ / "model.safetensors", parameters,
+      {{"loom.run_id", run_id_}, {"loom.step", std::to_string(step)}, {"loom.weights", average ? "ema" : "live"}});
 }
 
 }  // namespace loom::training

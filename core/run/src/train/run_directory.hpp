@@ -41,8 +41,9 @@ class RunDirectory {
   // tokenizer.state, when the tokenizer has a state (a vocabulary fitted to the training data)
   // that `loom generate` needs back.
   void write_tokenizer_state(const std::string& state) const;
-  // model.safetensors: the weights after `step` steps.
-  void save_weights(const std::vector<ModelParameter>& parameters, std::int64_t step) const;
+  // model.safetensors: the weights after `step` steps; `average` says they are the weight
+  // average (trainer.ema_decay), recorded as "loom.weights": "ema" (else "live") in its metadata.
+  void save_weights(const std::vector<ModelParameter>& parameters, std::int64_t step, bool average) const;
 
  private:
   std::filesystem::path path_;

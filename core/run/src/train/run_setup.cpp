@@ -33,6 +33,30 @@ std::int64_t micro_batch_size(const Options& trainer, std::int64_t batch_size, i
   return micro_size;
 }
 
+// The objective's required batch traits against the dataset's: a dataset that does not give what
+// the loss reads (DPO over plain text: unrelated rows taken as pairs) would train on nonsense and
+// exit 0, so it is refused before anything trains, naming both.
+void check_batch_traits(const Objective& objective, const Dataset& dataset, const Value& config) {
+  const std::vector<std::string> given = dataset.batch_traits();
+  const Value* data_type = config.at_path("data.type");
+  const std::string data = data_type && data_type->is_string() ? "data.type '" + data_type->as_string() + "'"
+                                                               : "a mixture of datasets (data.mixture)";
+  for (const auto& trait : objective.required_batch_traits()) {
+    if (std::find(given.begin(), given.end(), trait) != given.end()) continue;
+    std::string declared;
+    for (const auto& g : given) declared += (declared.empty() ? "'" : ", '") + g + "'";
+    std::string message =
+        "objective.type '" + config.at_path("objective.type")->as_string() + "' needs batches with the trait '" +
+        trait + "', and " + data + " does not give them (its batches " +
+        (declared.empty() ? std::string("are windows of tokens, with no trait") : "have the traits " + declared) + ")";
+    if (trait == batch_traits::preference_pairs)
+      message +=
+          ": preference pairs are rows 2i and 2i + 1 holding one prompt with its chosen and its rejected response; "
+          "use a dataset of them (data.type: preference)";
+    throw UserError(message);
+  }
+}
+
 // The state.json part of a resume: the step, the skip rule's window, the log interval.
 void restore_state(Run& run, const checkpoint::TrainRecord& r) {
   TrainState& s = run.state;
@@ -62,14 +86,19 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
-  // All must agree on the config (a difference is the same error on every rank).
+  // All must agree on the config (a difference is the same error on every rank), and on the mesh,
+  // which is checked before anything is allocated (every rank finds the same fault).
   parallel.together([&] { parallel.check_same_config(run.config); });
+  Mesh mesh;
+  parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
+  parallel.set_mesh(mesh);
 
   RunComponents& c = run.components;
   parallel.together([&] {
     run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
     parallel.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
+    check_batch_traits(*c.objective, *c.dataset, run.config);
     if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
       throw UserError(
           "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
@@ -201,9 +230,11 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   // resume leaves the run as it was. Rank 0's alone.
   if (parallel.is_primary()) {
     const std::int64_t from = resume ? resume->record.step : 0;
-    if (const auto removed = run.checkpoints->store().discard_after(from); !removed.empty()) {
+    const checkpoint::Discarded discarded = run.checkpoints->store().discard_after(from);
+    for (const auto& a : discarded.set_aside) progress.say("warning: " + describe_set_aside(a));
+    if (!discarded.removed.empty()) {
       std::string steps;
-      for (auto s : removed) steps += " step-" + std::to_string(s);
+      for (auto s : discarded.removed) steps += " step-" + std::to_string(s);
       progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
                    run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
     }
@@ -247,6 +278,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   header.bf16_peak_flops = bf16_roof;
   header.matmul_dtype = std::string(dtype_name(c.backend->matmul_dtype()));
   header.ranks = parallel.size();
+  header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
   header.collective = parallel.collective().describe();
   for (const auto& [name, tensor] : c.optimizer->state())

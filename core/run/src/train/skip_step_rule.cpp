@@ -12,6 +12,7 @@ SkipStepRule::SkipStepRule(std::int64_t window, double sigma)
     : capacity_(static_cast<std::size_t>(window) + 1), sigma_(sigma) {}
 
 bool SkipStepRule::should_skip(double loss, double grad_norm) {
+  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) return true;
   bool skip = false;
   const std::size_t min_points = std::max<std::size_t>(2, (capacity_ - 1) / 2);
   if (losses_.size() >= min_points) skip = loss > threshold(losses_) || grad_norm > threshold(norms_);
@@ -26,8 +27,13 @@ void SkipStepRule::restore(const std::vector<double>& losses, const std::vector<
                     std::to_string(grad_norms.size()) + " gradient norms; trainer.skip_step_window " +
                     std::to_string(capacity_ - 1) + " keeps up to " + std::to_string(capacity_) +
                     " of each (was trainer.skip_step_window changed?)");
-  losses_.assign(losses.begin(), losses.end());
-  norms_.assign(grad_norms.begin(), grad_norms.end());
+  losses_.clear();
+  norms_.clear();
+  for (std::size_t i = 0; i < losses.size(); ++i)
+    if (std::isfinite(losses[i]) && std::isfinite(grad_norms[i])) {
+      losses_.push_back(losses[i]);
+      norms_.push_back(grad_norms[i]);
+    }
 }
 
 double SkipStepRule::threshold(const std::deque<double>& xs) const {

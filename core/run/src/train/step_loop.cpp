@@ -35,6 +35,7 @@ std::string describe_write(const checkpoint::WriteReport& r) {
     line << "; removed";
     for (auto s : r.removed) line << " step-" << s;
   }
+  for (const auto& a : r.set_aside) line << "\nwarning: " << describe_set_aside(a);
   return line.str();
 }
 
@@ -215,6 +216,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             interval.train_seconds / static_cast<double>(step + 1) * static_cast<double>(num_steps - step - 1);
         report.skipped_steps = state.skipped_steps;
         report.ranks = parallel.size();
+        report.mesh = parallel.mesh().describe();
         std::vector<std::pair<std::string, double>> scalars{
             {"train/loss", report.mean_loss},
             {"train/lr", report.lr},
@@ -310,7 +312,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       if (c.lora)  // the adapters alone, in PEFT's layout
         c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
       else
-        run.directory.save_weights(c.saved_parameters(), num_steps);
+        run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
   if (sample_length > 0 && parallel.is_primary()) {

@@ -45,8 +45,11 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   check_finite(step, result.loss, result.grad_norm);
 
   result.lr = components_.schedule->learning_rate(step, settings_.num_steps, components_.peak_learning_rate);
-  result.skipped = state.skip_rule && state.skip_rule->should_skip(result.loss, result.grad_norm);
-  if (result.skipped || !std::isfinite(result.grad_norm)) {
+  // A NaN or infinite loss or norm (crash_on_nan / crash_on_inf off) is never applied, and never
+  // enters the skip rule's window.
+  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm);
+  result.skipped = !finite || (state.skip_rule && state.skip_rule->should_skip(result.loss, result.grad_norm));
+  if (result.skipped) {
     ++state.skipped_steps;
     ++state.step;
     return result;

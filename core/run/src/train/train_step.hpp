@@ -28,7 +28,7 @@ struct StepResult {
   double loss = 0;              // the batch's loss: the objective's mean over the batch's count()
   double grad_norm = 0;         // global, before clipping
   double lr = 0;                // the scheduled learning rate
-  bool skipped = false;         // by the skip-bad-step rule
+  bool skipped = false;         // not applied: by the skip-bad-step rule, or a NaN or infinite loss or norm
   std::vector<double> metrics;  // the objective's metric_names(), over the batch
 };
 

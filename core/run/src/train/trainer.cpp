@@ -61,6 +61,11 @@ OptionSchema trainer_schema() {
            "to the current directory. Ignored when the run resumes from a checkpoint, except by the reference model of "
            "an objective that has one (dpo: the starting weights, always) and under LoRA (its checkpoints hold the "
            "adapters alone: the base weights come from here again).");
+  s.string("init_from_weights", "ema",
+           "Of a loom run or checkpoint in init_from trained with ema_decay: ema (its weight average, what its "
+           "evaluations measured and its final model.safetensors holds) or live (the weights the optimizer "
+           "updated). A run without an average has only its live weights, which either takes.")
+      .one_of({"ema", "live"});
   s.list(
       "trainable", OptionType::string, Value::List{},
       "Parameter-name patterns of the parameters to train (\"h.*.attn.*\", \"*.bias\", \"ln_f\"); the others are "
@@ -88,6 +93,19 @@ OptionSchema trainer_schema() {
   s.boolean("shard_optimizer_state", false,
             "Data parallel: each rank keeps the optimizer state of only its 1/N of the parameters (ZeRO stage 1); "
             "gradients are reduce-scattered and the updated parameters all-gathered.");
+  OptionSchema mesh;
+  mesh.integer("data", -1,
+               "Data-parallel replicas: ranks that each hold the whole model and train on different rows of every "
+               "batch, their gradients summed; -1: the ranks the other axes leave.")
+      .min(-1);
+  mesh.integer("fsdp", 1,
+               "Fully sharded data parallelism (ZeRO-3): ranks that each hold 1/fsdp of every parameter, gradient and "
+               "optimizer state. Not available yet: only 1 (data parallelism, with shard_optimizer_state for ZeRO-1, "
+               "is what there is).")
+      .min(-1);
+  s.object("mesh", std::move(mesh),
+           "How the ranks of `mpirun -np N` are laid out: data x fsdp = N, data-major (ranks of one fsdp group are "
+           "neighbours); one axis may be -1, the ranks the others leave (docs/distributed.md, \"The mesh\").");
   OptionSchema checkpoint;
   checkpoint
       .integer("save_every_steps", 0,
@@ -97,7 +115,10 @@ OptionSchema trainer_schema() {
       .number("save_every_minutes", 15.0,
               "Save a checkpoint whenever this many minutes have passed since the last one; 0: no time policy.")
       .min(0.0);
-  checkpoint.integer("keep_last", 2, "Rolling checkpoints kept: older ones are deleted once a new one is committed.")
+  checkpoint
+      .integer("keep_last", 2,
+               "Rolling checkpoints kept, counting only those that verify: older ones are deleted once a new one is "
+               "committed (one that fails verification is moved aside, never deleted).")
       .min(1);
   checkpoint
       .integer("keep_every_steps", 0,
@@ -112,9 +133,10 @@ OptionSchema trainer_schema() {
            "Checkpoints: when they are saved, which stay, where (docs/checkpoints.md). A run with any ends with "
            "one at its last step.");
   s.string("resume", "auto",
-           "Continue from a checkpoint: auto (the run directory's latest valid one, if any; else start afresh), "
-           "never (start afresh; a run directory that holds a run is refused), or the path of a checkpoint "
-           "(step-N/, a checkpoints/ directory or a run directory).");
+           "Continue from a checkpoint: auto (the run directory's latest valid one; none there: start afresh; "
+           "checkpoints there and none valid: refused), never (start afresh, moving checkpoints that fail "
+           "verification aside; a run directory with final weights or a valid checkpoint is refused), or the path "
+           "of a checkpoint (step-N/, a checkpoints/ directory or a run directory).");
   s.integer("prefetch", 2, "Batches prepared ahead on a separate thread.").min(1).max(64);
   return s;
 }

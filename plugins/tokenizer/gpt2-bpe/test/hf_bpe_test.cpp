@@ -20,6 +20,7 @@
 
 #include "../normalizer.hpp"
 #include "../pre_tokenizer.hpp"
+#include "reference_required.hpp"
 
 namespace {
 
@@ -69,8 +70,9 @@ class HfBpeTest : public ::testing::Test {
   static void check(const std::string& name) {
     const fs::path file = kReference / (name + ".tokenizer.json");
     if (!fs::exists(file))
-      GTEST_SKIP() << "no " << file << ": ctest's tokenizer_hf_bpe_reference writes it (and skips when the Python "
-                   << "package `tokenizers` is missing)";
+      return loom::test::skip_missing_reference("no " + file.string() +
+                                                ": ctest's tokenizer_hf_bpe_reference writes it (and skips when "
+                                                "the Python package `tokenizers` is missing)");
     const auto tokenizer = make(file);
     const json expected = json::parse(read_file(kReference / (name + ".expected.json")));
     std::size_t texts = 0, agreeing = 0, tokens = 0;
@@ -113,7 +115,7 @@ TEST_F(HfBpeTest, SplitsRemovedInvertedAndLiteralMatchTokenizers) {
 
 TEST_F(HfBpeTest, Llama3DecodesBackToTheText) {
   const fs::path file = kReference / "llama3.tokenizer.json";
-  if (!fs::exists(file)) GTEST_SKIP() << "no " << file;
+  if (!fs::exists(file)) return loom::test::skip_missing_reference("no " + file.string());
   const auto tokenizer = make(file, "<|end_of_text|>");
   EXPECT_EQ(tokenizer->end_of_text(), std::optional<std::int32_t>(1));
   for (const std::string text : {"It's 12345 ünïcödé 😀 東京\n\n  x", "<|eot_id|>a<|begin_of_text|>"})
@@ -124,7 +126,7 @@ TEST_F(HfBpeTest, Llama3DecodesBackToTheText) {
 // other added tokens still match.
 TEST_F(HfBpeTest, RecognizeSpecialTokensFalseKeepsOrdinaryAddedTokens) {
   const fs::path file = kReference / "llama3.tokenizer.json";
-  if (!fs::exists(file)) GTEST_SKIP() << "no " << file;
+  if (!fs::exists(file)) return loom::test::skip_missing_reference("no " + file.string());
   loom::Value node = loom::Value::map();
   node.set("type", "gpt2-bpe");
   node.set("tokenizer_json", file.string());
@@ -141,7 +143,7 @@ TEST_F(HfBpeTest, RecognizeSpecialTokensFalseKeepsOrdinaryAddedTokens) {
 // Pipelines gpt2-bpe does not implement are refused, each with a message naming what is wrong.
 TEST_F(HfBpeTest, RefusesPipelinesItDoesNotImplement) {
   const fs::path file = kReference / "qwen2.tokenizer.json";
-  if (!fs::exists(file)) GTEST_SKIP() << "no " << file;
+  if (!fs::exists(file)) return loom::test::skip_missing_reference("no " + file.string());
   const json base = json::parse(read_file(file));
   const fs::path dir = fs::temp_directory_path() / ("loom-hf-bpe-" + std::to_string(std::random_device()()));
   fs::create_directories(dir);

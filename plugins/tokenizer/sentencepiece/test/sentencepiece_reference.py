@@ -1,9 +1,9 @@
 """The `sentencepiece` Python package's side of the sentencepiece tokenizer test.
 
-    sentencepiece_reference.py SHARED_DATA_DIR OUT_DIR
+    sentencepiece_reference.py TINYSHAKESPEARE_TXT OUT_DIR
 
 Trains a unigram model (Llama 2 / Gemma style: byte fallback, digits split, whitespace kept) and
-a BPE model on tinyshakespeare (or, without ../shared/data, on generated text), both written to
+a BPE model on tinyshakespeare (configs/data/tinyshakespeare.txt) and generated text, both written to
 OUT_DIR/<kind>.model, then encodes varied texts with each and writes OUT_DIR/expected.json:
 {"texts": [...], "<kind>": [[ids of text 0], ...]}. Exits 77 when sentencepiece cannot be
 imported.
@@ -32,10 +32,9 @@ def generated_text(seed, n):
 
 
 def main():
-    data, out = sys.argv[1], sys.argv[2]
+    path, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(data, "tinyshakespeare.txt")
-    corpus = open(path, encoding="utf-8").read()[:300000] if os.path.exists(path) else ""
+    corpus = open(path, encoding="utf-8").read()[:300000]
     corpus += "\n" + "\n".join(generated_text(s, 40) for s in range(200))
     train = os.path.join(out, "train.txt")
     with open(train, "w", encoding="utf-8") as f:

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "reference_required.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -33,7 +35,7 @@ class SentencePiece : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("loom_sentencepiece_" + std::to_string(::getpid()));
     const fs::path log = dir_.string() + ".log";
     const std::string command = "'" LOOM_REFERENCE_ENV_PYTHON "' '" LOOM_SENTENCEPIECE_REFERENCE "' '" +
-                                std::string(LOOM_SHARED_DATA_DIR) + "' '" + dir_.string() + "' > '" + log.string() +
+                                std::string(LOOM_TINYSHAKESPEARE) + "' '" + dir_.string() + "' > '" + log.string() +
                                 "' 2>&1";
     const int rc = std::system(command.c_str());
     std::ifstream in(log);
@@ -56,7 +58,7 @@ class SentencePiece : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    if (!skip_reason_.empty()) return loom::test::skip_missing_reference(skip_reason_);
     ASSERT_TRUE(failure_.empty()) << failure_;
     loom::PluginHost().load({{LOOM_TOKENIZER_PLUGIN, "test"}}, registry_);
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,16 @@ struct Batch {
   std::vector<std::int32_t> segment_ids;  // per row, which packed document a token belongs to;
                                           // attention never crosses segments
 };
+
+// What a dataset's batches hold beyond windows of tokens, by name: what an objective may need
+// (Objective::required_batch_traits). The trainer refuses a run whose dataset does not declare a
+// trait its objective requires, naming both. The traits loom's components use:
+namespace batch_traits {
+// Rows 2i and 2i + 1 of every batch are one preference pair: the same prompt, then the chosen
+// response in row 2i and the rejected one in row 2i + 1, with targets -1 on the prompt and the
+// padding so that a row's counted targets are its response (the `preference` dataset).
+inline constexpr std::string_view preference_pairs = "preference_pairs";
+}  // namespace batch_traits
 
 // What the trainer tells a dataset before asking for batches.
 struct DatasetSetup {
@@ -59,6 +70,10 @@ class Dataset : public Component {
   // "Generation"). False when unknown, or when the separator ("\n" for a tokenizer without an
   // end-of-text token) also occurs inside documents. Valid after prepare().
   virtual bool separator_ends_documents() const { return false; }
+
+  // The traits of its batches (batch_traits above, or names of a plugin's own); none by default:
+  // windows of tokens, nothing more promised. Valid after construction, before prepare().
+  virtual std::vector<std::string> batch_traits() const { return {}; }
 };
 
 }  // namespace loom

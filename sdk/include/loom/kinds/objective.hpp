@@ -64,6 +64,10 @@ class Objective : public Component {
   // Whether the loss is a mean cross-entropy per token, so that exp(loss) is a perplexity (the
   // trainer reports eval/perplexity only then).
   virtual bool loss_is_token_cross_entropy() const { return true; }
+  // The batch traits (kinds/dataset.hpp: batch_traits) the loss needs its data to have ("dpo":
+  // preference_pairs). The trainer refuses a dataset whose Dataset::batch_traits() lacks one,
+  // naming the objective, the dataset and the trait, before anything trains. None by default.
+  virtual std::vector<std::string> required_batch_traits() const { return {}; }
 
   // What the loss of rows with these targets (i32, rows * seq_len of them) is a mean over:
   // counted targets for a token-level loss, pairs for DPO. The trainer weighs each micro-batch

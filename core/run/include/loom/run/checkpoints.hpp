@@ -24,6 +24,9 @@ struct CheckpointsReport {
   std::filesystem::path dir;                   // the checkpoint directory
   std::vector<CheckpointListing> checkpoints;  // by step
   std::vector<std::string> leftovers;          // interrupted writes and deletions (.tmp-step-*, .deleting-*)
+  // Checkpoints loom moved aside because they failed verification (step-N.unusable-<time>), by
+  // name: never resumed from nor deleted by loom.
+  std::vector<std::string> set_aside;
 };
 
 // The checkpoints of a run directory (its trainer.checkpoint.dir, from its config.yaml, else

@@ -32,6 +32,7 @@
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/kinds/tokenizer.hpp"
+#include "loom/run/hf_interop.hpp"
 #include "loom/run/lora.hpp"
 
 namespace loom {
@@ -127,7 +128,8 @@ struct Generation {
 };
 
 // Samples up to max_new_tokens tokens after `prompt` (empty: a new document), calling on_token
-// for each as it is produced. Deterministic for a given seed.
+// for each as it is produced. Deterministic for a given seed. Only ids below the tokenizer's
+// vocabulary size are picked, also when the model's vocabulary is larger (padded).
 Generation generate(Model& model, Backend& backend, const Tokenizer& tokenizer, const DocumentBoundary& boundary,
                     std::span<const std::int32_t> prompt, const SamplingOptions& options,
                     const std::function<void(std::int32_t)>& on_token = {});
@@ -167,12 +169,19 @@ struct LoadedRun {
   // A LoRA run's adapters (lora.rank > 0), loaded; merged into the model's weights unless
   // load_run was asked not to.
   std::shared_ptr<LoraAdapters> lora;
+  RunFiles weights;  // what was read: files.description says which weights (the average or the live ones)
 };
 class Runtime;
 // A LoRA run (its config has lora.rank > 0) is its base model (trainer.seed's initialisation,
 // then trainer.init_from) with the adapters of `run_or_weights` (a checkpoint's model.safetensors
 // or the run directory's adapter_model.safetensors) merged in, unless merge_lora is false.
-LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights, bool merge_lora = true);
+// `run_or_weights` is a run directory (its final model.safetensors) or a weights file; of a run
+// trained with trainer.ema_decay, `choice` picks the average or the live weights
+// (choose_weights).
+LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights, bool merge_lora = true,
+                   WeightsChoice choice = WeightsChoice::ema);
+// The same for files already resolved (resolve_run_or_checkpoint).
+LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora = true);
 
 // Writes RUN_DIR/generation.json: what generation needs to know about the run's training data
 // (Dataset::separator_ends_documents). A run without it (written before it existed) is read as

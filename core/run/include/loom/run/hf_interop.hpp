@@ -57,20 +57,48 @@ bool is_hf_model_dir(const std::filesystem::path& dir);
 // buffers (attn.bias, rotary_emb.inv_freq, a tied lm_head).
 std::vector<std::string> import_hf(Model& model, const std::filesystem::path& dir);
 
+// Which weights of a run trained with trainer.ema_decay: the average of the weights (what its
+// evaluations measured and its final model.safetensors holds; the default of `loom export`,
+// `loom generate` and trainer.init_from) or the live weights the optimizer updated. A run
+// without an average has only the live ones, and either choice takes them, saying so.
+enum class WeightsChoice { ema, live };
+// "ema" or "live"; a UserError naming `option` otherwise.
+WeightsChoice parse_weights_choice(std::string_view text, std::string_view option);
+
 // The files of RUN_DIR_OR_CHECKPOINT (docs/checkpoints.md): a run directory (its
 // checkpoints/latest when there is one, else its own final weights), a checkpoints/ directory
 // (its latest), a step-<N>/ directory, or a weights file (in its directory).
 struct RunFiles {
   std::filesystem::path dir;      // config.yaml and tokenizer.state
   std::filesystem::path weights;  // model.safetensors
+  // A checkpoint's optimizer.safetensors whose "ema/<parameter>" entries (the average) replace
+  // those parameters' values read from `weights`; empty: `weights` alone.
+  std::filesystem::path average;
+  // Which weights these are, for the log: "the weight average (trainer.ema_decay) of checkpoint
+  // runs/a/checkpoints/step-20", "the live weights of runs/a/model.safetensors (its run kept no
+  // weight average)".
+  std::string description;
+  bool has_average = false;  // whether the source had an average to choose (else: live weights only)
 };
-// Throws UserError when `path` is none of these.
-RunFiles resolve_run_or_checkpoint(const std::filesystem::path& path);
+// Throws UserError when `path` is none of these, and for WeightsChoice::live where only the
+// average was saved (a run's final model.safetensors under trainer.ema_decay, without a
+// checkpoint of that step).
+RunFiles resolve_run_or_checkpoint(const std::filesystem::path& path, WeightsChoice choice = WeightsChoice::ema);
+// The same choice for a weights file already found: `weights` in the run or checkpoint
+// directory `dir`.
+RunFiles choose_weights(const std::filesystem::path& dir, const std::filesystem::path& weights, WeightsChoice choice);
+
+// Reads files.weights into `parameters` (safetensors::load_parameters: exactly their names and
+// shapes), then files.average's "ema/<name>" entries over the parameters they name. Nothing is
+// changed unless every check passes.
+void load_run_weights(const RunFiles& files, const std::vector<ModelParameter>& parameters);
 
 // trainer.init_from: loads `source` into the built `model`, over its initialisation. `source`
 // is a Hugging Face model directory (import_hf; a weights file in one means the directory), a
 // loom run, checkpoints/ or step-<N>/ directory, or a loom model.safetensors file (names and
-// shapes must match exactly). Returns note lines for the run's log.
-std::vector<std::string> load_initial_weights(Model& model, const std::filesystem::path& source);
+// shapes must match exactly); of a loom run, `choice` picks the weights (trainer.init_from_weights).
+// Returns note lines for the run's log.
+std::vector<std::string> load_initial_weights(Model& model, const std::filesystem::path& source,
+                                              WeightsChoice choice = WeightsChoice::ema);
 
 }  // namespace loom

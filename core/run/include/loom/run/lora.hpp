@@ -5,7 +5,10 @@
 // running its loss once over a few tokens with an observer on the Ops (Ops::set_linear_observer);
 // those whose names match lora.target_modules get an adapter (A [rank, in], B [out, rank]), and
 // the Ops of every step carries the table of adapters (Ops::set_linear_adapters), so linear adds
-// alpha / rank * dropout(x) A^T B^T to each adapted product. The base weights are frozen
+// alpha / rank * dropout(x) A^T B^T to each adapted product. A pattern names a weight by loom's
+// name or by a Hugging Face (PEFT) module name of the model's layout: on a llama, "q_proj" adapts
+// the query rows of the fused qkv_proj with an adapter of its own (PEFT's q_proj adapter), and
+// "lm_head" an untied output head. The base weights are frozen
 // (Parameter::set_requires_grad(false)): no gradient, no gradient buffer, no optimizer state.
 //
 // Files: a run saves its adapters in PEFT's layout (adapter_model.safetensors and
@@ -37,7 +40,7 @@ struct LoraSettings {
   std::int64_t rank = 0;                    // 0: no adapters
   double alpha = 16.0;                      // the adapters' product is scaled by alpha / rank
   double dropout = 0.0;                     // on the adapters' input
-  std::vector<std::string> target_modules;  // parameter-name patterns; empty: every linear weight
+  std::vector<std::string> target_modules;  // name patterns (loom's or PEFT's); empty: every linear weight
   bool enabled() const { return rank > 0; }
   float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
 };
@@ -54,10 +57,13 @@ bool parameter_pattern_matches(std::string_view pattern, std::string_view name);
 class LoraAdapters {
  public:
   // Finds the weights `model` (built) multiplies in Ops::linear, keeps those the settings'
-  // target_modules name (every one but embedding tables when there are none), and allocates
-  // their adapters on `backend`. It runs the model once on zeroed weights: initialise (or load)
-  // the model afterwards. Throws UserError naming a pattern that matches no such weight (with the
-  // names that could be targeted).
+  // target_modules name (every one its loss multiplies but embedding tables and the output head
+  // when there are none), and allocates their adapters on `backend`. A pattern that matches a
+  // weight's loom name adapts the whole weight; one that matches only Hugging Face modules of it
+  // (the model's HfTensorLayout: q_proj of llama's qkv_proj) gives each such module an adapter of
+  // its own on its rows. It runs the model on zeroed weights: initialise (or load) the model
+  // afterwards. Throws UserError naming a pattern that matches no such weight (with the names
+  // that could be targeted).
   LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings);
   ~LoraAdapters();
   LoraAdapters(const LoraAdapters&) = delete;
@@ -71,7 +77,8 @@ class LoraAdapters {
   std::vector<ModelParameter> parameters() const;
   // For Ops::set_linear_adapters.
   const LinearAdapters& table() const { return table_; }
-  // The adapted weights' names ("h.0.attn.c_attn.weight").
+  // One per adapter: the adapted weight's name ("h.0.attn.c_attn.weight"), with the Hugging Face
+  // module of an adapter on some of its rows ("layers.0.self_attn.qkv_proj.weight (q_proj)").
   std::vector<std::string> target_names() const;
   // Whether any adapted weight is [in, out] (GPT-2's Conv1D: PEFT's fan_in_fan_out).
   bool any_in_out() const;
@@ -115,10 +122,13 @@ std::vector<ModelParameter> select_trainable(const std::vector<ModelParameter>& 
                                              const std::vector<std::string>& trainable,
                                              const std::vector<std::string>& frozen, bool lora);
 
+struct RunFiles;
 // Loads a LoRA run's model (built) for `loom generate` and `loom export`: the base (the model's
-// initialisation from trainer.seed, then trainer.init_from), then the adapters from `weights` (a
-// checkpoint's model.safetensors or the run's adapter_model.safetensors), merged when `merge`.
+// initialisation from trainer.seed, then trainer.init_from, of which trainer.init_from_weights
+// picks the weights), then the adapters from `files` (a checkpoint's model.safetensors, with its
+// average of them when files.average is set, or the run's adapter_model.safetensors), merged
+// when `merge`.
 std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
-                                              const std::filesystem::path& weights, bool merge);
+                                              const RunFiles& files, bool merge);
 
 }  // namespace loom

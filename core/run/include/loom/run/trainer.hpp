@@ -90,8 +90,10 @@ TrainSummary train(Runtime& runtime, const TrainOptions& options = {});
 
 // Levanter's skip-step rule (SkipStepConfig): once the window holds max(2, window / 2) past
 // steps, a step whose loss or gradient norm exceeds that history's mean + sigma * std
-// (population std, floored at 1e-6) is skipped. Every step, skipped or not, enters the window,
-// which keeps the last window + 1 steps.
+// (population std, floored at 1e-6) is skipped. Every step with a finite loss and gradient norm,
+// skipped or not, enters the window, which keeps the last window + 1 steps. A step whose loss or
+// norm is NaN or infinite is skipped and never enters the window: one such value would make the
+// mean, and with it every threshold, NaN or infinite for the next window + 1 steps.
 class SkipStepRule {
  public:
   SkipStepRule(std::int64_t window, double sigma);
@@ -101,7 +103,8 @@ class SkipStepRule {
   // The window, oldest first (what a checkpoint saves), and its restoration.
   std::vector<double> losses() const { return {losses_.begin(), losses_.end()}; }
   std::vector<double> grad_norms() const { return {norms_.begin(), norms_.end()}; }
-  // Throws UserError when the two differ in length or exceed the window.
+  // Throws UserError when the two differ in length or exceed the window. Steps with a non-finite
+  // loss or norm (which checkpoints of older versions may hold) are dropped.
   void restore(const std::vector<double>& losses, const std::vector<double>& grad_norms);
 
  private:
