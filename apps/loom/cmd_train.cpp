@@ -25,6 +25,7 @@ int run_train(const std::vector<std::string>& args) {
   TrainOptions train_options;
   train_options.out = &std::cout;
   train_options.interactive = ::isatty(STDOUT_FILENO) != 0;
+  train_options.report_error = print_error;
   const TrainSummary summary = train(runtime, train_options);
   return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
 }

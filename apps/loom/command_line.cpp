@@ -85,4 +85,9 @@ std::optional<RuntimeOptions> parse_config_command(const std::vector<std::string
   return runtime_options(common, positional, true);
 }
 
+void print_error(const Error& error) {
+  std::cerr << "loom: " << (error.kind() == ErrorKind::user ? "error" : "internal error") << ": " << error.what()
+            << std::endl;
+}
+
 }  // namespace loom::app

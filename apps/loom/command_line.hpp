@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/core/runtime.hpp"
+#include "loom/error.hpp"
 
 namespace loom::app {
 
@@ -42,6 +43,10 @@ RuntimeOptions runtime_options(const CommonOptions& common, const std::vector<st
 // For commands of the form `loom X CONFIG [a.b.c=value ...]` that take only the common
 // options: the runtime options, or nullopt when --help was given (after printing `usage`).
 std::optional<RuntimeOptions> parse_config_command(const std::vector<std::string>& args, const std::string& usage);
+
+// "loom: error: ..." (or "loom: internal error: ...") on stderr: how the command reports a
+// loom::Error, once.
+void print_error(const Error& error);
 
 int run_plugins(const std::vector<std::string>& args);
 int run_config(const std::vector<std::string>& args);

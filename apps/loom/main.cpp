@@ -8,6 +8,7 @@
 #include "command_line.hpp"
 #include "loom/build_isa.hpp"
 #include "loom/error.hpp"
+#include "loom/run/trainer.hpp"
 #include "loom/version.hpp"
 
 // What the executable's code needs, checked by cpu_check.cpp before anything else runs.
@@ -53,9 +54,11 @@ int main_checked(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return main_checked(argc, argv);
+  } catch (const loom::ReportedError& e) {
+    // A data-parallel run's error, printed once already by the rank that had it.
+    return e.kind() == loom::ErrorKind::user ? 2 : 1;
   } catch (const loom::Error& e) {
-    std::cerr << "loom: " << (e.kind() == loom::ErrorKind::user ? "error" : "internal error") << ": " << e.what()
-              << "\n";
+    loom::app::print_error(e);
     return e.kind() == loom::ErrorKind::user ? 2 : 1;
   } catch (const boost::program_options::error& e) {
     std::cerr << "loom: error: " << e.what() << " (see `loom " << (argc > 1 ? argv[1] : "") << " --help`)\n";

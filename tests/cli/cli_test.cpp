@@ -217,6 +217,50 @@ TEST(Cli, ARunShorterThanTheWarmupRunsWithOneWarning) {
   EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
 }
 
+// Under a launcher other than OpenMPI's mpirun, each process would train alone, all of them on one
+// run directory: loom refuses, naming what it saw, before it touches the run directory.
+TEST(Cli, TrainUnderALauncherOtherThanOpenMpiIsRefusedNamingIt) {
+  test::TempDir dir;
+  const auto file = dir.write("run.yaml",
+                              "model: {type: gpt2, seq_len: 16, hidden_dim: 16, num_layers: 1, num_heads: 2}\n"
+                              "tokenizer: byte\n"
+                              "data: {type: synthetic, num_documents: 50}\n"
+                              "lr_schedule: {type: cosine, warmup: 0}\n"
+                              "trainer: {num_train_steps: 1, train_batch_size: 2, sample_length: 0, "
+                              "steps_per_eval: 0, max_eval_batches: 1, trackers: [jsonl]}\n");
+  const std::string run_dir = "trainer.run_dir=" + (dir.path() / "run").string();
+  const struct {
+    std::vector<std::string> env;
+    std::string seen;
+  } launchers[] = {
+      {{"PMI_RANK=1", "PMI_SIZE=3"},
+       "MPICH's or Intel MPI's mpiexec, or another PMI launcher (PMI_RANK=1, PMI_SIZE=3) "
+       "started this process, one of 3"},
+      {{"SLURM_PROCID=2", "SLURM_STEP_NUM_TASKS=4"}, "Slurm's srun (SLURM_PROCID=2, SLURM_STEP_NUM_TASKS=4)"},
+      {{"PMIX_RANK=0"}, "a PMIx launcher (PMIX_RANK=0)"},
+      {{"PMIX_RANK=1", "SLURM_STEP_NUM_TASKS=2"}, "Slurm's srun over PMIx (PMIX_RANK=1, SLURM_STEP_NUM_TASKS=2)"},
+  };
+  for (const auto& l : launchers) {
+    const auto r = loom({"train", file.string(), run_dir}, l.env);
+    EXPECT_EQ(r.exit_code, 2) << l.seen << "\n" << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("loom: error: " + l.seen, 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("needs OpenMPI's mpirun"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "run")) << l.seen;
+  }
+  // Naming a collective that connects fewer processes than the launcher started is refused too.
+  auto r = loom({"train", file.string(), run_dir, "collective=single"}, {"SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=2"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("collective `single` connects 1 process, but Slurm's srun (SLURM_PROCID=0, "
+                       "SLURM_STEP_NUM_TASKS=2) started 2"),
+            std::string::npos)
+      << r.err;
+  // One task of srun, or a batch script's environment (SLURM_NTASKS without a step), trains.
+  r = loom({"train", file.string(), run_dir}, {"SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=1"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = loom({"train", file.string(), run_dir + "2"}, {"SLURM_PROCID=0", "SLURM_NTASKS=4"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 TEST(Cli, ConfigErrorsExitTwoWithFileAndLine) {
   test::TempDir dir;
   const auto file = dir.write("run.yaml", "lr_schedule:\n  type: test_scaled\n  hold_step: 7\n");

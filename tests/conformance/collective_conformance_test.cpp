@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -193,6 +195,84 @@ TEST(CollectiveConformance, StartedAllReducesOverlapAndEqualTheBlockingOne) {
   for (auto& b : buckets) pending.push_back(c.start_all_reduce(b));
   for (auto& p : pending) p->wait();
   for (std::size_t b = 0; b < buckets.size(); ++b) EXPECT_EQ(buckets[b], expected[b]) << "bucket " << b;
+}
+
+// The process's peak resident memory so far (VmHWM), in bytes; 0 where /proc does not say.
+std::size_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// In-place reduce_scatter, all_gather and all_reduce of all of `buffer` (and of `spare`, as
+// long) on `g`: the sums in rank order, and the peak resident memory raised by less than a
+// quarter of the buffer.
+void check_in_place_reductions(loom::CollectiveGroup& g, std::vector<float>& buffer, std::vector<float>& spare) {
+  const int n = g.size(), r = g.rank();
+  const std::size_t chunk = buffer.size() / static_cast<std::size_t>(n);
+  // Sums that round (so their order shows), from divisions (which no compiler fuses into an FMA).
+  auto value = [](int rank, std::size_t i) {
+    return static_cast<float>(i % 1021) / 7.0f + static_cast<float>(rank) / 3.0f;
+  };
+  auto sum = [&](std::size_t i) {
+    float e = value(0, i);
+    for (int k = 1; k < n; ++k) e += value(k, i);  // ((r0 + r1) + r2) + ...
+    return e;
+  };
+  std::span<float> whole(buffer.data(), chunk * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = value(r, i);
+  const std::size_t before = peak_resident_bytes();
+  // Counted, not asserted: a rank that left the test early would leave its peers waiting.
+  std::size_t wrong = 0;
+
+  std::span<float> mine(whole.data() + static_cast<std::size_t>(r) * chunk, chunk);
+  g.reduce_scatter(whole, mine);
+  for (std::size_t j = 0; j < chunk; j += 4099) wrong += mine[j] != sum(static_cast<std::size_t>(r) * chunk + j);
+  wrong += mine[chunk - 1] != sum(static_cast<std::size_t>(r + 1) * chunk - 1);
+  EXPECT_EQ(wrong, 0u) << "elements of the in-place reduce_scatter differ from the sum in rank order";
+  for (std::size_t j = 0; j < chunk; ++j) mine[j] = static_cast<float>(r);
+  g.all_gather(mine, whole);
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(whole[static_cast<std::size_t>(k) * chunk], static_cast<float>(k));
+    EXPECT_EQ(whole[static_cast<std::size_t>(k + 1) * chunk - 1], static_cast<float>(k));
+  }
+  // An all-reduce of a length that no rank count divides, in place too.
+  std::span<float> odd(spare.data(), spare.size() - 1);
+  for (std::size_t i = 0; i < odd.size(); ++i) odd[i] = value(r, i);
+  g.all_reduce(odd);
+  wrong = 0;
+  for (std::size_t i = 0; i < odd.size(); i += 4099) wrong += odd[i] != sum(i);
+  wrong += odd.back() != sum(odd.size() - 1);
+  EXPECT_EQ(wrong, 0u) << "elements of the all-reduce differ from the sum in rank order";
+
+  if (before == 0) return;  // no /proc: the sums are checked, the memory cannot be
+  const std::size_t grown = peak_resident_bytes() - before;
+  EXPECT_LT(grown, buffer.size() * sizeof(float) / 4)
+      << "the reductions of a " << buffer.size() * sizeof(float) / (1 << 20) << " MiB buffer raised the peak by "
+      << grown / (1 << 20) << " MiB";
+}
+
+// A ZeRO-1 run reduce-scatters and all-gathers every gradient at once, in place in its gradient
+// buffer: the collective may take memory of its own, but not in proportion to the buffer (a
+// scratch as large as the buffer cost such a run more than its sharded optimizer state saved).
+// And each element is still summed in rank order, piece after piece. On the world and on every
+// group (a data-axis group carries a ZeRO-1 run's gradients).
+TEST(CollectiveConformance, InPlaceReductionsOfALargeBufferTakeLittleMemoryAndSumInRankOrder) {
+  auto& c = collective();
+  const auto groups = axis_groups();  // made before any baseline
+  const std::size_t elements = ((std::size_t{48} << 20) / sizeof(float) / static_cast<std::size_t>(c.size()) + 13) *
+                               static_cast<std::size_t>(c.size());
+  // Written in full: resident before any baseline.
+  std::vector<float> buffer(elements, 1.0f), spare(elements, 1.0f);
+  {
+    SCOPED_TRACE("the world (rank " + std::to_string(c.rank()) + ")");
+    check_in_place_reductions(c, buffer, spare);
+  }
+  for (const AxisGroup& g : groups) {
+    SCOPED_TRACE(g.label);
+    check_in_place_reductions(*g.group, buffer, spare);
+  }
 }
 
 TEST(CollectiveConformance, MisSizedBuffersAreInternalErrors) {

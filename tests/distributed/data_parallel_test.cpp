@@ -264,28 +264,87 @@ TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
   }
 }
 
-TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRank) {
-  const fs::path dir = scratch("mismatch");
-  // The second app context of an MPMD launch gets one override more.
-  std::vector<std::string> args{LOOM_MPIRUN, "--oversubscribe", "-np", "1"};
-  for (const auto& a : train_args(dir, 4)) args.push_back(a);
-  args.push_back(":");
-  args.insert(args.end(), {"-np", "1"});
-  for (const auto& a : train_args(dir, 4)) args.push_back(a);
-  args.push_back("optimizer.learning_rate=1e-3");
-  const auto r = run_command(args, kMpiEnv);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE((r.out + r.err).find("the resolved config of rank 1 differs from rank 0's"), std::string::npos)
-      << r.out << r.err;
+// How often `what` occurs in `text`.
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
 }
 
-TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAUserError) {
-  auto args = train_args(scratch("uneven"), 4);
-  args.push_back("trainer.train_batch_size=12");
-  const auto r = mpirun(2, args);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE((r.out + r.err).find("must be a multiple of 2 ranks x the micro-batch size (4)"), std::string::npos)
+// An MPMD launch: `ranks` app contexts of one rank each, the last given `extra` overrides more.
+CommandResult mpmd(const fs::path& dir, int ranks, const std::vector<std::string>& extra) {
+  std::vector<std::string> args{LOOM_MPIRUN, "--oversubscribe"};
+  for (int r = 0; r < ranks; ++r) {
+    if (r > 0) args.push_back(":");
+    args.insert(args.end(), {"-np", "1"});
+    for (const auto& a : train_args(dir, 4)) args.push_back(a);
+    if (r == ranks - 1) args.insert(args.end(), extra.begin(), extra.end());
+  }
+  return run_command(args, kMpiEnv);
+}
+
+TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRankOnce) {
+  // The last app context of an MPMD launch gets one override more.
+  const auto r = mpmd(scratch("mismatch"), 3, {"optimizer.learning_rate=1e-3"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  // Every rank learns of the difference; rank 0 alone prints it.
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: error: the resolved config of rank 2 differs from rank 0's"), 1u)
       << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+}
+
+TEST(DataParallel, AnErrorOfOneRankIsPrintedByThatRankAlone) {
+  const auto r = mpmd(scratch("one-rank"), 3, {"optimizer.bogus=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: error: rank 2: while validating "), 1u) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("optimizer.bogus: unknown option of optimizer 'adamw'"), std::string::npos);
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+}
+
+TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAUserErrorPrintedOnce) {
+  // 8 sequences over 3 ranks of micro-batches of 4.
+  const auto r = mpirun(3, train_args(scratch("uneven"), 4));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err,
+                        "loom: error: trainer.train_batch_size (8) must be a multiple of 3 ranks x the "
+                        "micro-batch size (4)"),
+            1u)
+      << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+}
+
+// The peak resident memory the closing line reports (the largest rank's), in MiB.
+long peak_mib(const std::string& out) {
+  const std::size_t at = out.find("peak memory ");
+  return at == std::string::npos ? -1 : std::stol(out.substr(at + 12));
+}
+
+// ZeRO-1 shards the optimizer state; the reduction must not spend more than that saves: the peak
+// of a sharded rank is below the unsharded one's by at least half the state it does not hold.
+TEST(DataParallel, ShardingTheOptimizerStateLowersThePeakMemoryOfEachRank) {
+  auto args = [&](const fs::path& dir, bool sharded) {
+    auto a = train_args(dir, 1);
+    a[4] = "trainer.num_train_steps=2";
+    a[6] = "trainer.train_batch_size=2";
+    a[13] = "model.num_layers=4";  // about 28M parameters: 113 MiB per float32 copy
+    a.insert(a.end(), {"model.hidden_dim=768", "model.seq_len=32", "model.num_heads=12",
+                       std::string("trainer.shard_optimizer_state=") + (sharded ? "true" : "false")});
+    return a;
+  };
+  const auto plain = mpirun(2, args(scratch("memory-plain"), false));
+  ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;
+  const auto sharded = mpirun(2, args(scratch("memory-sharded"), true));
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  auto state_mib = [](const std::string& out) {
+    const std::size_t at = out.find("optimizer state ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 16));
+  };
+  const double saved = state_mib(plain.out) - state_mib(sharded.out);
+  ASSERT_GT(saved, 100) << plain.out << sharded.out;
+  ASSERT_GT(peak_mib(plain.out), 0) << plain.out;
+  EXPECT_LT(static_cast<double>(peak_mib(sharded.out)), static_cast<double>(peak_mib(plain.out)) - saved / 2)
+      << "optimizer state saved " << saved << " MiB per rank\n"
+      << plain.out << sharded.out;
 }
 
 // trainer.mesh: the header and the step lines say it; one that does not fit the ranks, or that
@@ -372,6 +431,11 @@ TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
   }
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << file_bytes(log);
   EXPECT_NE(file_bytes(log).find("rank 1"), std::string::npos) << file_bytes(log);
+  // The survivor, sent SIGTERM by mpirun, says that a rank was lost, not that it saves a checkpoint.
+  EXPECT_NE(file_bytes(log).find("loom: SIGTERM: rank 1 of this run (pid " + std::to_string(victim) + ") is gone"),
+            std::string::npos)
+      << file_bytes(log);
+  EXPECT_EQ(file_bytes(log).find("saving a checkpoint"), std::string::npos) << file_bytes(log);
   // No final weights of a run that did not finish.
   EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
 }

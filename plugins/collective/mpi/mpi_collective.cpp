@@ -10,7 +10,8 @@
 // the result to every rank. So all ranks hold the same bits, the same inputs give the same result
 // on every run, and N ranks of one micro-batch each sum their gradients exactly as one process
 // sums N micro-batches (a plain MPI_Allreduce promises none of this for floats). It moves as
-// many bytes as a ring all-reduce.
+// many bytes as a ring all-reduce. The all-to-all goes piece by piece through a scratch of
+// 8 MiB, and reductions run in place: the memory they take does not grow with the buffer.
 //
 // Groups (Collective::split, the ranks along one mesh axis) are communicators of their own
 // (MPI_Comm_split) with the same operations, made and freed on the communication thread too; so
@@ -24,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -209,9 +211,11 @@ class MpiCommunicator : public Interface {
     if (out.size() != in.size() * static_cast<std::size_t>(size()))
       throw loom::InternalError("mpi: all_gather of " + std::to_string(in.size()) + " floats into " +
                                 std::to_string(out.size()) + " on " + std::to_string(size()) + " ranks");
+    check_count(out.size(), "MPI_Allgather");
+    const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank()) * in.size();
     process_->call([&] {
-      check(MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(), static_cast<int>(in.size()),
-                          MPI_FLOAT, comm_),
+      check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
+                          static_cast<int>(in.size()), MPI_FLOAT, comm_),
             "MPI_Allgather");
     });
   }
@@ -253,55 +257,88 @@ class MpiCommunicator : public Interface {
                                                      std::to_string(rank) + ": " + mpi_error_text(rc));
   }
 
+  // MPI counts and displacements are ints.
+  static void check_count(std::size_t elements, const char* operation) {
+    if (elements > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw loom::InternalError(std::string("mpi: ") + operation + " of " + std::to_string(elements) +
+                                " elements: more than MPI's int counts address");
+  }
+
   // On the communication thread: `in` holds size() chunks of `chunk` elements; `out` receives the
-  // reduction over the ranks of chunk rank(), in rank order. `scratch` is resized as needed.
+  // reduction over the ranks of chunk rank(), in rank order. `out` may be that chunk of `in` (in
+  // place). Piece by piece: each piece's all-to-all hands this rank every rank's copy of it in a
+  // scratch of at most kScratchBytes, so the memory the reduction takes stays small whatever the
+  // buffer's size (a scratch of the whole buffer would cost a ZeRO-1 run more than its sharded
+  // optimizer state saves).
   template <class T>
   void scatter_reduce(const T* in, T* out, std::size_t chunk, loom::ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(size());
+    check_count(chunk * ranks, "MPI_Alltoallv");
+    const std::size_t piece =
+        std::clamp<std::size_t>(kScratchBytes / sizeof(T) / ranks, 1, std::max<std::size_t>(chunk, 1));
     std::vector<T>& scratch = buffers<T>().received;
-    scratch.resize(chunk * ranks);
-    check(MPI_Alltoall(in, static_cast<int>(chunk), mpi_type<T>(), scratch.data(), static_cast<int>(chunk),
-                       mpi_type<T>(), comm_),
-          "MPI_Alltoall");
-    std::copy(scratch.data(), scratch.data() + chunk, out);
-    for (std::size_t r = 1; r < ranks; ++r) {
-      const T* from = scratch.data() + r * chunk;
-      for (std::size_t i = 0; i < chunk; ++i) {
-        switch (op) {
-          case loom::ReduceOp::sum:
-            out[i] += from[i];
-            break;
-          case loom::ReduceOp::max:
-            out[i] = std::max(out[i], from[i]);
-            break;
-          case loom::ReduceOp::min:
-            out[i] = std::min(out[i], from[i]);
-            break;
+    scratch.resize(piece * ranks);
+    std::vector<int> counts(ranks), send_at(ranks), receive_at(ranks);
+    for (std::size_t at = 0; at < chunk; at += piece) {
+      const std::size_t n = std::min(piece, chunk - at);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        counts[r] = static_cast<int>(n);
+        send_at[r] = static_cast<int>(r * chunk + at);
+        receive_at[r] = static_cast<int>(r * n);
+      }
+      check(MPI_Alltoallv(in, counts.data(), send_at.data(), mpi_type<T>(), scratch.data(), counts.data(),
+                          receive_at.data(), mpi_type<T>(), comm_),
+            "MPI_Alltoallv");
+      T* sum = out + at;
+      std::copy(scratch.data(), scratch.data() + n, sum);
+      for (std::size_t r = 1; r < ranks; ++r) {
+        const T* from = scratch.data() + r * n;
+        for (std::size_t i = 0; i < n; ++i) {
+          switch (op) {
+            case loom::ReduceOp::sum:
+              sum[i] += from[i];
+              break;
+            case loom::ReduceOp::max:
+              sum[i] = std::max(sum[i], from[i]);
+              break;
+            case loom::ReduceOp::min:
+              sum[i] = std::min(sum[i], from[i]);
+              break;
+          }
         }
       }
     }
   }
 
-  // On the communication thread: the scattered reduction of `data` padded to a multiple of
-  // size(), then an all-gather of the reduced chunks.
+  // On the communication thread: the scattered reduction of `data`, in place, then an all-gather
+  // of the reduced chunks. The whole multiple of size() goes in place; the last size() - 1
+  // elements at most, padded, in a second round (each element is still summed in rank order).
   template <class T>
   void reduce(std::span<T> data, loom::ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(size());
     if (ranks == 1 || data.empty()) return;
-    const std::size_t chunk = (data.size() + ranks - 1) / ranks;
-    std::vector<T>& padded = buffers<T>().padded;
-    padded.resize(chunk * ranks + chunk);
-    std::fill(padded.begin() + static_cast<std::ptrdiff_t>(data.size()), padded.end(), T{});
-    T* mine = padded.data() + chunk * ranks;
-    std::copy(data.begin(), data.end(), padded.begin());
-    scatter_reduce(padded.data(), mine, chunk, op);
-    check(MPI_Allgather(mine, static_cast<int>(chunk), mpi_type<T>(), padded.data(), static_cast<int>(chunk),
+    const std::size_t whole = data.size() / ranks * ranks;
+    if (whole > 0) reduce_in_place(data.data(), whole / ranks, op);
+    if (whole == data.size()) return;
+    std::vector<T>& tail = buffers<T>().padded;
+    tail.assign(ranks, T{});
+    std::copy(data.begin() + static_cast<std::ptrdiff_t>(whole), data.end(), tail.begin());
+    reduce_in_place(tail.data(), 1, op);
+    std::copy(tail.begin(), tail.begin() + static_cast<std::ptrdiff_t>(data.size() - whole),
+              data.begin() + static_cast<std::ptrdiff_t>(whole));
+  }
+
+  template <class T>
+  void reduce_in_place(T* data, std::size_t chunk, loom::ReduceOp op) {
+    check_count(chunk * static_cast<std::size_t>(size()), "MPI_Allgather");
+    scatter_reduce(data, data + chunk * static_cast<std::size_t>(rank()), chunk, op);
+    check(MPI_Allgather(MPI_IN_PLACE, static_cast<int>(chunk), mpi_type<T>(), data, static_cast<int>(chunk),
                         mpi_type<T>(), comm_),
           "MPI_Allgather");
-    std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(data.size()), data.begin());
   }
 
   // Kept between operations (a step reduces the same sizes every time): no allocation per step.
+  // `padded`: an all-reduce's last elements; `received`: every rank's copy of one piece.
   template <class T>
   struct Buffers {
     std::vector<T> padded, received;
@@ -313,6 +350,9 @@ class MpiCommunicator : public Interface {
     else
       return double_buffers_;
   }
+
+  // The all-to-all scratch of scatter_reduce(): every rank's copy of one piece.
+  static constexpr std::size_t kScratchBytes = std::size_t{8} << 20;
 
   std::shared_ptr<MpiProcess> process_;
   MPI_Comm comm_;

@@ -23,11 +23,11 @@ class OneRank : public Interface {
   void all_reduce(std::span<double>, loom::ReduceOp) override {}
   void reduce_scatter(std::span<const float> in, std::span<float> out) override {
     check_sizes("reduce_scatter", in.size(), out.size());
-    std::copy(in.begin(), in.end(), out.begin());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
   }
   void all_gather(std::span<const float> in, std::span<float> out) override {
     check_sizes("all_gather", in.size(), out.size());
-    std::copy(in.begin(), in.end(), out.begin());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
   }
   void broadcast(std::span<std::byte>, int root) override {
     if (root != 0) throw loom::InternalError("single: broadcast from rank " + std::to_string(root) + " of 1");

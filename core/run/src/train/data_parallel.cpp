@@ -1,7 +1,10 @@
 #include "train/data_parallel.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -36,18 +39,158 @@ bool differs_from_rank0(Collective& c, std::uint32_t mine) {
   return rank0 != mine;
 }
 
+// The environment variable `name` as a whole number, or -1 when unset or not a number.
+int env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return -1;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  return *end == '\0' && value >= 0 && value < (1 << 30) ? static_cast<int>(value) : -1;
+}
+
+std::string env_text(const char* name) {
+  const char* text = std::getenv(name);
+  return std::string(name) + "=" + (text ? text : "");
+}
+
+// The `type` a collective node names: `mpi`, or {type: mpi}.
+std::string collective_type(const Value& node) {
+  if (node.is_string()) return node.as_string();
+  if (node.is_map())
+    if (const Value* type = node.find("type"); type && type->is_string()) return type->as_string();
+  return "?";
+}
+
 }  // namespace
 
+Launcher launcher_from_environment() {
+  Launcher l;
+  if (const int size = env_int("OMPI_COMM_WORLD_SIZE"); size >= 0) {
+    l.kind = Launcher::Kind::openmpi;
+    l.description = "OpenMPI's mpirun (" + env_text("OMPI_COMM_WORLD_SIZE") + ")";
+    l.size = size;
+    return l;
+  }
+  const int srun_tasks = env_int("SLURM_STEP_NUM_TASKS");
+  if (std::getenv("PMI_RANK") || std::getenv("PMI_SIZE")) {
+    l.kind = Launcher::Kind::other;
+    l.description = "MPICH's or Intel MPI's mpiexec, or another PMI launcher (" + env_text("PMI_RANK") + ", " +
+                    env_text("PMI_SIZE") + ")";
+    l.size = std::max(0, env_int("PMI_SIZE"));
+  } else if (std::getenv("PMIX_RANK")) {
+    l.kind = Launcher::Kind::other;
+    if (srun_tasks >= 0) {
+      l.description =
+          "Slurm's srun over PMIx (" + env_text("PMIX_RANK") + ", " + env_text("SLURM_STEP_NUM_TASKS") + ")";
+      l.size = srun_tasks;
+    } else {
+      l.description = "a PMIx launcher (" + env_text("PMIX_RANK") + ")";  // which does not say how many
+    }
+  } else if (srun_tasks >= 0) {
+    // SLURM_STEP_NUM_TASKS: srun's, not the batch script's (which has SLURM_NTASKS and SLURM_PROCID=0).
+    l.kind = Launcher::Kind::other;
+    l.description = "Slurm's srun (" + env_text("SLURM_PROCID") + ", " + env_text("SLURM_STEP_NUM_TASKS") + ")";
+    l.size = srun_tasks;
+  }
+  return l;
+}
+
 Handle<Collective> create_collective(const Registry& registry, const Value& config) {
+  const Launcher launcher = launcher_from_environment();
   const Value* node = config.find("collective");
-  if (node && !node->is_null()) return registry.create<Collective>(ComponentRef{"collective", "", *node, "collective"});
-  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-  const std::string name = under_mpirun ? "mpi" : "single";
-  return with_context(under_mpirun ? "under mpirun (OMPI_COMM_WORLD_SIZE is set), loom uses collective `mpi`"
-                                   : "while creating the default collective",
-                      [&] {
-                        return registry.create<Collective>(ComponentRef{"collective", name, Value(name), "collective"});
-                      });
+  const bool named = node && !node->is_null();
+  if (!named && launcher.kind == Launcher::Kind::other && launcher.size != 1) {
+    const std::string count = launcher.size > 1 ? std::to_string(launcher.size) : "N";
+    throw UserError(launcher.description + " started this process" +
+                    (launcher.size > 1 ? ", one of " + count : std::string()) +
+                    ", but loom's `mpi` collective runs over OpenMPI and needs OpenMPI's mpirun: without it each "
+                    "process would train alone, all of them on one run directory. Start the run with "
+                    "`mpirun -np " +
+                    count +
+                    " loom train CONFIG` (OpenMPI's; inside a Slurm allocation it starts the ranks on the allocated "
+                    "nodes), or with one process and no launcher (docs/distributed.md)");
+  }
+  const std::string name = named ? collective_type(*node) : launcher.kind == Launcher::Kind::openmpi ? "mpi" : "single";
+  Handle<Collective> collective =
+      named ? registry.create<Collective>(ComponentRef{"collective", "", *node, "collective"})
+            : with_context(
+                  launcher.kind == Launcher::Kind::openmpi
+                      ? "under mpirun (OMPI_COMM_WORLD_SIZE is set), loom uses collective `mpi`"
+                      : "while creating the default collective",
+                  [&] {
+                    return registry.create<Collective>(ComponentRef{"collective", name, Value(name), "collective"});
+                  });
+  if (launcher.size > 1 && collective->size() != launcher.size)
+    throw UserError("collective `" + name + "` connects " + std::to_string(collective->size()) + " process" +
+                    (collective->size() == 1 ? "" : "es") + ", but " + launcher.description + " started " +
+                    std::to_string(launcher.size) +
+                    ": each would train on its own, all of them on one run directory. Under OpenMPI's mpirun "
+                    "leave `collective` unset (loom picks `mpi`)" +
+                    (launcher.kind == Launcher::Kind::other ? "; `mpi` needs OpenMPI's mpirun" : ""));
+  return collective;
+}
+
+DataParallel::DataParallel(Handle<Collective> collective)
+    : collective_(std::move(collective)), rank_(collective_->rank()), size_(collective_->size()) {
+  if (size_ == 1) return;
+  // (pid, CRC of the host name) of every rank; both are exact in a double.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<double> slots(2 * static_cast<std::size_t>(size_), 0.0);
+  slots[2 * static_cast<std::size_t>(rank_)] = static_cast<double>(::getpid());
+  slots[2 * static_cast<std::size_t>(rank_) + 1] = crc32(std::as_bytes(std::span(host, std::strlen(host))));
+  collective_->all_reduce(std::span<double>(slots));
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && slots[2 * static_cast<std::size_t>(r) + 1] == slots[2 * static_cast<std::size_t>(rank_) + 1])
+      same_host_peers_.push_back({r, static_cast<int>(slots[2 * static_cast<std::size_t>(r)])});
+}
+
+void DataParallel::settle(std::exception_ptr error) {
+  if (size_ == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  // This rank's error as a loom::Error (anything else is an internal one), and as a number the
+  // ranks compare: 0 for none, else 1 + (internal) + 2 x the CRC of its text.
+  std::unique_ptr<Error> mine;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      mine = std::make_unique<Error>(e);
+    } catch (const std::exception& e) {
+      mine = std::make_unique<InternalError>(e.what());
+    } catch (...) {
+      mine = std::make_unique<InternalError>("an exception that is not a std::exception");
+    }
+  }
+  std::vector<double> outcomes(static_cast<std::size_t>(size_), 0.0);
+  if (mine) {
+    const std::string text = mine->what();
+    outcomes[static_cast<std::size_t>(rank_)] =
+        1.0 + (mine->kind() == ErrorKind::internal ? 1.0 : 0.0) + 2.0 * crc32(std::as_bytes(std::span(text)));
+  }
+  collective_->all_reduce(std::span<double>(outcomes));
+  const auto first = std::find_if(outcomes.begin(), outcomes.end(), [](double o) { return o != 0; });
+  if (first == outcomes.end()) return;
+  if (!report_) {
+    if (error) std::rethrow_exception(error);
+  } else if (mine && (rank_ == 0 || outcomes[static_cast<std::size_t>(rank_)] != outcomes[0])) {
+    if (rank_ != 0) mine->add_context("rank " + std::to_string(rank_));
+    report_(*mine);
+  }
+  // The reports are out before any rank exits (the launcher ends the others when one does).
+  collective_->barrier();
+  const int reporter = static_cast<int>(first - outcomes.begin());
+  throw ReportedError(std::fmod(*first, 2.0) == 0.0 ? ErrorKind::internal : ErrorKind::user,
+                      "an error reported by rank " + std::to_string(reporter));
+}
+
+void DataParallel::report_together(const Error& error) {
+  if (size_ == 1 || !report_) return;
+  if (rank_ == 0) report_(error);
+  collective_->barrier();
+  throw ReportedError(error.kind(), "an error reported by rank 0");
 }
 
 Mesh resolve_mesh(const Options& trainer, int world_size) {
@@ -65,13 +208,10 @@ Mesh resolve_mesh(const Options& trainer, int world_size) {
   return mesh;
 }
 
-DataParallel::DataParallel(Handle<Collective> collective, const Mesh& mesh, std::int64_t bucket_bytes)
-    : collective_(std::move(collective)),
-      mesh_(mesh),
-      data_group_(collective_->group(mesh_, MeshAxis::data)),
-      rank_(collective_->rank()),
-      size_(collective_->size()),
-      bucket_bytes_(bucket_bytes) {
+void DataParallel::set_mesh(const Mesh& mesh) {
+  if (data_group_) throw InternalError("data parallel: the mesh is set once");
+  mesh_ = mesh;
+  data_group_ = collective_->group(mesh_, MeshAxis::data);
   // Until fsdp > 1 exists (resolve_mesh refuses it), the data axis is every rank: the batch's
   // rows and ZeRO-1's shards below are counted over the world's ranks, the gradients summed over
   // the data group, which holds the same ranks in the same order (so the same bits).
@@ -111,7 +251,7 @@ void DataParallel::check_same_parameters(const std::vector<ModelParameter>& para
                     "trainer.seed and trainer.init_from; is the same loom and plugin build on every node?");
 }
 
-void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
+void DataParallel::attach(const std::vector<ModelParameter>& parameters, std::int64_t bucket_bytes) {
   if (size_ == 1) return;
   // Backward produces the last layers' gradients first: buckets in reverse parameter order.
   std::int64_t filled = 0;
@@ -133,7 +273,7 @@ void DataParallel::attach(const std::vector<ModelParameter>& parameters) {
     Parameter* p = it->parameter;
     if (!p->requires_grad()) continue;
     const std::int64_t n = p->tensor().numel();
-    if (filled > 0 && (filled + n) * 4 > bucket_bytes_) close();
+    if (filled > 0 && (filled + n) * 4 > bucket_bytes) close();
     pending.emplace_back(p, filled);
     filled += n;
     parameters_.push_back(p);
@@ -174,8 +314,6 @@ void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
     if (rank == rank_) owned_.insert(p);
   }
   has_grad_.assign(parameters_.size(), 0.0f);
-  send_.resize(static_cast<std::size_t>(segment_));
-  received_.resize(static_cast<std::size_t>(segment_ * size_));
 }
 
 void DataParallel::reduce_scatter_gradients() {
@@ -186,10 +324,11 @@ void DataParallel::reduce_scatter_gradients() {
     if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
   }
   data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  // In place: this rank's segment of the buffer receives its sums. No buffer of the gradients'
+  // size besides theirs, so the run's memory falls by the optimizer state the shard saves.
   const std::size_t segment = static_cast<std::size_t>(segment_);
   data_group_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
-                              std::span<float>(send_.data(), segment));
-  std::copy(send_.begin(), send_.end(), flat + segment * static_cast<std::size_t>(rank_));
+                              std::span<float>(flat + segment * static_cast<std::size_t>(rank_), segment));
   // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     auto& [p, offset, rank] = layout_[i];
@@ -203,16 +342,22 @@ void DataParallel::reduce_scatter_gradients() {
 void DataParallel::gather_parameters() {
   if (!sharded_) return;
   const auto start = std::chrono::steady_clock::now();
+  // The gradient buffer carries the weights: the step is done with the gradients, and this rank's
+  // updated shard goes into its segment, every rank's to every rank, in place.
+  float* flat = flat_grads_.data<float>();
+  const std::size_t segment = static_cast<std::size_t>(segment_);
   for (auto& [p, offset, rank] : layout_) {
     if (rank != rank_) continue;
     const Tensor v = p->data();
-    std::copy(v.data<float>(), v.data<float>() + v.numel(), send_.begin() + (offset - segment_ * rank_));
+    std::copy(v.data<float>(), v.data<float>() + v.numel(), flat + offset);
+    p->zero_grad();  // its storage holds weights now
   }
-  data_group_->all_gather(send_, received_);
+  data_group_->all_gather(std::span<const float>(flat + segment * static_cast<std::size_t>(rank_), segment),
+                          std::span<float>(flat, segment * static_cast<std::size_t>(size_)));
   for (auto& [p, offset, rank] : layout_) {
     if (rank == rank_) continue;
     const Tensor v = p->data();
-    std::copy(received_.begin() + offset, received_.begin() + offset + v.numel(), v.data<float>());
+    std::copy(flat + offset, flat + offset + v.numel(), v.data<float>());
   }
   communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

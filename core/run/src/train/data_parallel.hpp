@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -12,32 +14,61 @@
 #include <vector>
 
 #include "loom/core/registry.hpp"
+#include "loom/error.hpp"
 #include "loom/kinds/collective.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/mesh.hpp"
+#include "loom/run/trainer.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
 
 namespace loom::training {
 
-// The collective the config's `collective` section names; when it names none, `mpi` under
-// mpirun (OMPI_COMM_WORLD_SIZE is set) and `single` otherwise.
+// The launcher that started this process, as its environment says.
+struct Launcher {
+  enum class Kind { none, openmpi, other };
+  Kind kind = Kind::none;
+  // What was seen, for messages: "Slurm's srun (SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=3)".
+  std::string description;
+  int size = 0;  // the processes it started; 0 where the environment does not say
+};
+// OpenMPI's mpirun (OMPI_COMM_WORLD_SIZE), MPICH's or Intel MPI's mpiexec (PMI_RANK, PMI_SIZE),
+// a PMIx launcher (PMIX_RANK), Slurm's srun (SLURM_STEP_NUM_TASKS, SLURM_PROCID); OpenMPI's
+// variables win where several are set (mpirun inside a Slurm allocation).
+Launcher launcher_from_environment();
+
+// The collective the config's `collective` section names (the raw or the resolved config); when
+// it names none, `mpi` under OpenMPI's mpirun and `single` without a launcher. A launcher other
+// than OpenMPI's that started several processes is a UserError naming it (each process would
+// otherwise train alone, all of them on one run directory), and so is a collective whose size
+// differs from the number of processes the launcher started.
 Handle<Collective> create_collective(const Registry& registry, const Value& config);
 
 // trainer.mesh on `world_size` ranks: a UserError, before anything is allocated, for a mesh that
 // does not fit them, or that asks for what this loom cannot do yet (fsdp > 1).
 Mesh resolve_mesh(const Options& trainer, int world_size);
 
+// Another rank's process on this host (a lost one is noticed by its pid: stop_signals.hpp).
+struct PeerProcess {
+  int rank = 0;
+  int pid = 0;
+};
+
 class DataParallel {
  public:
-  // `bucket_bytes`: gradients are reduced in buckets of about this size (trainer.grad_bucket_mb).
+  // With more than one rank, the ranks tell each other their host and pid (one all-reduce). The
+  // ranks can agree on errors from here on (together()), before the config is resolved.
+  explicit DataParallel(Handle<Collective> collective);
   // `mesh` (resolve_mesh) lays out the collective's ranks; the gradients are summed over the
-  // group along its data axis. Every rank constructs it at the same point (it makes that group).
-  DataParallel(Handle<Collective> collective, const Mesh& mesh, std::int64_t bucket_bytes);
+  // group along its data axis. Every rank calls it at the same point (it makes that group), once,
+  // before attach() or shard().
+  void set_mesh(const Mesh& mesh);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_primary() const { return rank_ == 0; }
+  // The other ranks on this host.
+  const std::vector<PeerProcess>& same_host_peers() const { return same_host_peers_; }
   Collective& collective() { return *collective_; }
   const Mesh& mesh() const { return mesh_; }
 
@@ -53,9 +84,37 @@ class DataParallel {
   // And start from the same weights: a UserError naming the ranks whose parameters differ.
   void check_same_parameters(const std::vector<ModelParameter>& parameters);
 
-  // Gives the parameters gradient storage in flat buckets (in the order backward produces them),
-  // so that reduce_gradients() reduces in place. Call once, before the first step.
-  void attach(const std::vector<ModelParameter>& parameters);
+  // How an error is printed (the `loom` command's "loom: error: ..."). Without one, together()
+  // and fail_together() throw each rank's own error on the ranks that failed.
+  void set_error_reporter(std::function<void(const Error&)> report) { report_ = std::move(report); }
+  // Runs `body` on every rank and agrees on how it ended, so that an error is printed once: when
+  // any rank's body threw, the ranks that failed report their error (a rank other than 0 only
+  // when its error differs from rank 0's, with its rank as context), all wait for the reports,
+  // and every rank throws ReportedError. `body` must make the same collective calls on every
+  // rank whatever fails in it (most make none). One small all-reduce.
+  template <class F>
+  void together(F&& body) {
+    std::exception_ptr error;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    settle(error);
+  }
+  // An error every rank raises alike, from values the ranks agree on (a summed loss, a shared
+  // config): rank 0 reports it and every rank throws ReportedError (one process, or no
+  // reporter: `error` itself). Every rank must call it.
+  template <class E>
+  [[noreturn]] void fail_together(const E& error) {
+    report_together(error);
+    throw error;
+  }
+
+  // Gives the parameters gradient storage in flat buckets of about `bucket_bytes`
+  // (trainer.grad_bucket_mb), in the order backward produces them, so that reduce_gradients()
+  // reduces in place. Call once, before the first step.
+  void attach(const std::vector<ModelParameter>& parameters, std::int64_t bucket_bytes);
   // ZeRO-1 instead (trainer.shard_optimizer_state): the parameters are split into size()
   // contiguous shards of about equal size; this rank's optimizer holds the state of its shard
   // only. Gradients are reduce-scattered (each rank receives the sum of its shard), the rank
@@ -93,26 +152,30 @@ class DataParallel {
     std::size_t ready = 0;                                        // parameters whose gradient is final, this step
   };
   void start_ready_buckets();
+  void settle(std::exception_ptr error);
+  // fail_together()'s report: throws ReportedError, or returns where `error` is to be thrown.
+  void report_together(const Error& error);
 
   Handle<Collective> collective_;
   Mesh mesh_;
   // The ranks that sum their gradients: along the data axis (released before collective_).
   std::shared_ptr<CollectiveGroup> data_group_;
   int rank_ = 0, size_ = 1;
-  std::int64_t bucket_bytes_ = 0;
+  std::function<void(const Error&)> report_;
+  std::vector<PeerProcess> same_host_peers_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;
   std::size_t started_ = 0;  // buckets_[0..started_) are under way
   std::vector<std::unique_ptr<CollectiveGroup::Pending>> pending_;
   std::vector<Parameter*> parameters_;
   // ZeRO-1: one flat gradient buffer of size() segments of segment_ floats, rank r's parameters
-  // in segment r; (parameter, offset in the buffer, rank) for each.
+  // in segment r; (parameter, offset in the buffer, rank) for each. The gradients are
+  // reduce-scattered in it and the updated weights all-gathered through it, both in place.
   bool sharded_ = false;
   std::int64_t segment_ = 0;
   Tensor flat_grads_;
   std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
   std::unordered_set<const Parameter*> owned_;
-  std::vector<float> send_, received_;
   void reduce_scatter_gradients();
   std::vector<float> has_grad_;
   double communication_seconds_ = 0;

@@ -117,10 +117,11 @@ void ProgressPrinter::end_steps() {
 }
 
 void ProgressPrinter::done(std::int64_t steps, double wall_seconds, double tokens_per_second, double mfu,
-                           const std::string& run_dir) {
+                           std::int64_t peak_bytes, int ranks, const std::string& run_dir) {
   std::ostringstream line;
   line << "done: " << steps << " steps in " << format_duration(wall_seconds) << ", " << format_rate(tokens_per_second)
-       << " tok/s, MFU " << std::fixed << std::setprecision(1) << 100.0 * mfu << "%; files in " << run_dir;
+       << " tok/s, MFU " << std::fixed << std::setprecision(1) << 100.0 * mfu << "%, peak memory " << (peak_bytes >> 20)
+       << " MiB" << (ranks > 1 ? " (the largest rank's)" : "") << "; files in " << run_dir;
   say(line.str());
 }
 

@@ -59,7 +59,9 @@ class ProgressPrinter {
   void final_sample(const std::string& text);
   // Ends the live step line, if one is open, so what follows starts on a line of its own.
   void end_steps();
-  void done(std::int64_t steps, double wall_seconds, double tokens_per_second, double mfu, const std::string& run_dir);
+  // `peak_bytes`: the peak resident memory of the largest of `ranks` processes.
+  void done(std::int64_t steps, double wall_seconds, double tokens_per_second, double mfu, std::int64_t peak_bytes,
+            int ranks, const std::string& run_dir);
 
   // One line (or several), after clearing the live step line.
   void say(const std::string& line);

@@ -1,6 +1,7 @@
 #include "train/run_setup.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -72,35 +73,39 @@ void restore_state(Run& run, const checkpoint::TrainRecord& r) {
 
 }  // namespace
 
-Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
+Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error) {
   Run run;
-  run.config = resolved_run_config(runtime);
+  // The ranks first, from the raw config's `collective` (the registry validates it): only rank 0
+  // prints and writes files, and an error the ranks share is printed once, by rank 0.
+  run.parallel = std::make_unique<DataParallel>(create_collective(runtime.registry(), runtime.raw_config()));
+  DataParallel& parallel = *run.parallel;
+  parallel.set_error_reporter(std::move(report_error));
+  if (!parallel.is_primary()) progress.silence();
+  parallel.together([&] { run.config = resolved_run_config(runtime); });
   const Options trainer(*run.config.find("trainer"), "trainer");
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
-
-  // The ranks first: only rank 0 prints and writes files, and all must agree on the config. The
-  // mesh is checked before anything is allocated (every rank finds the same fault).
-  Handle<Collective> collective = create_collective(runtime.registry(), run.config);
-  const Mesh mesh = resolve_mesh(trainer, collective->size());
-  run.parallel = std::make_unique<DataParallel>(
-      std::move(collective), mesh, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
-  DataParallel& parallel = *run.parallel;
-  if (!parallel.is_primary()) progress.silence();
-  parallel.check_same_config(run.config);
-  run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
-  parallel.check_batch(run.batch_size, run.micro_size);
+  // All must agree on the config (a difference is the same error on every rank), and on the mesh,
+  // which is checked before anything is allocated (every rank finds the same fault).
+  parallel.together([&] { parallel.check_same_config(run.config); });
+  Mesh mesh;
+  parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
+  parallel.set_mesh(mesh);
 
   RunComponents& c = run.components;
-  c = create_components(runtime.registry(), run.config);
-  check_batch_traits(*c.objective, *c.dataset, run.config);
-  if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
-    throw UserError(
-        "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
-        std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
-        "micro-batch size is " + std::to_string(run.micro_size) +
-        ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
+  parallel.together([&] {
+    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
+    parallel.check_batch(run.batch_size, run.micro_size);
+    c = create_components(runtime.registry(), run.config);
+    check_batch_traits(*c.objective, *c.dataset, run.config);
+    if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
+      throw UserError(
+          "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
+          std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
+          "micro-batch size is " + std::to_string(run.micro_size) +
+          ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
+  });
 
   // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
   // the other ranks (which read it from the same path: one machine, or a shared file system).
@@ -137,7 +142,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     parallel.broadcast(run_dir);
     parallel.broadcast(from);
     finished = parallel.max_over_ranks(finished ? 1 : 0) != 0;
-    if (!parallel.is_primary()) {
+    parallel.together([&] {
+      if (parallel.is_primary()) return;
       // No directory of their own: the run's id and paths, for the config text a checkpoint is
       // compared with and for the messages.
       run.directory.adopt_run_id(run_id);
@@ -145,7 +151,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
       if (!from.empty())
         resume =
             with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
-    }
+    });
   }
   run.trainer = trainer;
   if (finished) {
@@ -153,64 +159,72 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress) {
     run.resumed_from = resume->record.step;
     return run;
   }
-  run.seq_len = c.model->max_seq_len();
-  build_model_and_data(c, run.batch_size, run.seed);
-  // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
-  // to a shortened run) says what it changed.
-  for (const auto& w : with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
-    progress.say("warning: " + w);
-  // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
-  const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
-  // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
-  const bool base_from_init = !resume || c.lora;
-  if (!base_from_init && !trainer.get<std::string>("init_from").empty())
-    progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
-  // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
-  if (trainer.get<bool>("shard_optimizer_state"))
-    parallel.shard(c.parameters);
-  else
-    parallel.attach(c.parameters);
-  for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
-                                                [&](const Parameter* p) { return parallel.owns(p); }))
-    progress.say("init_from: " + note);
-  if (!trained_line.empty()) {
-    std::int64_t state_bytes = 0;
-    for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
-    std::ostringstream line;
-    line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
-         << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
-    progress.say(line.str());
-  }
-  create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
-  if (trainer.get<bool>("skip_bad_steps"))
-    run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"), trainer.get<double>("skip_step_sigma"));
+  // Each rank builds its model and data, and loads its weights and state: an error of one rank
+  // (a file missing on its node) is printed by that rank, one every rank has by rank 0.
   std::vector<std::pair<std::string, Tensor>> saved_average;
-  if (resume) {
-    // A sharded rank loads its shard's entries ("slot/parameter") of the whole saved state.
-    std::unordered_set<std::string> owned;
-    for (const auto& p : c.parameters)
-      if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
-    saved_average = load_checkpoint_tensors(
-        *resume, c, config_file_text(run.directory.run_id(), run.config), [&](const std::string& entry) {
-          const auto slash = entry.find('/');
-          return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
-        });
-    with_context("while reading " + (resume->dir / "state.json").string(), [&] { restore_state(run, resume->record); });
-    run.resumed_from = resume->record.step;
-    for (const auto& w : resume_warnings) progress.say("warning: " + w);
-  }
+  parallel.together([&] {
+    run.seq_len = c.model->max_seq_len();
+    build_model_and_data(c, run.batch_size, run.seed);
+    // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
+    // to a shortened run) says what it changed.
+    for (const auto& w :
+         with_context("while checking the lr_schedule", [&] { return c.schedule->check(run.num_steps); }))
+      progress.say("warning: " + w);
+    // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
+    const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
+    // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
+    const bool base_from_init = !resume || c.lora;
+    if (!base_from_init && !trainer.get<std::string>("init_from").empty())
+      progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
+    // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
+    if (trainer.get<bool>("shard_optimizer_state"))
+      parallel.shard(c.parameters);
+    else
+      parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+    for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
+                                                  [&](const Parameter* p) { return parallel.owns(p); }))
+      progress.say("init_from: " + note);
+    if (!trained_line.empty()) {
+      std::int64_t state_bytes = 0;
+      for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
+      std::ostringstream line;
+      line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
+           << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
+      progress.say(line.str());
+    }
+    create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
+    if (trainer.get<bool>("skip_bad_steps"))
+      run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"),
+                                  trainer.get<double>("skip_step_sigma"));
+    if (resume) {
+      // A sharded rank loads its shard's entries ("slot/parameter") of the whole saved state.
+      std::unordered_set<std::string> owned;
+      for (const auto& p : c.parameters)
+        if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
+      saved_average = load_checkpoint_tensors(
+          *resume, c, config_file_text(run.directory.run_id(), run.config), [&](const std::string& entry) {
+            const auto slash = entry.find('/');
+            return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
+          });
+      with_context("while reading " + (resume->dir / "state.json").string(),
+                   [&] { restore_state(run, resume->record); });
+      run.resumed_from = resume->record.step;
+      for (const auto& w : resume_warnings) progress.say("warning: " + w);
+    }
+  });
 
-  parallel.check_same_parameters(c.parameters);
+  parallel.together([&] { parallel.check_same_parameters(c.parameters); });
   // The weight average (trainer.ema_decay) starts at the weights, or continues the checkpoint's.
-  if (const double decay = trainer.get<double>("ema_decay"); decay > 0) {
-    run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
-    if (!saved_average.empty())
-      with_context("while loading the weight average of " + resume->dir.string(),
-                   [&] { run.state.ema->load_state(saved_average); });
-    else if (resume)
-      progress.say("note: trainer.ema_decay: checkpoint " + resume->dir.string() +
-                   " holds no weight average (its run had none); the average starts from its weights");
-  }
+  if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
+    parallel.together([&] {
+      run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
+      if (!saved_average.empty())
+        with_context("while loading the weight average of " + resume->dir.string(),
+                     [&] { run.state.ema->load_state(saved_average); });
+      else if (resume)
+        progress.say("note: trainer.ema_decay: checkpoint " + resume->dir.string() +
+                     " holds no weight average (its run had none); the average starts from its weights");
+    });
 
   // The run directory changes only now, once a checkpoint to resume from has loaded: a refused
   // resume leaves the run as it was. Rank 0's alone.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "checkpoint/checkpoint_writer.hpp"
@@ -41,6 +42,7 @@ struct Run {
 // Sets up the run runtime's config describes and prints its header; resumes it from a checkpoint
 // as trainer.resume says (train/resume.hpp). Throws UserError for a bad config or data, a run
 // directory that holds a run it may not continue, or a checkpoint it cannot continue from.
-Run set_up_run(Runtime& runtime, ProgressPrinter& progress);
+// `report_error` prints an error once in a data-parallel run (DataParallel::together()).
+Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error = {});
 
 }  // namespace loom::training

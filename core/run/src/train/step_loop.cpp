@@ -1,5 +1,7 @@
 #include "train/step_loop.hpp"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -35,6 +37,13 @@ std::string describe_write(const checkpoint::WriteReport& r) {
   }
   for (const auto& a : r.set_aside) line << "\nwarning: " << describe_set_aside(a);
   return line.str();
+}
+
+// This process's peak resident memory so far, in MiB (getrusage's ru_maxrss is in KiB on Linux).
+int peak_resident_mib() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int>((usage.ru_maxrss + 1023) / 1024);
 }
 
 }  // namespace
@@ -169,7 +178,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   };
   reserve_if_soon();
 
-  StopSignals signals;
+  StopSignals signals(parallel.rank(), parallel.size(), parallel.same_host_peers());
   int stopped_by = 0;
   {
     Prefetcher prefetch(*c.dataset, state.step, num_steps,
@@ -253,6 +262,10 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       // mpirun hands a signal to every rank, not necessarily between the same steps: the ranks
       // stop together, at the first step boundary where any of them has one.
       if ((stopped_by = parallel.max_over_ranks(signals.requested())) != 0) {
+        // Every rank is here: the checkpoint will be written (one process said so at the signal).
+        if (parallel.size() > 1)
+          progress.say(std::string(signal_name(stopped_by)) + ": the ranks stop after step " +
+                       std::to_string(state.step) + (last_saved != state.step ? ", saving a checkpoint of it" : ""));
         if (last_saved != state.step) save_checkpoint(/*wait=*/true);
         break;
       }
@@ -314,7 +327,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   if (writer) writer->wait();
   report_writes();
   summary.wall_seconds = elapsed();
-  progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.run_dir);
+  summary.peak_resident_bytes = std::int64_t{parallel.max_over_ranks(peak_resident_mib())} << 20;
+  progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.peak_resident_bytes,
+                parallel.size(), summary.run_dir);
   return summary;
 }
 

@@ -73,7 +73,9 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
   // it by its share of the batch's count makes the accumulated gradient the gradient of the
   // whole batch's loss, as one big batch would give.
   const std::int64_t total_counted = objective.count(batch.targets, batch.seq_len);
-  if (total_counted == 0) throw UserError("step " + std::to_string(step) + ": the batch has no targets to learn");
+  // The whole batch's count: every rank fails alike, and rank 0 says so.
+  if (total_counted == 0)
+    parallel_.fail_together(UserError("step " + std::to_string(step) + ": the batch has no targets to learn"));
 
   double loss_sum = 0;
   bool first = true;
@@ -191,13 +193,14 @@ double TrainStep::global_grad_norm() const {
 
 void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) const {
   const bool crash_nan = settings_.crash_on_nan, crash_inf = settings_.crash_on_inf;
+  // The loss and the norm are the ranks' sums: every rank fails alike, and rank 0 says so.
   if (is_bad(loss, crash_nan, crash_inf) || is_bad(grad_norm, crash_nan, crash_inf))
-    throw UserError("step " + std::to_string(step) + ": the " +
-                    (is_bad(loss, crash_nan, crash_inf) ? "loss" : "gradient norm") + " is " +
-                    (std::isnan(is_bad(loss, crash_nan, crash_inf) ? loss : grad_norm) ? "NaN" : "infinite") +
-                    " (loss " + std::to_string(loss) + ", gradient norm " + std::to_string(grad_norm) +
-                    "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
-                    "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway");
+    parallel_.fail_together(UserError(
+        "step " + std::to_string(step) + ": the " + (is_bad(loss, crash_nan, crash_inf) ? "loss" : "gradient norm") +
+        " is " + (std::isnan(is_bad(loss, crash_nan, crash_inf) ? loss : grad_norm) ? "NaN" : "infinite") + " (loss " +
+        std::to_string(loss) + ", gradient norm " + std::to_string(grad_norm) +
+        "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
+        "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway"));
 }
 
 void TrainStep::clip_gradients(double grad_norm, double max_norm) {

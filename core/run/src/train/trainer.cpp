@@ -141,9 +141,11 @@ OptionSchema trainer_schema() {
   return s;
 }
 
+ReportedError::~ReportedError() = default;
+
 TrainSummary train(Runtime& runtime, const TrainOptions& options) {
   training::ProgressPrinter progress(options.out ? *options.out : std::cout, options.interactive);
-  training::Run run = training::set_up_run(runtime, progress);
+  training::Run run = training::set_up_run(runtime, progress, options.report_error);
   return training::execute(run, progress);
 }
 

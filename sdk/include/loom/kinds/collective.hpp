@@ -53,9 +53,13 @@ class CollectiveGroup {
   virtual void all_reduce(std::span<double> data, ReduceOp op = ReduceOp::sum) = 0;
 
   // in.size() == out.size() * size(). Member r receives the sum over members of chunk r of `in`
-  // (elements [r * out.size(), (r + 1) * out.size())).
+  // (elements [r * out.size(), (r + 1) * out.size())). `out` may be that chunk of `in` itself
+  // (in place); otherwise the two do not overlap. Implementations take memory of their own that
+  // does not grow with the buffer (a ZeRO-1 run reduces all its gradients at once), here and in
+  // all_reduce.
   virtual void reduce_scatter(std::span<const float> in, std::span<float> out) = 0;
   // out.size() == in.size() * size(). Every member receives every member's `in`, in rank order.
+  // `in` may be this member's chunk of `out` itself (in place); otherwise the two do not overlap.
   virtual void all_gather(std::span<const float> in, std::span<float> out) = 0;
 
   // Member `root`'s bytes, copied into every member's `data` (same size everywhere).

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "loom/core/runtime.hpp"
+#include "loom/error.hpp"
 #include "loom/tensor.hpp"
 
 namespace loom {
@@ -53,6 +54,8 @@ struct TrainSummary {
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   double mfu = 0;                // model FLOPs utilisation over the whole run
   double peak_flops = 0;         // the roof MFU is measured against
+  // Peak resident memory of the process (of the largest rank in a data-parallel run), in bytes.
+  std::int64_t peak_resident_bytes = 0;
   std::int64_t skipped_steps = 0;
   std::string final_sample;
   std::int64_t resumed_from_step = -1;  // the checkpoint's step when the run resumed, else -1
@@ -66,6 +69,19 @@ struct TrainOptions {
   std::ostream* out = nullptr;  // progress and log lines (stdout when null)
   // Whether `out` is a terminal: a live progress line instead of plain log lines.
   bool interactive = false;
+  // How the caller prints an error (the `loom` command's "loom: error: ..."). A data-parallel
+  // run prints an error through it once, on the rank that had it (rank 0 when every rank had
+  // the same), and then throws ReportedError on every rank. Null: each rank throws its own.
+  std::function<void(const Error&)> report_error;
+};
+
+// What train() throws on every rank of a data-parallel run once an error has been printed
+// through TrainOptions::report_error: the caller exits with the status of its kind (2 for a user
+// error) and prints nothing more. Its message names the rank that reported the error.
+class ReportedError : public Error {
+ public:
+  ReportedError(ErrorKind kind, std::string message) : Error(kind, std::move(message)) {}
+  ~ReportedError() override;
 };
 
 // Runs the training described by runtime's config. Throws UserError for a bad config or data,
