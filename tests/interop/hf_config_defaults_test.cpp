@@ -22,6 +22,7 @@
 #include "loom/hf_interop.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/run/hf_interop.hpp"
+#include "reference_required.hpp"
 
 namespace fs = std::filesystem;
 
@@ -130,8 +131,9 @@ bool reads_as(const std::string& text, const nlohmann::json& expected) {
 TEST(HfConfigDefaults, AbsentFieldsReadAsTransformersReadsThem) {
   std::error_code ec;
   if (!fs::exists(LOOM_REFERENCE_ENV_PYTHON, ec))
-    GTEST_SKIP() << "transformers is not available: there is no Python environment at " << LOOM_REFERENCE_ENV_PYTHON
-                 << " (scripts/setup-python-env.sh makes it)";
+    return test::skip_missing_reference(
+        std::string("transformers is not available: there is no Python environment at ") + LOOM_REFERENCE_ENV_PYTHON +
+        " (scripts/setup-python-env.sh makes it)");
   Registry registry;
   PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry);
   test::TempDir work;
@@ -159,7 +161,7 @@ TEST(HfConfigDefaults, AbsentFieldsReadAsTransformersReadsThem) {
   }
   const auto r =
       test::run_command({LOOM_REFERENCE_ENV_PYTHON, LOOM_HF_CONFIG_DEFAULTS_SCRIPT, (work.path() / "cases").string()});
-  if (r.exit_code == 77) GTEST_SKIP() << r.err.substr(0, r.err.find('\n'));
+  if (r.exit_code == 77) return test::skip_missing_reference(r.err.substr(0, r.err.find('\n')));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::cout << r.out;
   std::ifstream in(work.path() / "cases" / "expected.json");
