@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "checkpoint/durable_io.hpp"
+#include "checkpoint/train_record.hpp"
 #include "loom/error.hpp"
 
 namespace fs = std::filesystem;
@@ -36,14 +37,9 @@ int test_stage_delay_ms() {
   return ms;
 }
 
-// "20261124-210211": when a checkpoint was moved aside, in its new name (UTC).
+// "20261124-210211Z": when a checkpoint was moved aside, in its new name (UTC).
 std::string utc_stamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%SZ", &tm);
-  return buf;
+  return utc_time("%Y%m%d-%H%M%SZ");
 }
 
 constexpr const char* kSetAside = ".unusable-";

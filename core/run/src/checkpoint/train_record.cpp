@@ -58,13 +58,17 @@ std::vector<double> numbers(const nlohmann::json& j, const char* key, const std:
 
 }  // namespace
 
-std::string utc_now() {
+std::string utc_time(const char* format) {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
+}
+
+std::string utc_now() {
+  return utc_time("%Y-%m-%dT%H:%M:%SZ");
 }
 
 std::string to_json(const TrainRecord& r) {

@@ -56,6 +56,8 @@ std::string to_json(const TrainRecord& record);
 // Throws UserError (what is wrong) when `text` is not a state.json this loom writes.
 TrainRecord parse_train_record(const std::string& text);
 
+// The current time in UTC, formatted by strftime's `format`.
+std::string utc_time(const char* format);
 // The current time as "2026-11-24T20:55:03Z".
 std::string utc_now();
 
