@@ -2,7 +2,8 @@
 // (sdk/include/loom/quantization.hpp), in GB/s of float32 written, on one thread, for each
 // kernel set this CPU runs (AVX2, the build's baseline, is always there), against a float32 copy of the same range
 // (what a float32 weight's packing costs). Two shapes: a whole 4096 x 4096 weight (its float32 output, 64 MiB, streams
-// to memory) and a GEMM packing panel of 64 rows x 1024 columns (256 KiB, stays in cache).
+// to memory) and a GEMM packing panel of 64 rows x 1024 columns (256 KiB, stays in cache). Then
+// quantization of the whole weight, GB/s of float32 read.
 //
 //   build/bin/loom_bench_quant
 //   build/bin/loom_bench_quant --benchmark_filter=panel
@@ -82,10 +83,23 @@ void f32_copy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * r.nrows * r.ncols * static_cast<std::int64_t>(sizeof(float)));
 }
 
+// Quantizing the whole weight (once per weight, at load): GB/s of float32 read.
+void nf4_quantize(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(q::quantize_nf4(weights(), rows, cols));
+  state.SetBytesProcessed(state.iterations() * rows * cols * static_cast<std::int64_t>(sizeof(float)));
+}
+
+void int8_quantize(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(q::quantize_int8(weights(), rows, cols));
+  state.SetBytesProcessed(state.iterations() * rows * cols * static_cast<std::int64_t>(sizeof(float)));
+}
+
 // Args: {panel, force AVX2}.
 BENCHMARK(nf4)->ArgNames({"panel", "avx2"})->ArgsProduct({{0, 1}, {0, 1}});
 BENCHMARK(int8)->ArgNames({"panel", "avx2"})->ArgsProduct({{0, 1}, {0, 1}});
 BENCHMARK(f32_copy)->ArgNames({"panel"})->Arg(0)->Arg(1);
+BENCHMARK(nf4_quantize)->Unit(benchmark::kMillisecond);
+BENCHMARK(int8_quantize)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -164,11 +164,17 @@ Nf4Matrix quantize_nf4_impl(std::int64_t rows, std::int64_t cols, const std::str
     }
     absmax[b] = a;
     const float inv = 1.0f / std::max(a, min_absmax);
+    // Each code counts the midpoints below its scaled value: bound by bound over the whole block,
+    // which the compiler vectorises (a binary search per value does not: 5x slower on Zen 5).
+    std::array<float, nf4_block_size> scaled{};
+    std::array<std::int32_t, nf4_block_size> code{};
+    for (std::int64_t i = 0; i < len; ++i) scaled[i] = std::clamp(x[i] * inv, -1.0f, 1.0f);
+    for (const float bound : bounds)
+      for (std::int64_t i = 0; i < nf4_block_size; ++i) code[i] += bound < scaled[i] ? 1 : 0;
     for (std::int64_t i = 0; i < len; ++i) {
-      const float scaled = std::clamp(x[i] * inv, -1.0f, 1.0f);
       const std::int64_t e = begin + i;
-      const std::uint8_t code = bucket(bounds, scaled);
-      m.codes[e / 2] |= (e % 2 == 0) ? static_cast<std::uint8_t>(code << 4) : code;
+      const auto c = static_cast<std::uint8_t>(code[i]);
+      m.codes[e / 2] |= (e % 2 == 0) ? static_cast<std::uint8_t>(c << 4) : c;
     }
   }
   // bitsandbytes pads an odd count with a 0, whose code (7) fills the last low nibble.
