@@ -1,0 +1,109 @@
+// Quantized storage of frozen weights (issue 22, QLoRA): the codecs. A row-major [rows, cols]
+// matrix of float32 (or bf16) values is quantized once, and dequantized as often as needed, whole
+// or a range of rows and columns at a time into a caller's buffer (the way a GEMM's packing reads
+// a panel of a weight). Two formats:
+//
+// - nf4: QLoRA's NormalFloat-4 (Dettmers et al. 2023, section 3) exactly as bitsandbytes stores it
+//   (`bitsandbytes.functional.quantize_4bit(w, quant_type="nf4", blocksize=64,
+//   compress_statistics=True)`): the row-major flattened values in blocks of 64, each with its
+//   absmax; each value becomes the index of the nearest of the 16 NormalFloat levels
+//   (nf4_levels()) to value / absmax (a value on a midpoint between two levels takes the lower);
+//   two codes per byte, the even-indexed value in the high nibble. Double quantization: the
+//   absmaxes' mean is subtracted (one float32 offset), and the centred absmaxes are quantized in
+//   blocks of 256 to bitsandbytes' signed 8-bit dynamic float code (dynamic8_levels()), each block
+//   with a float32 absmax of its own. Storage: 4 bits a weight + 8 bits per 64 weights + 32 bits
+//   per 16384: 4.127 bits a weight.
+// - int8: per-output-row (per-row) absmax, symmetric: scale = absmax / 127, code =
+//   round-half-to-even(value * (127 / absmax)) in [-127, 127]; value ~ code * scale.
+//
+// Everything here is deterministic (the same input gives the same bytes on every CPU and kernel
+// set) and thread-safe (no state; different calls may run concurrently). Dequantization picks
+// AVX-512 or AVX2 (the build baseline) kernels at run time; every kernel gives the same bits.
+// Quantizing a non-finite value is a UserError naming where it is.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace loom::quant {
+
+// The number of consecutive (row-major, flattened) values sharing one nf4 absmax.
+inline constexpr std::int64_t nf4_block_size = 64;
+// The number of consecutive absmaxes sharing one double-quantization scale.
+inline constexpr std::int64_t nf4_absmax_block_size = 256;
+
+// The 16 NormalFloat-4 levels in code order (code 0 = -1, code 7 = 0, code 15 = 1): bitsandbytes'
+// table (`get_4bit_type("nf4")`, the paper's create_normal_map(offset=0.9677083)), bit for bit.
+const std::array<float, 16>& nf4_levels();
+
+// bitsandbytes' signed 8-bit dynamic float code, sorted (`create_dynamic_map()`: 256 values in
+// [-1, 1], dense near 0), which quantizes the centred nf4 absmaxes.
+const std::array<float, 256>& dynamic8_levels();
+
+// A matrix in NF4 with double-quantized absmaxes.
+struct Nf4Matrix {
+  std::int64_t rows = 0, cols = 0;
+  // ceil(rows * cols / 2) bytes: the code of flat value 2i in the high nibble of byte i, 2i + 1 in
+  // its low nibble (after an odd count, the last low nibble is 7, the code of 0, as bitsandbytes
+  // pads).
+  std::vector<std::uint8_t> codes;
+  // One per block of nf4_block_size values: the dynamic8 code of (absmax - absmax_offset) /
+  // absmax_scales[block / nf4_absmax_block_size].
+  std::vector<std::uint8_t> absmax_codes;
+  // One per nf4_absmax_block_size blocks: the largest |absmax - absmax_offset| among them.
+  std::vector<float> absmax_scales;
+  // The mean of all the blocks' absmaxes (summed in double, rounded to float32 once: bitsandbytes'
+  // float32 torch.mean may differ from it in the last bit).
+  float absmax_offset = 0.0f;
+
+  std::int64_t blocks() const { return static_cast<std::int64_t>(absmax_codes.size()); }
+  // Block b's absmax as dequantization uses it: dynamic8_levels()[absmax_codes[b]] *
+  // absmax_scales[b / 256] + absmax_offset.
+  float absmax(std::int64_t block) const;
+  // The bytes it takes in memory (codes, absmax codes and scales, the offset).
+  std::int64_t storage_bytes() const;
+};
+
+// A matrix in int8 with one scale per row.
+struct Int8Matrix {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::int8_t> codes;  // rows * cols, row-major
+  std::vector<float> scales;       // one per row: absmax / 127 (0 for a row of zeros)
+
+  std::int64_t storage_bytes() const;
+};
+
+// Quantizes the row-major [rows, cols] matrix `values` (rows * cols of them). The bf16 overloads
+// take raw bf16 bits (the high half of a float32) and quantize the float32 each stands for, so a
+// bf16 checkpoint gives the same codes as its float32 widening. `what` names the tensor in errors.
+Nf4Matrix quantize_nf4(std::span<const float> values, std::int64_t rows, std::int64_t cols,
+                       const std::string& what = "tensor");
+Nf4Matrix quantize_nf4_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                            const std::string& what = "tensor");
+Int8Matrix quantize_int8(std::span<const float> values, std::int64_t rows, std::int64_t cols,
+                         const std::string& what = "tensor");
+Int8Matrix quantize_int8_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                              const std::string& what = "tensor");
+
+// Writes rows [row0, row0 + nrows) x columns [col0, col0 + ncols) of the dequantized matrix to
+// out, row r at out + (r - row0) * ld (ld >= ncols). The range must lie in the matrix (an
+// InternalError otherwise: a caller's bug). Fastest where the runs of a row within one nf4 block
+// are long (cols a multiple of 64, col0 even).
+void dequantize(const Nf4Matrix& m, std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
+                float* out, std::int64_t ld);
+void dequantize(const Int8Matrix& m, std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
+                float* out, std::int64_t ld);
+// The whole matrix, row-major.
+std::vector<float> dequantize(const Nf4Matrix& m);
+std::vector<float> dequantize(const Int8Matrix& m);
+
+// The kernel set dequantize() uses on this CPU ("avx512" or "avx2"), and a switch for tests and
+// benchmarks to force the AVX2 one (force_avx2(false) restores the automatic choice). Not to be
+// flipped while another thread dequantizes.
+const char* dequantize_kernels();
+void force_avx2_kernels(bool on);
+
+}  // namespace loom::quant
