@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "../core/test_support.hpp"
 #include "loom/core/plugin_host.hpp"
@@ -215,6 +217,63 @@ TEST(Cli, ARunShorterThanTheWarmupRunsWithOneWarning) {
   EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("warning: "), r.out.rfind("warning: ")) << r.out;  // one line
   EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
+}
+
+// The start-up memory estimate (docs/training.md, "Memory estimate"): in the header, and a run
+// it says cannot fit is refused before anything is allocated or written.
+std::string memory_test_config(test::TempDir& dir) {
+  return dir
+      .write("run.yaml",
+             "model: {type: gpt2, seq_len: 128, hidden_dim: 128, num_layers: 4, num_heads: 4, attention: flash}\n"
+             "tokenizer: byte\n"
+             "data: {type: synthetic, num_documents: 2000}\n"
+             "trainer: {num_train_steps: 2, train_batch_size: 64, sample_length: 0, steps_per_eval: 1000, "
+             "max_eval_batches: 1, save_final: false}\n")
+      .string();
+}
+
+double estimate_mib(const std::string& out) {
+  const auto at = out.find("memory estimate per rank: ");
+  if (at == std::string::npos) return -1;
+  std::istringstream in(out.substr(at + 26));
+  double value = 0;
+  std::string unit;
+  in >> value >> unit;
+  return unit.starts_with("GiB") ? value * 1024 : value;
+}
+
+TEST(Cli, TheMemoryEstimateIsInTheHeaderAndWithinAQuarterOfThePeakRss) {
+  test::TempDir dir;
+  const auto file = memory_test_config(dir);
+  const auto r = loom({"train", file, "trainer.run_dir=" + (dir.path() / "run").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const double estimate = estimate_mib(r.out);
+  ASSERT_GT(estimate, 0) << r.out;
+  const double rss = static_cast<double>(r.peak_rss_kib) / 1024.0;
+  EXPECT_NEAR(estimate / rss, 1.0, 0.25) << "estimate " << estimate << " MiB, peak RSS " << rss << " MiB\n" << r.out;
+}
+
+TEST(Cli, ARunThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
+  test::TempDir dir;
+  const auto file = memory_test_config(dir);
+  const auto run_dir = dir.path() / "run";
+  auto r = loom({"train", file, "trainer.run_dir=" + run_dir.string()}, {"LOOM_MEMORY_AVAILABLE=300M"});
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  EXPECT_NE(r.err.find("the run needs about "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("300 MiB is available (LOOM_MEMORY_AVAILABLE"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.remat: full"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(run_dir));
+  // Far below anything it could do: the figures, and no advice it cannot give.
+  r = loom({"train", file, "trainer.run_dir=" + run_dir.string()}, {"LOOM_MEMORY_AVAILABLE=1M"});
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  EXPECT_NE(r.err.find("Nothing this estimate knows of would make it fit"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(run_dir));
+  // Users who know better.
+  r = loom(
+      {"train", file, "trainer.run_dir=" + run_dir.string(), "trainer.memory_check=warn", "trainer.num_train_steps=1"},
+      {"LOOM_MEMORY_AVAILABLE=300M"});
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("warning: the run needs about "), std::string::npos) << r.out;
 }
 
 // Under a launcher other than OpenMPI's mpirun, each process would train alone, all of them on one

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,11 +73,13 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::vecto
     throw std::runtime_error("cannot start " + argv[0]);
   posix_spawn_file_actions_destroy(&actions);
   int status = 0;
-  waitpid(pid, &status, 0);
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = slurp(out_path);
   r.err = slurp(err_path);
+  r.peak_rss_kib = usage.ru_maxrss;
   return r;
 }
 

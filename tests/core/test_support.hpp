@@ -22,8 +22,9 @@ class TempDir {
 
 struct CommandResult {
   int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
+  std::string out;        // stdout
+  std::string err;        // stderr
+  long peak_rss_kib = 0;  // the process's peak resident set (getrusage of the child)
 };
 
 // Runs `argv` with `env` added to the environment ("NAME=value"), capturing both streams.

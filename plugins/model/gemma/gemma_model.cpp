@@ -142,6 +142,7 @@ class GemmaModel final : public loom::models::TransformerLm {
   }
 
  private:
+  loom::RematPolicy remat_policy() const override { return o_.remat; }
   loom::models::TransformerShape transformer_shape() const override {
     loom::models::TransformerShape s;
     s.num_layers = o_.num_layers;

@@ -156,6 +156,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
   }
 
  private:
+  loom::RematPolicy remat_policy() const override { return o_.remat; }
   loom::models::TransformerShape transformer_shape() const override {
     loom::models::TransformerShape s;
     s.num_layers = o_.num_layers;

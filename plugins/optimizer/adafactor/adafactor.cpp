@@ -40,6 +40,9 @@ class Adafactor final : public loom::OptimizerBase {
         weight_decay_(options.get<double>("weight_decay")) {}
 
  private:
+  // The first moment when beta1 is set; the factored second moments are rows plus columns.
+  double state_bytes_per_parameter() const override { return beta1_ ? 4.0 : 0.0; }
+
   std::vector<loom::StateTensorSpec> state_tensors(const loom::OptimizerParameter& p) const override {
     const loom::Shape& shape = p.parameter->shape();
     std::vector<loom::StateTensorSpec> out;

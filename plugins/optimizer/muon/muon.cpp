@@ -56,6 +56,10 @@ class Muon final : public loom::OptimizerBase {
     return true;
   }
 
+  // The momentum of the matrices, which hold nearly all the values (the embeddings' and head's
+  // AdamW moments, 8 bytes, are the exception).
+  double state_bytes_per_parameter() const override { return 4.0; }
+
   std::vector<loom::StateTensorSpec> state_tensors(const loom::OptimizerParameter& p) const override {
     const loom::Shape& shape = p.parameter->shape();
     if (orthogonalised(p)) return {{"momentum_buffer", shape}};

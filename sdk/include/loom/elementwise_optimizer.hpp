@@ -27,6 +27,8 @@ class ElementwiseOptimizer : public OptimizerBase {
  public:
   static constexpr std::size_t kMaxSlots = 4;
   ~ElementwiseOptimizer() override;
+  // One float32 per slot.
+  double state_bytes_per_parameter() const override { return 4.0 * static_cast<double>(slots_.size()); }
 
  protected:
   // Elements [0, size) of one chunk of one parameter.

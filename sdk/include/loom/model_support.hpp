@@ -396,6 +396,33 @@ inline double training_flops_per_token(const TransformerShape& s, std::int64_t s
                                        static_cast<double>(s.head_dim) * static_cast<double>(keys);
 }
 
+// The memory of a decoder-only transformer for a micro-batch of [batch, seq] (docs/training.md,
+// "Memory estimate"), fitted to the peak RSS of gpt2 and llama runs. Per token and layer the
+// backward pass keeps about
+//   9 hidden + 3 kv + 1.5 MLP-wide (two matrices) or 3.5 (gated) float32 values;
+// remat keeps each layer's two inputs and about 1.25 layers' values at a time (the layer whose
+// forward runs again and its gradients). Besides, with or without remat: one chunk of logits
+// (Ops::linear_cross_entropy's, at most 256 MiB) and the output projection's whole gradient
+// [vocab, hidden], which the backward pass computes before it is added to the parameter's.
+inline ModelMemory transformer_memory(const TransformerShape& s, RematPolicy remat, std::int64_t batch,
+                                      std::int64_t seq) {
+  const std::int64_t tokens = batch * seq, kv = s.num_kv_heads * s.head_dim, q = s.num_heads * s.head_dim;
+  const std::int64_t layer_floats = 9 * s.hidden_dim + 3 * kv + (s.glu ? 7 : 3) * s.intermediate_dim / 2;
+  const std::int64_t per_layer = tokens * 4 * layer_floats;
+  const std::int64_t vocab = std::max<std::int64_t>(s.vocab_size, 1);
+  const std::int64_t chunk = std::max<std::int64_t>(16, (std::int64_t{256} << 20) / (vocab * 4) / 16 * 16);
+  const std::int64_t outside =
+      std::min(tokens, chunk) * vocab * 4 + vocab * s.hidden_dim * 4 + tokens * 4 * 2 * s.hidden_dim;
+  ModelMemory m;
+  m.activation_bytes = s.num_layers * per_layer + outside;
+  m.activation_bytes_remat = s.num_layers * tokens * 4 * 2 * s.hidden_dim + 5 * per_layer / 4 + outside;
+  m.remat = remat != RematPolicy::none;
+  m.kv_cache_bytes_per_position = 2 * s.num_layers * kv * 4;
+  m.lora_in_out = s.num_layers * ((s.hidden_dim + q + 2 * kv) + (q + s.hidden_dim) +
+                                  (s.glu ? 3 : 2) * (s.hidden_dim + s.intermediate_dim));
+  return m;
+}
+
 // The Hugging Face tensors of one parameter of a Llama-layout model (base_model_prefix "model"):
 // a fused "self_attn.qkv_proj.weight" (or ".bias") is rows [q | k | v] of q_proj, k_proj and
 // v_proj (q = num_heads * head_dim rows, kv = num_kv_heads * head_dim each for k and v); any
@@ -434,6 +461,9 @@ class TransformerLm : public CausalLm, public HfModel {
   }
   double flops_per_token(std::int64_t seq_len) const final {
     return training_flops_per_token(transformer_shape(), seq_len) + extra_flops_per_token();
+  }
+  std::optional<ModelMemory> memory(std::int64_t batch, std::int64_t seq) const override {
+    return transformer_memory(transformer_shape(), remat_policy(), batch, seq);
   }
   // A config whose model_type is none of hf_model_types is one mismatch, naming the accepted
   // ones; otherwise check_hf_config compares the rest.
@@ -483,6 +513,8 @@ class TransformerLm : public CausalLm, public HfModel {
   virtual TransformerShape transformer_shape() const = 0;
   // FLOPs per token the formula does not count (a mixture of experts' router).
   virtual double extra_flops_per_token() const { return 0.0; }
+  // Its `remat` option, for the memory estimate.
+  virtual RematPolicy remat_policy() const { return RematPolicy::none; }
   // Compares everything but model_type (one of hf_model_types, given as `model_type`); records
   // each difference with check.mismatch.
   virtual void check_hf_config(HfConfigCheck& check, const std::string& model_type, const Value& config) const = 0;

@@ -1,5 +1,6 @@
 #include "train/components.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -48,6 +49,32 @@ RunComponents create_components(const Registry& registry, const Value& config) {
   c.schedule = create<LrSchedule>(registry, config, "lr_schedule");
   c.objective = create<Objective>(registry, config, "objective");
   return c;
+}
+
+MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
+                           const Options& trainer, std::int64_t micro_size, int ranks) {
+  // A second instance of the model, declared but not allocated: its shapes, before the run's own
+  // model allocates anything.
+  const Handle<Model> probe = create<Model>(registry, config, "model");
+  const std::int64_t vocab = c.tokenizer->needs_fit() ? 256 : c.tokenizer->vocab_size();
+  probe->build(ModelSetup{vocab, /*allocate=*/false});
+  MemoryInputs in;
+  in.num_parameters = probe->num_parameters();
+  in.parameter_bytes = in.num_parameters * 4;
+  in.bf16_matmuls = c.backend->matmul_dtype() == DType::bf16;
+  in.micro_batch = micro_size;
+  in.seq_len = probe->max_seq_len();
+  in.model = probe->memory(in.micro_batch, in.seq_len);
+  in.lora_rank = lora_settings(config).rank;
+  in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
+  in.ranks = ranks;
+  in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
+  in.ema = trainer.get<double>("ema_decay") > 0;
+  in.grad_bucket_bytes = static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024);
+  if (const std::int64_t length = trainer.get<std::int64_t>("sample_length"); length > 0)
+    in.sample_positions = std::min(in.seq_len, length + 64);  // the prompt's tokens besides
+  in.reference_model = c.objective->needs_reference_model();
+  return in;
 }
 
 void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64_t seed) {

@@ -19,6 +19,7 @@
 #include "loom/kinds/tracker.hpp"
 #include "loom/options.hpp"
 #include "loom/run/lora.hpp"
+#include "train/memory_estimate.hpp"
 
 namespace loom::training {
 
@@ -47,6 +48,11 @@ struct RunComponents {
 // Backend, tokenizer, dataset, model, optimizer and lr_schedule from their sections of the
 // resolved `config`, in that order. A missing section is a UserError.
 RunComponents create_components(const Registry& registry, const Value& config);
+
+// What the start-up memory estimate needs (memory_estimate.hpp), from a declared but unallocated
+// instance of the configured model and the options: nothing of the run is allocated.
+MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
+                           const Options& trainer, std::int64_t micro_size, int ranks);
 
 // Prepares the data (batches of batch_size x the model's context, in the order of the data
 // stream of `seed`) and builds the model for the tokenizer's vocabulary. A tokenizer that learns

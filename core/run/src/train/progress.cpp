@@ -66,6 +66,7 @@ void ProgressPrinter::header(const RunHeader& run) {
        << run.collective << "), " << run.batch_size / run.ranks << " sequences of each batch per rank; optimizer state "
        << std::setprecision(1) << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
        << (run.sharded ? " (sharded, ZeRO-1)" : "");
+  if (!run.memory.empty()) os << "\n" << run.memory;
   say(os.str());
 }
 

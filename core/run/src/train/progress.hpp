@@ -30,6 +30,7 @@ struct RunHeader {
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state
   std::int64_t optimizer_state_bytes = 0;  // on this rank
+  std::string memory;                      // the start-up memory estimate's line
 };
 
 // What the line of a log interval says.

@@ -11,6 +11,7 @@
 #include "loom/run/generate.hpp"
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/resume.hpp"
 
 namespace loom::training {
@@ -105,6 +106,24 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
           std::to_string(group) + " (a preference pair) that must stay in one micro-batch, but the " +
           "micro-batch size is " + std::to_string(run.micro_size) +
           ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
+  });
+  // The memory estimate, before the run directory and the model exist: a run that cannot fit is
+  // refused with nothing allocated or written.
+  std::string memory_line;
+  parallel.together([&] {
+    const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
+      return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size());
+    });
+    const MemoryEstimate estimate = estimate_memory(inputs);
+    memory_line = estimate.describe();
+    const std::string check = trainer.get<std::string>("memory_check");
+    if (check == "off") return;
+    const std::optional<AvailableMemory> available = available_memory(parallel.size());
+    if (!available) return;
+    const std::string refusal = memory_refusal(inputs, estimate, *available);
+    if (refusal.empty()) return;
+    if (check == "refuse") throw UserError(refusal);
+    progress.say("warning: " + refusal);
   });
 
   // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
@@ -281,6 +300,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
   header.collective = parallel.collective().describe();
+  header.memory = memory_line;
   for (const auto& [name, tensor] : c.optimizer->state())
     header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   progress.header(header);

@@ -93,6 +93,12 @@ OptionSchema trainer_schema() {
   s.boolean("shard_optimizer_state", false,
             "Data parallel: each rank keeps the optimizer state of only its 1/N of the parameters (ZeRO stage 1); "
             "gradients are reduce-scattered and the updated parameters all-gathered.");
+  s.string("memory_check", "refuse",
+           "The start-up memory estimate of each rank (docs/training.md, \"Memory estimate\"): refuse: a run whose "
+           "estimate exceeds the memory available (the cgroup limit, else MemAvailable, shared by the ranks of one "
+           "host) stops before allocating, exit 2; warn: say so and train; off: no check (the estimate is still "
+           "printed).")
+      .one_of({"refuse", "warn", "off"});
   OptionSchema mesh;
   mesh.integer("data", -1,
                "Data-parallel replicas: ranks that each hold the whole model and train on different rows of every "

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -52,6 +53,21 @@ class KvCache {
   virtual void reset() = 0;
 };
 
+// A model's own estimate of its memory, for the trainer's start-up memory estimate
+// (docs/training.md, "Memory estimate"). Bytes.
+struct ModelMemory {
+  // What one training micro-batch of [batch, seq] keeps for its backward pass (the recorded
+  // activations and the peak of the transient buffers of one layer), without and with remat.
+  std::int64_t activation_bytes = 0;
+  std::int64_t activation_bytes_remat = 0;
+  bool remat = false;  // whether the model is configured to rematerialise (which of the two applies)
+  // The KV cache of one sequence position of one sequence (generation, samples).
+  std::int64_t kv_cache_bytes_per_position = 0;
+  // The sum over the linear weights LoRA can adapt of (in + out): rank times it is the adapters'
+  // values when every linear weight is adapted.
+  std::int64_t lora_in_out = 0;
+};
+
 class Model : public Component {
  public:
   static constexpr std::string_view kind = "model";
@@ -76,6 +92,14 @@ class Model : public Component {
   // Training FLOPs per token at sequence length `seq_len`: forward and backward, matmuls and
   // attention as documented in docs/models.md. The trainer's MFU uses it.
   virtual double flops_per_token(std::int64_t seq_len) const = 0;
+  // Its memory for a training micro-batch of [batch, seq] (ModelMemory). Valid after build,
+  // allocated or not. Default: none, and the trainer uses the generic formula of
+  // docs/training.md ("Memory estimate").
+  virtual std::optional<ModelMemory> memory(std::int64_t batch, std::int64_t seq) const {
+    (void)batch;
+    (void)seq;
+    return std::nullopt;
+  }
 
   // The mean cross-entropy of `targets` given `tokens` (both i32 [batch, seq]; targets equal to
   // -1 are ignored), with attention kept within equal `segments` (i32 [batch, seq], or

@@ -61,6 +61,11 @@ class Optimizer : public Component {
   // (UserError: a name of no parameter, a wrong shape) leaves the optimizer unchanged.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+
+  // The bytes of state it keeps per trained parameter value, for the trainer's start-up memory
+  // estimate (asked before init(), on the options alone). Default 8: two float32 moments, as AdamW.
+  // An optimizer whose state depends on shapes (SOAP's preconditioners) gives its typical figure.
+  virtual double state_bytes_per_parameter() const { return 8.0; }
 };
 
 }  // namespace loom

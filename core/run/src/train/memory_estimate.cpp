@@ -1,0 +1,201 @@
+#include "train/memory_estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "loom/error.hpp"
+#include "loom/model_support.hpp"
+
+namespace loom::training {
+
+namespace {
+
+std::optional<std::int64_t> parse_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || value < 0) return std::nullopt;
+  std::string unit(end);
+  double scale = 1;
+  if (unit == "K" || unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    scale = 1024.0 * 1024.0;
+  else if (unit == "G" || unit == "GiB")
+    scale = 1024.0 * 1024.0 * 1024.0;
+  else if (!unit.empty())
+    return std::nullopt;
+  return static_cast<std::int64_t>(value * scale);
+}
+
+int ranks_on_this_host(int ranks) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name); v && std::atoi(v) > 0) return std::atoi(v);
+  return ranks;
+}
+
+}  // namespace
+
+std::string format_bytes(std::int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024.0 * 1024.0)
+    std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  else
+    std::snprintf(text, sizeof text, "%.0f MiB", b / (1024.0 * 1024.0));
+  return text;
+}
+
+std::int64_t MemoryEstimate::total() const {
+  return parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets + overhead +
+         std::max(activations, kv_cache);
+}
+
+std::string MemoryEstimate::describe() const {
+  std::ostringstream os;
+  os << "memory estimate per rank: " << format_bytes(total()) << " (parameters " << format_bytes(parameters);
+  if (matmul_copies > 0) os << ", bf16 weight copies " << format_bytes(matmul_copies);
+  if (reference > 0) os << ", reference model " << format_bytes(reference);
+  os << ", gradients " << format_bytes(gradients) << ", optimizer state " << format_bytes(optimizer_state)
+     << ", activations " << format_bytes(activations) << (remat ? " with remat" : "") << " ("
+     << format_bytes(remat ? activations_no_remat : activations_remat) << (remat ? " without" : " with remat") << ")";
+  if (ema > 0) os << ", ema " << format_bytes(ema);
+  if (buckets > 0) os << ", gradient buckets " << format_bytes(buckets);
+  if (kv_cache > 0) os << ", sample kv cache " << format_bytes(kv_cache);
+  os << ", process " << format_bytes(overhead) << ")";
+  return os.str();
+}
+
+ModelMemory generic_model_memory(std::int64_t num_parameters, std::int64_t batch, std::int64_t seq) {
+  // 12 width^2 per layer and width / 64 layers: width^3 = 64 * P / 12.
+  const double width = std::cbrt(64.0 * static_cast<double>(std::max<std::int64_t>(num_parameters, 1)) / 12.0);
+  models::TransformerShape s;
+  s.hidden_dim = std::max<std::int64_t>(64, static_cast<std::int64_t>(std::llround(width / 64.0)) * 64);
+  s.num_layers = std::max<std::int64_t>(1, num_parameters / (12 * s.hidden_dim * s.hidden_dim));
+  s.num_heads = s.num_kv_heads = s.hidden_dim / 64;
+  s.head_dim = 64;
+  s.intermediate_dim = 4 * s.hidden_dim;
+  return models::transformer_memory(s, RematPolicy::none, batch, seq);
+}
+
+MemoryEstimate estimate_memory(const MemoryInputs& in) {
+  MemoryEstimate e;
+  const ModelMemory m = in.model ? *in.model : generic_model_memory(in.num_parameters, in.micro_batch, in.seq_len);
+  e.parameters = in.parameter_bytes;
+  e.reference = in.reference_model ? in.parameter_bytes : 0;
+  e.matmul_copies = in.bf16_matmuls ? in.num_parameters * 2 * (in.reference_model ? 2 : 1) : 0;
+  // LoRA: every linear weight adapted (the upper bound: target_modules may name fewer).
+  e.trained_values = in.lora_rank > 0 ? in.lora_rank * m.lora_in_out : in.num_parameters;
+  e.gradients = e.trained_values * 4;
+  // LoRA's adapters are parameters of their own, float32, on top of the base.
+  if (in.lora_rank > 0) e.parameters += e.trained_values * 4;
+  const double state = static_cast<double>(e.trained_values) * in.optimizer_bytes_per_parameter;
+  e.optimizer_state = static_cast<std::int64_t>(in.shard_optimizer_state && in.ranks > 1 ? state / in.ranks : state);
+  e.ema = in.ema ? e.trained_values * 4 : 0;
+  e.buckets = in.ranks > 1 ? in.grad_bucket_bytes : 0;
+  e.remat = m.remat;
+  e.activations_no_remat = m.activation_bytes;
+  e.activations_remat = m.activation_bytes_remat;
+  e.activations = m.remat ? m.activation_bytes_remat : m.activation_bytes;
+  e.kv_cache = in.sample_positions * m.kv_cache_bytes_per_position;
+  e.overhead = kProcessOverheadBytes;
+  return e;
+}
+
+std::optional<AvailableMemory> available_memory(int ranks) {
+  AvailableMemory a;
+  std::optional<std::int64_t> host;
+  if (const char* forced = std::getenv("LOOM_MEMORY_AVAILABLE"); forced && *forced) {
+    host = parse_size(forced);
+    if (!host)
+      throw UserError(std::string("LOOM_MEMORY_AVAILABLE is '") + forced +
+                      "': give bytes, or a number with K, M or G (\"8G\")");
+    a.source = "LOOM_MEMORY_AVAILABLE";
+  }
+  if (!host) {
+    std::ifstream limit("/sys/fs/cgroup/memory.max");
+    std::string text;
+    if (limit >> text && text != "max") {
+      host = parse_size(text);
+      if (host) a.source = "cgroup memory.max";
+    }
+  }
+  if (!host) {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key, unit;
+    std::int64_t kib = 0;
+    while (meminfo >> key >> kib >> unit)
+      if (key == "MemAvailable:") {
+        host = kib * 1024;
+        a.source = "MemAvailable";
+        break;
+      }
+  }
+  if (!host) return std::nullopt;
+  const int local = std::max(1, ranks_on_this_host(ranks));
+  a.bytes = *host / local;
+  a.source += " " + format_bytes(*host);
+  if (local > 1) a.source += " / " + std::to_string(local) + " ranks on this host";
+  return a;
+}
+
+std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& estimate,
+                           const AvailableMemory& available) {
+  if (estimate.total() <= available.bytes) return {};
+  auto fits = [&](const MemoryInputs& changed) { return estimate_memory(changed).total() <= available.bytes; };
+  std::vector<std::string> ways;
+  if (!estimate.remat) {
+    MemoryInputs with = inputs;
+    ModelMemory m =
+        with.model ? *with.model : generic_model_memory(with.num_parameters, with.micro_batch, with.seq_len);
+    if (with.model) {
+      m.remat = true;
+      with.model = m;
+      if (fits(with))
+        ways.push_back("model.remat: full (activations " + format_bytes(estimate.activations_remat) + ")");
+    }
+  }
+  if (inputs.micro_batch > 1 && inputs.model) {
+    // The activations scale with the micro-batch: the largest that fits.
+    const std::int64_t fixed = estimate.total() - std::max(estimate.activations, estimate.kv_cache);
+    const double per_row = static_cast<double>(estimate.activations) / static_cast<double>(inputs.micro_batch);
+    const auto rows = static_cast<std::int64_t>(static_cast<double>(available.bytes - fixed) / per_row);
+    if (rows >= 1)
+      ways.push_back("trainer.microbatch_size: " + std::to_string(std::min(rows, inputs.micro_batch - 1)) + " or less");
+  }
+  if (!inputs.shard_optimizer_state && inputs.lora_rank == 0) {
+    for (int n = std::max(2, inputs.ranks); n <= 64; n *= 2) {
+      MemoryInputs more = inputs;
+      more.ranks = n;
+      more.shard_optimizer_state = true;
+      if (fits(more)) {
+        ways.push_back("trainer.shard_optimizer_state: true on " + std::to_string(n) +
+                       " ranks, one per host (mpirun -np " + std::to_string(n) + ")");
+        break;
+      }
+    }
+  }
+  if (inputs.lora_rank == 0) {
+    MemoryInputs lora = inputs;
+    lora.lora_rank = 16;
+    if (fits(lora)) ways.push_back("lora.rank: 16 (train adapters, not the whole model)");
+  }
+  std::string text = "the run needs about " + format_bytes(estimate.total()) + " per rank but " +
+                     format_bytes(available.bytes) + " is available (" + available.source +
+                     "): " + estimate.describe() + ". ";
+  if (ways.empty())
+    text += "Nothing this estimate knows of would make it fit: a smaller model, or a machine with more memory.";
+  else {
+    text += "What would fit: ";
+    for (std::size_t i = 0; i < ways.size(); ++i) text += (i ? "; or " : "") + ways[i];
+    text += ".";
+  }
+  text += " (trainer.memory_check: warn trains anyway)";
+  return text;
+}
+
+}  // namespace loom::training

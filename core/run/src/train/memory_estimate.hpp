@@ -1,0 +1,69 @@
+// The start-up memory estimate of one rank (docs/training.md, "Memory estimate"): what a run
+// will hold at its peak, computed from the options and the model's shapes before anything is
+// allocated, so that a run too large for the machine is refused with figures instead of being
+// killed by the kernel. Future storage formats (quantized bases) and sharding (FSDP's gathered
+// units) add terms here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "loom/kinds/model.hpp"
+
+namespace loom::training {
+
+struct MemoryInputs {
+  std::int64_t num_parameters = 0;   // the model's values
+  std::int64_t parameter_bytes = 0;  // their storage (float32 today: 4 each)
+  bool bf16_matmuls = false;         // the backend multiplies in bf16: a bf16 copy of each weight
+  std::optional<ModelMemory> model;  // the model's own estimate; none: the generic formula
+  std::int64_t micro_batch = 1, seq_len = 1;
+  std::int64_t lora_rank = 0;  // 0: every parameter is trained
+  double optimizer_bytes_per_parameter = 8;
+  int ranks = 1;
+  bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
+  bool ema = false;                    // trainer.ema_decay > 0
+  std::int64_t grad_bucket_bytes = 0;  // data parallel: one bucket in flight
+  std::int64_t sample_positions = 0;   // the KV cache of a sample; 0: no samples
+  bool reference_model = false;        // a frozen copy of the model (DPO)
+};
+
+struct MemoryEstimate {
+  std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,
+               ema = 0, buckets = 0, kv_cache = 0, overhead = 0;
+  std::int64_t activations_remat = 0, activations_no_remat = 0;  // both choices, for the advice
+  bool remat = false;
+  std::int64_t trained_values = 0;
+  // Activations and the sampling KV cache are not held at once: the larger counts.
+  std::int64_t total() const;
+  // "memory estimate per rank: 1.23 GiB (parameters 475 MiB, ...)".
+  std::string describe() const;
+};
+
+// The process's own memory besides the run's tensors: code, plugins, BLAS and thread buffers,
+// the allocator's slack (measured: docs/training.md).
+inline constexpr std::int64_t kProcessOverheadBytes = std::int64_t{70} << 20;
+
+// The generic activation formula, for a model without Model::memory(): a GPT-2-like shape of
+// `num_parameters` values (width 64 x layers, 12 width^2 per layer).
+ModelMemory generic_model_memory(std::int64_t num_parameters, std::int64_t batch, std::int64_t seq);
+
+MemoryEstimate estimate_memory(const MemoryInputs& inputs);
+
+struct AvailableMemory {
+  std::int64_t bytes = 0;  // for this rank (the host's, divided by its ranks)
+  std::string source;      // "cgroup memory.max 24.0 GiB / 2 ranks on this host"
+};
+// LOOM_MEMORY_AVAILABLE (bytes, or with a K/M/G suffix: for tests), else the cgroup v2 limit,
+// else /proc/meminfo's MemAvailable; divided by the ranks on this host
+// (OMPI_COMM_WORLD_LOCAL_SIZE, else every rank). Nullopt when none can be read.
+std::optional<AvailableMemory> available_memory(int ranks);
+
+// The refusal's text: the figures and what would fit. Empty when `estimate` fits `available`.
+std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& estimate,
+                           const AvailableMemory& available);
+
+std::string format_bytes(std::int64_t bytes);
+
+}  // namespace loom::training

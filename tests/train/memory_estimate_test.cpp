@@ -1,0 +1,141 @@
+// The start-up memory estimate's arithmetic (core/run/src/train/memory_estimate.cpp) on a small
+// model whose every term is worked out by hand, and the memory it compares with.
+#include "train/memory_estimate.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "loom/model_support.hpp"
+
+namespace loom::training {
+namespace {
+
+// hidden 64, 2 layers, 4 heads of 16 over 2 kv heads, MLP 256 (two matrices), vocabulary 100.
+models::TransformerShape small_shape() {
+  models::TransformerShape s;
+  s.num_layers = 2;
+  s.hidden_dim = 64;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 16;
+  s.intermediate_dim = 256;
+  s.vocab_size = 100;
+  return s;
+}
+
+TEST(MemoryEstimate, TransformerTermsAreTheDocumentedFormula) {
+  const ModelMemory m = models::transformer_memory(small_shape(), RematPolicy::none, 2, 8);
+  // 16 tokens; per layer and token 9 * 64 + 3 * 32 + 1.5 * 256 = 1056 floats.
+  const std::int64_t per_layer = 16 * 4 * 1056;
+  // One chunk of logits (16 tokens x 100), the output projection's gradient (100 x 64) and 2
+  // hidden-wide values per token.
+  const std::int64_t outside = 16 * 100 * 4 + 100 * 64 * 4 + 16 * 4 * 128;
+  EXPECT_EQ(m.activation_bytes, 2 * per_layer + outside);
+  EXPECT_EQ(m.activation_bytes_remat, 2 * 16 * 4 * 128 + 5 * per_layer / 4 + outside);
+  EXPECT_FALSE(m.remat);
+  EXPECT_EQ(m.kv_cache_bytes_per_position, 2 * 2 * 32 * 4);
+  // q, k, v: 64 + 64 + 2 * 32; o: 64 + 64; MLP: 2 * (64 + 256); two layers.
+  EXPECT_EQ(m.lora_in_out, 2 * (192 + 128 + 640));
+  EXPECT_TRUE(models::transformer_memory(small_shape(), RematPolicy::full, 2, 8).remat);
+}
+
+MemoryInputs small_inputs() {
+  MemoryInputs in;
+  in.num_parameters = 100000;
+  in.parameter_bytes = 400000;
+  in.model = models::transformer_memory(small_shape(), RematPolicy::none, 2, 8);
+  in.micro_batch = 2;
+  in.seq_len = 8;
+  in.optimizer_bytes_per_parameter = 8;
+  return in;
+}
+
+TEST(MemoryEstimate, EveryTermOfOneProcess) {
+  const MemoryEstimate e = estimate_memory(small_inputs());
+  EXPECT_EQ(e.parameters, 400000);
+  EXPECT_EQ(e.matmul_copies, 0);
+  EXPECT_EQ(e.gradients, 400000);
+  EXPECT_EQ(e.optimizer_state, 800000);
+  EXPECT_EQ(e.activations, small_inputs().model->activation_bytes);
+  EXPECT_EQ(e.ema, 0);
+  EXPECT_EQ(e.buckets, 0);
+  EXPECT_EQ(e.kv_cache, 0);
+  EXPECT_EQ(e.overhead, kProcessOverheadBytes);
+  EXPECT_EQ(e.total(), 400000 + 400000 + 800000 + e.activations + kProcessOverheadBytes);
+  EXPECT_NE(e.describe().find("memory estimate per rank: "), std::string::npos);
+}
+
+TEST(MemoryEstimate, RematCopiesEmaSamplesAndDataParallelTerms) {
+  MemoryInputs in = small_inputs();
+  in.model->remat = true;
+  in.bf16_matmuls = true;
+  in.ema = true;
+  in.sample_positions = 10;
+  in.ranks = 2;
+  in.grad_bucket_bytes = 1000;
+  const MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.activations, in.model->activation_bytes_remat);
+  EXPECT_EQ(e.matmul_copies, 200000);
+  EXPECT_EQ(e.ema, 400000);
+  EXPECT_EQ(e.kv_cache, 10 * 512);
+  EXPECT_EQ(e.buckets, 1000);
+  EXPECT_EQ(e.optimizer_state, 800000);  // replicated on every rank
+  in.shard_optimizer_state = true;       // ZeRO-1: divided by the ranks
+  EXPECT_EQ(estimate_memory(in).optimizer_state, 400000);
+}
+
+TEST(MemoryEstimate, LoraTrainsTheAdaptersAlone) {
+  MemoryInputs in = small_inputs();
+  in.lora_rank = 4;
+  const MemoryEstimate e = estimate_memory(in);
+  const std::int64_t adapters = 4 * in.model->lora_in_out;
+  EXPECT_EQ(e.trained_values, adapters);
+  EXPECT_EQ(e.parameters, 400000 + adapters * 4);  // the frozen base and the adapters
+  EXPECT_EQ(e.gradients, adapters * 4);
+  EXPECT_EQ(e.optimizer_state, adapters * 8);
+}
+
+TEST(MemoryEstimate, AModelWithoutItsOwnEstimateGetsTheGenericFormula) {
+  MemoryInputs in = small_inputs();
+  in.model.reset();
+  const MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.activations, generic_model_memory(100000, 2, 8).activation_bytes);
+  EXPECT_GT(e.activations, 0);
+}
+
+TEST(MemoryEstimate, AvailableMemoryFromTheTestVariableIsSharedByTheRanksOfAHost) {
+  ::setenv("LOOM_MEMORY_AVAILABLE", "8G", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  auto a = available_memory(4);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->bytes, (std::int64_t{8} << 30) / 2);
+  EXPECT_NE(a->source.find("2 ranks on this host"), std::string::npos) << a->source;
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  ::setenv("LOOM_MEMORY_AVAILABLE", "eight", 1);
+  EXPECT_THROW(available_memory(1), UserError);
+  ::unsetenv("LOOM_MEMORY_AVAILABLE");
+  a = available_memory(1);  // the machine's: cgroup or MemAvailable
+  ASSERT_TRUE(a);
+  EXPECT_GT(a->bytes, 0);
+}
+
+TEST(MemoryEstimate, TheRefusalGivesTheFiguresAndWhatWouldFit) {
+  MemoryInputs in = small_inputs();
+  in.model = models::transformer_memory(small_shape(), RematPolicy::none, 64, 512);
+  in.micro_batch = 64;
+  in.seq_len = 512;
+  const MemoryEstimate e = estimate_memory(in);
+  AvailableMemory plenty{e.total(), "test"};
+  EXPECT_EQ(memory_refusal(in, e, plenty), "");
+  // Room for the remat activations, not for the recorded ones.
+  AvailableMemory tight{e.total() - e.activations + e.activations_remat + 1, "test"};
+  const std::string text = memory_refusal(in, e, tight);
+  EXPECT_NE(text.find("model.remat: full"), std::string::npos) << text;
+  EXPECT_NE(text.find("trainer.microbatch_size: "), std::string::npos) << text;
+  EXPECT_NE(text.find(format_bytes(e.total())), std::string::npos) << text;
+  EXPECT_NE(text.find("memory_check: warn"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace loom::training
