@@ -13,6 +13,8 @@ const std::vector<Command>& commands() {
       {"generate", "continue a prompt with a trained model", run_generate},
       {"export", "write a run's weights in another layout: --format hf for Hugging Face transformers", run_export},
       {"checkpoints", "list a run's checkpoints: step, time, size, and whether each verifies", run_checkpoints},
+      {"report", "a run's metrics as charts in one self-contained HTML file: `loom report RUN_DIR... -o report.html`",
+       run_report},
       {"plugins", "list the components every plugin provides, and the plugins that failed to load", run_plugins},
       {"config", "show a resolved config, or the options every component declares", run_config},
       {"bench",
