@@ -18,21 +18,16 @@ int run_report(const std::vector<std::string>& args) {
       "png", po::value(&png_dir), "also write each chart as DIR/<chart>.png");
   po::options_description hidden;
   hidden.add_options()("dirs", po::value(&dirs), "run directories");
-  po::options_description all;
-  all.add(options).add(hidden);
   po::positional_options_description pos;
   pos.add("dirs", -1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: loom report RUN_DIR [RUN_DIR...] -o report.html [--x step|tokens] [--png DIR]\n\n"
-                 "Charts runs' metrics.jsonl (loss, train and eval and per data source, learning rate, gradient\n"
-                 "norm, tokens/s, MFU, eval/<task>/... scores), several runs overlaid, with each run's header,\n"
-                 "checkpoints and config, in one HTML file that loads nothing (docs/evaluation.md).\n\n"
-              << options << "\n";
+  if (!parse(args, options, pos, vm,
+             "usage: loom report RUN_DIR [RUN_DIR...] -o report.html [--x step|tokens] [--png DIR]\n\n"
+             "Charts runs' metrics.jsonl (loss, train and eval and per data source, learning rate, gradient\n"
+             "norm, tokens/s, MFU, eval/<task>/... scores), several runs overlaid, with each run's header,\n"
+             "checkpoints and config, in one HTML file that loads nothing (docs/evaluation.md).",
+             &hidden))
     return 0;
-  }
-  po::notify(vm);
   if (dirs.empty()) throw UserError("`loom report` needs a run directory: `loom report RUN_DIR -o report.html`");
   if (output.empty() && png_dir.empty())
     throw UserError("`loom report` needs somewhere to write: -o report.html (and/or --png DIR)");

@@ -35,8 +35,12 @@ void add_common_options(po::options_description& options, CommonOptions& common)
 }
 
 bool parse(const std::vector<std::string>& args, const po::options_description& options,
-           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage) {
-  po::store(po::command_line_parser(args).options(options).positional(positional).run(), vm);
+           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage,
+           const po::options_description* hidden) {
+  po::options_description all;
+  all.add(options);
+  if (hidden) all.add(*hidden);
+  po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
   if (vm.count("help")) {
     std::cout << usage << "\n\n" << options << "\n";
     return false;
@@ -73,17 +77,10 @@ std::optional<RuntimeOptions> parse_config_command(const std::vector<std::string
   add_common_options(options, common);
   po::options_description hidden;
   hidden.add_options()("args", po::value(&positional), "CONFIG and overrides");
-  po::options_description all;
-  all.add(options).add(hidden);
   po::positional_options_description pos;
   pos.add("args", -1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << usage << "\n\n" << options << "\n";
-    return std::nullopt;
-  }
-  po::notify(vm);
+  if (!parse(args, options, pos, vm, usage, &hidden)) return std::nullopt;
   return runtime_options(common, positional, true);
 }
 

@@ -31,9 +31,11 @@ struct CommonOptions {
 void add_common_options(po::options_description& options, CommonOptions& common);
 
 // Parses `args` (the subcommand's arguments, without its name). Returns false when --help was
-// given, after printing `usage` and the options.
+// given, after printing `usage` and the options (not the `hidden` ones: those that take the
+// positional arguments).
 bool parse(const std::vector<std::string>& args, const po::options_description& options,
-           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage);
+           const po::positional_options_description& positional, po::variables_map& vm, const std::string& usage,
+           const po::options_description* hidden = nullptr);
 
 // The `config a.b=c ...` positional arguments: the first that is not an override is the config
 // file; the rest must be overrides.

@@ -14,19 +14,7 @@ function(configure dir)
   set(log "${out}${err}" PARENT_SCOPE)
 endfunction()
 
-function(expect_contains text needle what)
-  string(FIND "${text}" "${needle}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "${what}: expected to find\n  ${needle}\nin\n${text}")
-  endif()
-endfunction()
-
-function(expect_lacks text needle what)
-  string(FIND "${text}" "${needle}" at)
-  if(NOT at EQUAL -1)
-    message(FATAL_ERROR "${what}: did not expect\n  ${needle}\nin\n${text}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/expect.cmake)
 
 file(REMOVE_RECURSE ${WORK_DIR})
 

@@ -13,36 +13,15 @@
 
 // clang-format off
 #if defined(__x86_64__)
+// The levels are cumulative: each adds its extensions to the one below.
 #if defined(__SSE3__) \
     && defined(__SSSE3__) \
     && defined(__SSE4_1__) \
     && defined(__SSE4_2__) \
     && defined(__POPCNT__) \
     && defined(__GCC_HAVE_SYNC_COMPARE_AND_SWAP_16) \
-    && defined(__LAHF_SAHF__) \
-    && defined(__AVX__) \
-    && defined(__AVX2__) \
-    && defined(__BMI__) \
-    && defined(__BMI2__) \
-    && defined(__F16C__) \
-    && defined(__FMA__) \
-    && defined(__LZCNT__) \
-    && defined(__MOVBE__) \
-    && defined(__XSAVE__) \
-    && defined(__AVX512F__) \
-    && defined(__AVX512BW__) \
-    && defined(__AVX512CD__) \
-    && defined(__AVX512DQ__) \
-    && defined(__AVX512VL__)
-#define LOOM_DETAIL_ISA_LEVEL 4
-#elif defined(__SSE3__) \
-    && defined(__SSSE3__) \
-    && defined(__SSE4_1__) \
-    && defined(__SSE4_2__) \
-    && defined(__POPCNT__) \
-    && defined(__GCC_HAVE_SYNC_COMPARE_AND_SWAP_16) \
-    && defined(__LAHF_SAHF__) \
-    && defined(__AVX__) \
+    && defined(__LAHF_SAHF__)
+#if defined(__AVX__) \
     && defined(__AVX2__) \
     && defined(__BMI__) \
     && defined(__BMI2__) \
@@ -51,15 +30,18 @@
     && defined(__LZCNT__) \
     && defined(__MOVBE__) \
     && defined(__XSAVE__)
+#if defined(__AVX512F__) \
+    && defined(__AVX512BW__) \
+    && defined(__AVX512CD__) \
+    && defined(__AVX512DQ__) \
+    && defined(__AVX512VL__)
+#define LOOM_DETAIL_ISA_LEVEL 4
+#else
 #define LOOM_DETAIL_ISA_LEVEL 3
-#elif defined(__SSE3__) \
-    && defined(__SSSE3__) \
-    && defined(__SSE4_1__) \
-    && defined(__SSE4_2__) \
-    && defined(__POPCNT__) \
-    && defined(__GCC_HAVE_SYNC_COMPARE_AND_SWAP_16) \
-    && defined(__LAHF_SAHF__)
+#endif
+#else
 #define LOOM_DETAIL_ISA_LEVEL 2
+#endif
 #else
 #define LOOM_DETAIL_ISA_LEVEL 1
 #endif
