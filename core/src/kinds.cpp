@@ -38,6 +38,26 @@ LrSchedule::~LrSchedule() = default;
 Tracker::~Tracker() = default;
 CollectiveGroup::~CollectiveGroup() = default;
 CollectiveGroup::Pending::~Pending() = default;
+
+namespace {
+// An operation that finished when it was started.
+class Done final : public CollectiveGroup::Pending {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<CollectiveGroup::Pending> CollectiveGroup::start_all_gather(std::span<const float> in,
+                                                                           std::span<float> out) {
+  all_gather(in, out);
+  return std::make_unique<Done>();
+}
+
+std::unique_ptr<CollectiveGroup::Pending> CollectiveGroup::start_reduce_scatter(std::span<const float> in,
+                                                                               std::span<float> out) {
+  reduce_scatter(in, out);
+  return std::make_unique<Done>();
+}
 Collective::~Collective() = default;
 
 std::shared_ptr<CollectiveGroup> Collective::group(const Mesh& mesh, MeshAxis axis) {

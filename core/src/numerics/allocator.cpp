@@ -13,8 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loom/core/storage.hpp"
 #include "loom/error.hpp"
 #include "numerics/allocator_impl.hpp"
+#include "numerics/tape.hpp"
 
 namespace loom {
 namespace detail {
@@ -111,6 +113,16 @@ class CachingAllocator final : public BufferType {
     head = b;
   }
 
+  // `b` keeps its identity (the tensors that refer to it) and takes a fresh block of `bytes`;
+  // its old block goes to the cache.
+  void rebind_block(Block* b, std::size_t bytes) {
+    Block* fresh = allocate_block(bytes);
+    std::swap(b->data, fresh->data);
+    std::swap(b->bytes, fresh->bytes);
+    std::swap(b->size_class, fresh->size_class);
+    release_block(fresh);
+  }
+
   void release_cached() {
     std::unordered_map<std::size_t, Block*> victims;
     {
@@ -172,6 +184,15 @@ Storage* allocate_storage(std::size_t bytes) {
 }
 
 }  // namespace detail
+
+namespace core {
+void rebind_host_storage(const Tensor& t, std::size_t bytes) {
+  Storage* s = detail::TensorAccess::storage(t);
+  if (!s || s->type != &detail::allocator())
+    throw InternalError("rebind_host_storage: " + t.str() + " is not in the host's caching allocator");
+  detail::allocator().rebind_block(static_cast<detail::Block*>(s), bytes);
+}
+}  // namespace core
 
 BufferType::~BufferType() = default;
 

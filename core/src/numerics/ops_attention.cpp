@@ -55,6 +55,7 @@ bool attention_layout(const Tensor& t) {
 
 Tensor Ops::attention(AttentionKernel& kernel, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                       const AttentionParams& params, const Tensor& q_segments, const Tensor& kv_segments) {
+  observe({&q_in, &k_in, &v_in});
   constexpr const char* op = "attention";
   detail::require_f32(*this, q_in, op, "q");
   detail::require_f32(*this, k_in, op, "k");

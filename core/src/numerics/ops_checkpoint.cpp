@@ -18,6 +18,7 @@ struct CheckpointNode final : Node {
   bool training = true;
   std::uint64_t dropout_seed = 0, dropout_step = 0, dropout_calls = 0;
   const LinearAdapters* adapters = nullptr;  // the first run's low-rank adapters
+  std::function<void(Parameter&)> parameter_observer;  // the first run's
 
   void backward(BackwardPass& pass) override {
     Tape tape;
@@ -26,6 +27,7 @@ struct CheckpointNode final : Node {
     ops.set_dropout_seed(dropout_seed, dropout_step);
     ops.dropout_calls_ = dropout_calls;  // the dropout masks of the first run
     ops.adapters_ = adapters;
+    ops.parameter_observer_ = parameter_observer;
     if (policy == RematPolicy::save_dots) ops.remat_replay_ = &saved;
     // The inputs become leaves of the inner tape (parameters of their own) where a gradient is
     // wanted; the segment's parameters are the model's, and accumulate as usual.
@@ -65,6 +67,7 @@ struct CheckpointNode final : Node {
 }  // namespace detail
 
 std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Segment& segment, RematPolicy policy) {
+  if (parameter_observer_) observe_parameters(inputs_in);
   constexpr const char* op = "checkpoint";
   if (policy == RematPolicy::none || !tape_ || !tape_->recording() || remat_save_ || remat_replay_)
     return segment(*this, inputs_in);  // nothing to save, or already inside a checkpoint
@@ -94,7 +97,9 @@ std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Seg
     state.parameter_collector = nullptr;
   }
   // A parameter's gradient is complete once the backward pass is past its first use (the
-  // data-parallel trainer's on_gradient_ready): for those of the segment, this node.
+  // data-parallel trainer's on_gradient_ready): for those of the segment, this node. And the
+  // segment's parameters, frozen ones too, are needed again when the backward pass reaches it
+  // (on_parameter_needed).
   for (Parameter* p : parameters) {
     const Tensor* value = &p->tensor();
     state.note_inputs(std::span<const Tensor* const>(&value, 1));
@@ -112,6 +117,7 @@ std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Seg
   node->dropout_step = dropout_step_;
   node->dropout_calls = dropout_calls;
   node->adapters = adapters_;
+  node->parameter_observer = parameter_observer_;
   for (Tensor& out : outputs) {
     if (!out.defined() || !out.is_contiguous() || out.dtype() != DType::f32)
       detail::op_error(op, "the segment's outputs must be contiguous f32 tensors made by its operations");

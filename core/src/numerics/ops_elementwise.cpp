@@ -135,6 +135,7 @@ struct SumNode final : Node {
 }  // namespace
 
 Tensor Ops::logsumexp(const Tensor& x_in) {
+  observe({&x_in});
   constexpr const char* op = "logsumexp";
   detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() < 1 || x_in.shape().back() == 0) op_error(op, "x needs a non-empty last dimension");
@@ -163,6 +164,7 @@ Tensor Ops::logsumexp(const Tensor& x_in) {
 }
 
 Tensor Ops::concat(std::span<const Tensor> parts_in) {
+  if (parameter_observer_) observe_parameters(parts_in);
   constexpr const char* op = "concat";
   if (parts_in.empty()) op_error(op, "nothing to concatenate");
   std::vector<Tensor> parts;
@@ -197,6 +199,7 @@ Tensor Ops::concat(std::span<const Tensor> parts_in) {
 }
 
 Tensor Ops::sum(const Tensor& x_in) {
+  observe({&x_in});
   constexpr const char* op = "sum";
   detail::require_f32(*this, x_in, op, "x");
   require_host(x_in, op, "x");
@@ -216,6 +219,7 @@ Tensor Ops::sum(const Tensor& x_in) {
 }
 
 Tensor Ops::mul(const Tensor& a_in, const Tensor& b_in) {
+  observe({&a_in, &b_in});
   constexpr const char* op = "mul";
   detail::require_f32(*this, a_in, op, "a");
   detail::require_f32(*this, b_in, op, "b");
@@ -239,6 +243,7 @@ Tensor Ops::mul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor Ops::softcap(const Tensor& x_in, float cap) {
+  observe({&x_in});
   constexpr const char* op = "softcap";
   detail::require_f32(*this, x_in, op, "x");
   if (!(cap > 0.0f)) op_error(op, "cap must be > 0, not " + std::to_string(cap));
@@ -259,6 +264,7 @@ Tensor Ops::softcap(const Tensor& x_in, float cap) {
 }
 
 Tensor Ops::softmax(const Tensor& x_in) {
+  observe({&x_in});
   constexpr const char* op = "softmax";
   detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() < 1 || x_in.shape().back() == 0) op_error(op, "x needs a non-empty last dimension");

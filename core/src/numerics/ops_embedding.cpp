@@ -48,6 +48,7 @@ struct RopeNode final : Node {
 }  // namespace
 
 Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
+  observe({&table, &ids});
   constexpr const char* op = "embedding";
   detail::require_f32(*this, table, op, "table");
   detail::require_i32(*this, ids, op, "ids");
@@ -134,6 +135,7 @@ std::pair<Tensor, Tensor> RopeTable::tables_on(BufferType& type) const {
 }
 
 Tensor Ops::rope(const Tensor& x_in, const RopeTable& table, const Tensor& positions, std::int64_t position_offset) {
+  observe({&x_in});
   constexpr const char* op = "rope";
   detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() != 4) op_error(op, "x must be [batch, seq, heads, head_dim], not " + x_in.str());

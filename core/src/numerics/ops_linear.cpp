@@ -11,6 +11,18 @@ using detail::ptr;
 
 Ops::Ops(Backend& backend, Tape* tape) : backend_(&backend), buffers_(&backend.buffer_type()), tape_(tape) {}
 
+void Ops::observe_parameters(std::initializer_list<const Tensor*> inputs) const {
+  for (const Tensor* t : inputs)
+    if (t && t->defined())
+      if (Parameter* p = t->parameter()) parameter_observer_(*p);
+}
+
+void Ops::observe_parameters(std::span<const Tensor> inputs) const {
+  for (const Tensor& t : inputs)
+    if (t.defined())
+      if (Parameter* p = t.parameter()) parameter_observer_(*p);
+}
+
 bool Ops::recording() const {
   return tape_ && tape_->recording();
 }
@@ -128,6 +140,7 @@ struct ContiguousNode final : Node {
 }  // namespace
 
 Tensor Ops::contiguous(const Tensor& x) {
+  observe({&x});
   if (!x.defined()) op_error("contiguous", "undefined tensor");
   detail::require_device(*this, x, "contiguous", "x");
   if (x.is_contiguous()) return x;
@@ -142,6 +155,7 @@ Tensor Ops::contiguous(const Tensor& x) {
 }
 
 Tensor Ops::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
+  observe({&x, &weight, &bias});
   if (adapters_ || linear_observer_) {
     // Only a weight that is a whole parameter (not a slice of one, such as an expert's rows).
     Parameter* p = weight.parameter();
@@ -252,6 +266,7 @@ Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tenso
 }
 
 Tensor Ops::matmul(const Tensor& a_in, const Tensor& b_in, bool transpose_a, bool transpose_b) {
+  observe({&a_in, &b_in});
   constexpr const char* op = "matmul";
   detail::require_f32(*this, a_in, op, "a");
   detail::require_f32(*this, b_in, op, "b");

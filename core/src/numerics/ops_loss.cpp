@@ -241,6 +241,7 @@ struct LinearCrossEntropyRowsNode final : Node {
 }  // namespace
 
 Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const CrossEntropyOptions& options) {
+  observe({&logits_in});
   constexpr const char* op = "cross_entropy";
   detail::require_f32(*this, logits_in, op, "logits");
   detail::require_i32(*this, targets, op, "targets");
@@ -300,6 +301,7 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
 
 Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const Tensor& targets,
                                  const CrossEntropyOptions& options) {
+  observe({&x_in, &weight});
   constexpr const char* op = "linear_cross_entropy";
   detail::require_f32(*this, x_in, op, "x");
   detail::require_f32(*this, weight, op, "weight");

@@ -128,19 +128,23 @@ std::pair<Tensor, Tensor> norm(Ops& ops, Tape* tape, const NormArgs& a, const Te
 }  // namespace
 
 Tensor Ops::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  observe({&x, &weight, &bias});
   return norm(*this, tape_, {"layer_norm", false, false}, Tensor(), x, weight, bias, eps).second;
 }
 
 Tensor Ops::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+  observe({&x, &weight});
   return norm(*this, tape_, {"rms_norm", true, false}, Tensor(), x, weight, Tensor(), eps).second;
 }
 
 std::pair<Tensor, Tensor> Ops::add_layer_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
                                               const Tensor& bias, float eps) {
+  observe({&residual, &x, &weight, &bias});
   return norm(*this, tape_, {"add_layer_norm", false, true}, residual, x, weight, bias, eps);
 }
 
 std::pair<Tensor, Tensor> Ops::add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps) {
+  observe({&residual, &x, &weight});
   return norm(*this, tape_, {"add_rms_norm", true, true}, residual, x, weight, Tensor(), eps);
 }
 

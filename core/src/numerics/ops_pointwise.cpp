@@ -101,13 +101,16 @@ Tensor activation(Ops& ops, Tape* tape, Activation act, const char* op, const Te
 }  // namespace
 
 Tensor Ops::gelu(const Tensor& x) {
+  observe({&x});
   return activation(*this, tape_, Activation::gelu_tanh, "gelu", x);
 }
 Tensor Ops::silu(const Tensor& x) {
+  observe({&x});
   return activation(*this, tape_, Activation::silu, "silu", x);
 }
 
 Tensor Ops::swiglu(const Tensor& gate_in, const Tensor& up_in) {
+  observe({&gate_in, &up_in});
   constexpr const char* op = "swiglu";
   detail::require_f32(*this, gate_in, op, "gate");
   detail::require_f32(*this, up_in, op, "up");
@@ -128,6 +131,7 @@ Tensor Ops::swiglu(const Tensor& gate_in, const Tensor& up_in) {
 }
 
 Tensor Ops::add(const Tensor& a_in, const Tensor& b_in) {
+  observe({&a_in, &b_in});
   constexpr const char* op = "add";
   detail::require_f32(*this, a_in, op, "a");
   detail::require_f32(*this, b_in, op, "b");
@@ -146,6 +150,7 @@ Tensor Ops::add(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor Ops::scale(const Tensor& x_in, float alpha) {
+  observe({&x_in});
   constexpr const char* op = "scale";
   detail::require_f32(*this, x_in, op, "x");
   detail::require_op(*this, BackendOp::scale, DType::f32, op);
@@ -168,6 +173,7 @@ void Ops::set_dropout_seed(std::uint64_t seed, std::uint64_t step) {
 }
 
 Tensor Ops::dropout(const Tensor& x_in, float p) {
+  observe({&x_in});
   constexpr const char* op = "dropout";
   detail::require_f32(*this, x_in, op, "x");
   if (!(p >= 0.0f && p <= 1.0f)) op_error(op, "p must be in [0, 1], not " + std::to_string(p));

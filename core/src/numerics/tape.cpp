@@ -203,8 +203,12 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
   }
   try {
     std::size_t ready = first_uses_.size();  // first_uses_[ready..] have been announced
+    std::size_t needed = uses_.size();       // uses_[needed..] have been announced
     for (std::size_t i = nodes_.size(); i-- > 0;) {
       Node* node = nodes_[i];
+      // Parameters whose last use is node i (or a later node, which took no gradient).
+      for (; needed > 0 && uses_[needed - 1].first >= i; --needed)
+        if (on_parameter_needed) on_parameter_needed(*uses_[needed - 1].second);
       bool reached = false;
       for (std::uint32_t o = 0; o < node->num_outputs; ++o) reached |= vars_[node->first_output + o].grad.defined();
       if (reached) {
@@ -231,7 +235,11 @@ void TapeState::note_inputs(std::span<const Tensor* const> inputs) {
   for (const Tensor* t : inputs) {
     if (!t || !t->defined()) continue;
     Parameter* p = TensorAccess::param(*t);
-    if (!p || !p->requires_grad() || TensorAccess::param_noted_epoch(*p) == epoch_) continue;
+    if (p && on_parameter_needed) uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
+    // Frozen parameters have no gradient; they are announced when their last user is past only
+    // to the tape's owner that tracks uses (on_parameter_needed): FSDP frees their unit then.
+    if (!p || (!p->requires_grad() && !on_parameter_needed) || TensorAccess::param_noted_epoch(*p) == epoch_)
+      continue;
     TensorAccess::param_noted_epoch(*p) = epoch_;
     first_uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
   }
@@ -239,6 +247,8 @@ void TapeState::note_inputs(std::span<const Tensor* const> inputs) {
 
 void TapeState::clear() {
   first_uses_.clear();
+  uses_.clear();
+  on_parameter_needed = nullptr;
   on_gradient_ready = nullptr;  // for one backward pass; a recycled state starts without
   for (std::size_t i = nodes_.size(); i-- > 0;)
     if (nodes_[i]) nodes_[i]->~Node();
@@ -260,7 +270,7 @@ TapeState* recording_state(Tape* tape, std::span<const Tensor* const> inputs, co
     if (state.parameter_collector)
       for (const Tensor* t : inputs)
         if (t && t->defined())
-          if (Parameter* p = TensorAccess::param(*t); p && p->requires_grad()) state.parameter_collector->push_back(p);
+          if (Parameter* p = TensorAccess::param(*t)) state.parameter_collector->push_back(p);
     return nullptr;
   }
   bool any = false;
@@ -397,6 +407,9 @@ void Tape::clear() {
 }
 void Tape::on_gradient_ready(std::function<void(Parameter&)> callback) {
   state_->on_gradient_ready = std::move(callback);
+}
+void Tape::on_parameter_needed(std::function<void(Parameter&)> callback) {
+  state_->on_parameter_needed = std::move(callback);
 }
 std::size_t Tape::size() const {
   return state_->size();

@@ -37,6 +37,7 @@ struct TensorAccess {
   static bool& param_has_grad(Parameter& p) { return p.has_grad_; }
   static std::uint32_t& param_noted_epoch(Parameter& p) { return p.noted_epoch_; }
   static const Tensor& param_value(const Parameter& p) { return p.value_; }
+  static Tensor& param_value_mut(Parameter& p) { return p.value_; }
 };
 
 // Where an input's gradient goes: a parameter or a tape variable (the base), and the input's
@@ -129,13 +130,17 @@ class TapeState {
   // gradient is complete once the backward pass has gone past the first node that used it.
   void note_inputs(std::span<const Tensor* const> inputs);
   std::function<void(Parameter&)> on_gradient_ready;
+  // While set, every parameter an operation takes is noted in uses_ (Tape::on_parameter_needed).
+  std::function<void(Parameter&)> on_parameter_needed;
   // While set (by Ops::checkpoint, with recording disabled), the parameters that operations
-  // take are collected here instead of recorded: the checkpoint's node is their first use.
+  // take (frozen ones too) are collected here instead of recorded: the checkpoint's node is
+  // their first use and their last.
   std::vector<Parameter*>* parameter_collector = nullptr;
 
  private:
   std::uint32_t epoch_;
   std::vector<std::pair<std::uint32_t, Parameter*>> first_uses_;  // in recording order
+  std::vector<std::pair<std::uint32_t, Parameter*>> uses_;        // every use, in recording order
   Arena arena_;
   std::vector<Node*> nodes_;
   std::vector<Variable> vars_;  // index 0 unused

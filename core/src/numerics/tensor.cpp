@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "loom/autograd.hpp"
+#include "loom/core/storage.hpp"
 #include "loom/error.hpp"
 #include "numerics/allocator_impl.hpp"
 #include "numerics/strided.hpp"
@@ -428,6 +429,19 @@ void Parameter::set_grad_buffer(Tensor buffer) {
   grad_ = buffer.detach();
   if (has_grad_ && old.defined()) grad_.copy_from(old);
 }
+
+namespace core {
+void rebind_parameter(Parameter& p, const Tensor& value) {
+  const Tensor& old = detail::TensorAccess::param_value(p);
+  if (!value.defined() || value.dtype() != DType::f32 || !value.is_contiguous() || !(value.shape() == old.shape()) ||
+      &value.buffer_type() != &old.buffer_type())
+    throw InternalError("rebind_parameter '" + p.name() + "': " + (value.defined() ? value.str() : "undefined") +
+                        " does not match " + old.str());
+  Tensor v = value.detach();
+  detail::TensorAccess::set_param(v, &p);
+  detail::TensorAccess::param_value_mut(p) = std::move(v);
+}
+}  // namespace core
 
 namespace detail {
 

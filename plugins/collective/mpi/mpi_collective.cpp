@@ -234,6 +234,29 @@ class MpiCommunicator : public Interface {
     return std::make_unique<PendingReduce>(process_->post([this, data] { reduce(data, loom::ReduceOp::sum); }));
   }
 
+  std::unique_ptr<loom::CollectiveGroup::Pending> start_all_gather(std::span<const float> in,
+                                                                   std::span<float> out) override {
+    if (out.size() != in.size() * static_cast<std::size_t>(size()))
+      throw loom::InternalError("mpi: all_gather of " + std::to_string(in.size()) + " floats into " +
+                                std::to_string(out.size()) + " on " + std::to_string(size()) + " ranks");
+    check_count(out.size(), "MPI_Allgather");
+    const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank()) * in.size();
+    return std::make_unique<PendingReduce>(process_->post([this, in, out, in_place] {
+      check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
+                          static_cast<int>(in.size()), MPI_FLOAT, comm_),
+            "MPI_Allgather");
+    }));
+  }
+
+  std::unique_ptr<loom::CollectiveGroup::Pending> start_reduce_scatter(std::span<const float> in,
+                                                                       std::span<float> out) override {
+    if (in.size() != out.size() * static_cast<std::size_t>(size()))
+      throw loom::InternalError("mpi: reduce_scatter of " + std::to_string(in.size()) + " floats into " +
+                                std::to_string(out.size()) + " per rank on " + std::to_string(size()) + " ranks");
+    return std::make_unique<PendingReduce>(process_->post(
+        [this, in, out] { scatter_reduce(in.data(), out.data(), out.size(), loom::ReduceOp::sum); }));
+  }
+
  protected:
   class PendingReduce final : public loom::CollectiveGroup::Pending {
    public:

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -124,8 +125,16 @@ class Tape {
   // Called during the next backward() for each parameter the recorded operations used, as soon
   // as no operation left in the pass can add to its gradient (whether or not one reached it): a
   // data-parallel trainer starts reducing a bucket of gradients while the earlier layers' are
-  // still being computed. Called on the thread running backward(); cleared with the tape.
+  // still being computed. Called on the thread running backward(); cleared with the tape. While
+  // on_parameter_needed is set, it is called for the frozen parameters used too (no operation
+  // left in the pass takes them).
   void on_gradient_ready(std::function<void(Parameter&)> callback);
+  // Called during the next backward() for each parameter a recorded operation took (frozen ones
+  // included), before the backward of the last operation, in recording order, that took it: the
+  // run layer's fully sharded data parallelism gathers a unit's weights again just before its
+  // backward pass needs them. Set it before the forward pass: the uses are noted while recording
+  // only when it is set. Called on the thread running backward(); cleared with the tape.
+  void on_parameter_needed(std::function<void(Parameter&)> callback);
   // Drops the recorded graph (and the activations it kept) without a backward pass. Tensors
   // recorded before a clear lose their identity: using one in a recorded operation afterwards
   // is an error.
@@ -281,6 +290,13 @@ class Ops {
   void set_linear_observer(std::function<void(Parameter& weight, bool weight_in_out)> observer) {
     linear_observer_ = std::move(observer);
   }
+  // Called at the start of every operation, before it reads them, for each parameter among its
+  // tensor inputs (views of one included): the run layer's fully sharded data parallelism gathers
+  // a unit's weights when the model first takes one of them, so that a model declares its units
+  // (Model::sharding_units) and never communicates. Carried into the recomputation of
+  // checkpointed segments. Null (the default): none.
+  void set_parameter_observer(std::function<void(Parameter&)> observer) { parameter_observer_ = std::move(observer); }
+  const std::function<void(Parameter&)>& parameter_observer() const { return parameter_observer_; }
 
   // ---- Linear algebra
   // x [..., in] (any row stride), weight per options, bias [out] or undefined -> [..., out].
@@ -373,8 +389,15 @@ class Ops {
   Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options);
   Tensor adapted_linear(const std::vector<LinearAdapter>& adapters, const Tensor& x, const Tensor& weight,
                         const Tensor& bias, const LinearOptions& options);
+  // The parameter observer's call for an operation's inputs.
+  void observe(std::initializer_list<const Tensor*> inputs) const {
+    if (parameter_observer_) observe_parameters(inputs);
+  }
+  void observe_parameters(std::initializer_list<const Tensor*> inputs) const;
+  void observe_parameters(std::span<const Tensor> inputs) const;
   const LinearAdapters* adapters_ = nullptr;
   std::function<void(Parameter&, bool)> linear_observer_;
+  std::function<void(Parameter&)> parameter_observer_;
   // save_dots: where a checkpointed forward keeps the matrix products' outputs, and where the
   // recomputation takes them from instead of computing them.
   std::vector<Tensor>* remat_save_ = nullptr;

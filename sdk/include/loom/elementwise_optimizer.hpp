@@ -29,6 +29,7 @@ class ElementwiseOptimizer : public OptimizerBase {
   ~ElementwiseOptimizer() override;
   // One float32 per slot.
   double state_bytes_per_parameter() const override { return 4.0 * static_cast<double>(slots_.size()); }
+  bool elementwise() const final { return true; }
 
  protected:
   // Elements [0, size) of one chunk of one parameter.

@@ -454,6 +454,31 @@ class TransformerLm : public CausalLm, public HfModel {
     return store_.parameters();
   }
   std::int64_t vocab_size() const final { return vocab_; }
+  // One unit per transformer block (the parameters whose name has the block's number as its
+  // first numeric component, "h.3.attn.c_attn.weight"), the parameters declared before the
+  // first block ("embeddings") and those after the last ("output": the final norm, the head).
+  std::vector<ShardingUnit> sharding_units() override {
+    require_built("sharding_units");
+    std::vector<ShardingUnit> units;
+    bool seen_block = false;
+    for (const ModelParameter& mp : store_.parameters()) {
+      const std::string& name = mp.parameter->name();
+      std::string unit;
+      std::size_t at = 0;
+      while (at < name.size() && unit.empty()) {
+        const std::size_t dot = name.find('.', at);
+        const std::string part = name.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+        if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) unit = "layer " + part;
+        if (dot == std::string::npos) break;
+        at = dot + 1;
+      }
+      if (unit.empty()) unit = seen_block ? "output" : "embeddings";
+      seen_block |= unit != "embeddings" && unit != "output";
+      if (units.empty() || units.back().name != unit) units.push_back({unit, {}});
+      units.back().parameters.push_back(mp.parameter);
+    }
+    return units;
+  }
   // Counts the declared parameters, so it works on a model built with ModelSetup::allocate false.
   std::int64_t num_parameters() const final {
     if (!declared_) throw InternalError(std::string(name()) + ": num_parameters before build");

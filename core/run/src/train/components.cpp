@@ -122,7 +122,8 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
 }
 
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
-                                               bool init_from, const std::function<bool(const Parameter*)>& optimizes) {
+                                               bool init_from, const std::function<bool(const Parameter*)>& optimizes,
+                                               const std::function<void()>& shard) {
   c.model->initialize(seed);
   std::vector<std::string> notes;
   if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
@@ -133,6 +134,7 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
     });
   if (c.lora) c.lora->initialize(seed);
   if (c.parameters.empty()) c.parameters = c.model->parameters();
+  if (shard) shard();
 
   std::vector<OptimizerParameter> opt_params;
   const bool decay_emb = trainer.get<bool>("decay_embeddings"), decay_norm = trainer.get<bool>("decay_norms"),

@@ -19,6 +19,7 @@
 #include "loom/kinds/tracker.hpp"
 #include "loom/options.hpp"
 #include "loom/run/lora.hpp"
+#include "train/fsdp.hpp"
 #include "train/memory_estimate.hpp"
 
 namespace loom::training {
@@ -37,6 +38,10 @@ struct RunComponents {
   // LoRA the adapters. Set by choose_trained_parameters (or initialize_parameters: all).
   std::vector<ModelParameter> parameters;
   std::shared_ptr<LoraAdapters> lora;  // under lora.rank > 0
+  // Under trainer.mesh's fsdp axis: the model's parameters live in sharded units, `parameters`
+  // are this rank's slices (or whole owned parameters), and every Ops that runs the model must be
+  // attached to it (FullySharded::attach) on every rank.
+  std::shared_ptr<FullySharded> fsdp;
   // What checkpoints and the final weights hold: every parameter of the model, or under LoRA the
   // adapters alone (the base comes from trainer.init_from).
   std::vector<ModelParameter> saved_parameters() const { return lora ? parameters : model->parameters(); }
@@ -71,10 +76,13 @@ std::string choose_trained_parameters(RunComponents& components, const Value& co
 // trainer.decay_embeddings, decay_norms and decay_biases give its role. Returns what init_from
 // read, for the log. `optimizes`, when given, picks the parameters this process's optimizer
 // updates (a rank's shard of a run with trainer.shard_optimizer_state); the others get no
-// optimizer state here.
+// optimizer state here. `shard`, when given, runs once the weights are loaded and before the
+// optimizer gets its parameters: fully sharded data parallelism moves the model into its units and
+// replaces `parameters` with this rank's slices.
 std::vector<std::string> initialize_parameters(RunComponents& components, const Options& trainer, std::uint64_t seed,
                                                bool init_from,
-                                               const std::function<bool(const Parameter*)>& optimizes = {});
+                                               const std::function<bool(const Parameter*)>& optimizes = {},
+                                               const std::function<void()>& shard = {});
 
 // When the objective needs one (Objective::needs_reference_model), a second instance of the
 // model section, built like the first and holding the run's starting weights: the initialisation

@@ -199,12 +199,11 @@ Mesh resolve_mesh(const Options& trainer, int world_size) {
   for (MeshAxis axis : mesh_axes)
     requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
   const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
-  if (mesh.size(MeshAxis::fsdp) > 1)
+  if (mesh.size(MeshAxis::fsdp) > 1 && trainer.get<bool>("shard_optimizer_state"))
     throw UserError("trainer.mesh (" + mesh.describe() +
-                    "): fully sharded data parallelism (fsdp > 1, ZeRO-3) is not available in this loom yet; every "
-                    "rank holds the whole model. Use data parallelism, trainer.mesh: {data: -1, fsdp: 1} (the "
-                    "default), and trainer.shard_optimizer_state: true to split the optimizer state across the "
-                    "ranks (ZeRO-1)");
+                    ") shards the optimizer state along its fsdp axis already (ZeRO-3); "
+                    "trainer.shard_optimizer_state (ZeRO-1) is for the data axis of a mesh without one: set it to "
+                    "false, or trainer.mesh.fsdp to 1");
   return mesh;
 }
 
@@ -212,10 +211,11 @@ void DataParallel::set_mesh(const Mesh& mesh) {
   if (data_group_) throw InternalError("data parallel: the mesh is set once");
   mesh_ = mesh;
   data_group_ = collective_->group(mesh_, MeshAxis::data);
-  // Until fsdp > 1 exists (resolve_mesh refuses it), the data axis is every rank: the batch's
-  // rows and ZeRO-1's shards below are counted over the world's ranks, the gradients summed over
-  // the data group, which holds the same ranks in the same order (so the same bits).
-  if (data_group_->size() != size_ || data_group_->rank() != rank_)
+  fsdp_group_ = collective_->group(mesh_, MeshAxis::fsdp);
+  // Every rank takes its own rows of each batch, whatever the mesh. Without an fsdp axis the data
+  // axis is every rank, in the same order (so the same bits as the world); with one, the
+  // gradients of the parameters outside FSDP's units are summed over every rank.
+  if (mesh_.size(MeshAxis::fsdp) == 1 && (data_group_->size() != size_ || data_group_->rank() != rank_))
     throw InternalError("data parallel: the data axis of mesh " + mesh_.describe() + " is not every rank");
 }
 

@@ -45,7 +45,7 @@ Launcher launcher_from_environment();
 Handle<Collective> create_collective(const Registry& registry, const Value& config);
 
 // trainer.mesh on `world_size` ranks: a UserError, before anything is allocated, for a mesh that
-// does not fit them, or that asks for what this loom cannot do yet (fsdp > 1).
+// does not fit them, or that combines fsdp > 1 with ZeRO-1 (trainer.shard_optimizer_state).
 Mesh resolve_mesh(const Options& trainer, int world_size);
 
 // Another rank's process on this host (a lost one is noticed by its pid: stop_signals.hpp).
@@ -71,6 +71,10 @@ class DataParallel {
   const std::vector<PeerProcess>& same_host_peers() const { return same_host_peers_; }
   Collective& collective() { return *collective_; }
   const Mesh& mesh() const { return mesh_; }
+  // The groups along the mesh's axes (after set_mesh).
+  const std::shared_ptr<CollectiveGroup>& data_group() const { return data_group_; }
+  const std::shared_ptr<CollectiveGroup>& fsdp_group() const { return fsdp_group_; }
+  bool fully_sharded() const { return mesh_.size(MeshAxis::fsdp) > 1; }
 
   // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
   // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
@@ -160,6 +164,7 @@ class DataParallel {
   Mesh mesh_;
   // The ranks that sum their gradients: along the data axis (released before collective_).
   std::shared_ptr<CollectiveGroup> data_group_;
+  std::shared_ptr<CollectiveGroup> fsdp_group_;  // the ranks that share one set of shards
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
   std::vector<PeerProcess> same_host_peers_;

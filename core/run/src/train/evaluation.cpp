@@ -18,14 +18,15 @@ std::int64_t count_of(const Objective& objective, const Tensor& targets, std::in
 // counts.
 Evaluation evaluate_mixture(Objective& objective, const ObjectiveModels& models, Backend& backend,
                             const MixtureDataset& mixture, std::int64_t max_batches, std::int64_t micro_size,
-                            std::vector<std::pair<std::string, double>>* per_dataset) {
+                            std::vector<std::pair<std::string, double>>* per_dataset,
+                            const std::function<void(Ops&)>& attach) {
   Evaluation result;
   double weighted = 0;
   std::vector<double> metrics(objective.metric_names().size(), 0.0);
   std::int64_t counted_total = 0;
   Batch batch;
   for (const auto& part : mixture.parts()) {
-    const Evaluation e = evaluate(objective, models, backend, *part.dataset, max_batches, micro_size);
+    const Evaluation e = evaluate(objective, models, backend, *part.dataset, max_batches, micro_size, nullptr, attach);
     if (e.loss < 0) continue;
     std::int64_t counted = 0;
     for (std::int64_t b = 0; b < max_batches; ++b) {
@@ -49,15 +50,16 @@ Evaluation evaluate_mixture(Objective& objective, const ObjectiveModels& models,
 
 Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend& backend, const Dataset& dataset,
                     std::int64_t max_batches, std::int64_t micro_size,
-                    std::vector<std::pair<std::string, double>>* per_dataset) {
+                    std::vector<std::pair<std::string, double>>* per_dataset, const std::function<void(Ops&)>& attach) {
   Evaluation result;
   if (max_batches == 0 || dataset.num_tokens(Split::validation) == 0) return result;
   if (const auto* mixture = dynamic_cast<const MixtureDataset*>(&dataset))
-    return evaluate_mixture(objective, models, backend, *mixture, max_batches, micro_size, per_dataset);
+    return evaluate_mixture(objective, models, backend, *mixture, max_batches, micro_size, per_dataset, attach);
   Tape tape;
   tape.set_enabled(false);
   Ops ops(backend, &tape);
   ops.set_training(false);
+  if (attach) attach(ops);
   Batch batch;
   double weighted = 0;
   std::vector<double> metrics(objective.metric_names().size(), 0.0);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@ struct Evaluation {
 // a validation split, and `per_dataset` (when given) receives each one's own loss.
 Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend& backend, const Dataset& dataset,
                     std::int64_t max_batches, std::int64_t micro_size,
-                    std::vector<std::pair<std::string, double>>* per_dataset = nullptr);
+                    std::vector<std::pair<std::string, double>>* per_dataset = nullptr,
+                    const std::function<void(Ops&)>& attach = {});
 
 }  // namespace loom::training

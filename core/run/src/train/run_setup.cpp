@@ -93,6 +93,16 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   Mesh mesh;
   parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
   parallel.set_mesh(mesh);
+  if (mesh.size(MeshAxis::fsdp) > 1)
+    parallel.together([&] {
+      const Options checkpoint = trainer.object("checkpoint");
+      if (checkpoint.get<std::int64_t>("save_every_steps") > 0 || checkpoint.get<double>("save_every_minutes") > 0)
+        throw UserError("trainer.mesh (" + mesh.describe() +
+                        "): this build does not write checkpoints of a fully sharded run yet, and a run that "
+                        "would lose its checkpoints is refused. Set trainer.checkpoint.save_every_steps=0 and "
+                        "trainer.checkpoint.save_every_minutes=0 to train without them (the final weights are "
+                        "written), or train with trainer.mesh.fsdp: 1");
+    });
 
   RunComponents& c = run.components;
   parallel.together([&] {
@@ -195,13 +205,36 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     const bool base_from_init = !resume || c.lora;
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
       progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
-    // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run.
-    if (trainer.get<bool>("shard_optimizer_state"))
+    // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run; under FSDP the
+    // units' storage, once the weights are loaded.
+    const bool fully_sharded = parallel.fully_sharded();
+    if (fully_sharded) {
+      if (c.lora)
+        throw UserError("trainer.mesh (" + parallel.mesh().describe() +
+                        "): LoRA under fully sharded data parallelism is not available in this build; train the "
+                        "adapters with data parallelism (trainer.mesh.fsdp: 1)");
+      if (resume)
+        throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): resuming a fully sharded run from " +
+                        resume->dir.string() +
+                        " is not available in this build (sharded checkpoints are not written yet); start afresh "
+                        "(trainer.resume=never) or resume with trainer.mesh.fsdp: 1");
+    } else if (trainer.get<bool>("shard_optimizer_state")) {
       parallel.shard(c.parameters);
-    else
+    } else {
       parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+    }
+    auto shard = [&] {
+      // Every rank starts from the same weights before each keeps its shard of them.
+      parallel.check_same_parameters(c.parameters);
+      const Options fsdp = trainer.object("fsdp");
+      c.fsdp = std::make_shared<FullySharded>(
+          parallel.collective(), parallel.fsdp_group(), parallel.data_group(), *c.model, c.parameters,
+          FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
+      c.parameters = c.fsdp->trained();
+    };
     for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
-                                                  [&](const Parameter* p) { return parallel.owns(p); }))
+                                                  [&](const Parameter* p) { return parallel.owns(p); },
+                                                  fully_sharded ? std::function<void()>(shard) : std::function<void()>()))
       progress.say("init_from: " + note);
     if (!trained_line.empty()) {
       std::int64_t state_bytes = 0;
@@ -232,7 +265,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     }
   });
 
-  parallel.together([&] { parallel.check_same_parameters(c.parameters); });
+  if (!c.fsdp) parallel.together([&] { parallel.check_same_parameters(c.parameters); });
   // The weight average (trainer.ema_decay) starts at the weights, or continues the checkpoint's.
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
     parallel.together([&] {

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <iomanip>
 #include <memory>
@@ -93,12 +94,17 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   std::vector<std::pair<std::string, double>> eval_parts;
   auto evaluate_now = [&] {
     eval_parts.clear();
-    return parallel.is_primary() ? with_average([&] {
+    // Under FSDP every rank runs the evaluation (its units are gathered together); rank 0 reports.
+    if (!parallel.is_primary() && !c.fsdp) return Evaluation{};
+    Evaluation e = with_average([&] {
       return with_adapters([&] {
-        return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts);
+        return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts,
+                        c.fsdp ? std::function<void(Ops&)>([&](Ops& ops) { c.fsdp->attach(ops); })
+                               : std::function<void(Ops&)>());
       });
-    })
-                                 : Evaluation{};
+    });
+    if (c.fsdp) c.fsdp->release();
+    return parallel.is_primary() ? e : Evaluation{};
   };
   // The objective's metrics under `prefix` ("train/", "eval/"), by name.
   auto named = [&](const std::string& prefix, const std::vector<double>& values) {
@@ -152,6 +158,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       for (const auto& r : writer->take_reports()) progress.say(describe_write(r));
   };
   auto save_checkpoint = [&](bool wait) {
+    if (c.fsdp) return;  // refused at set-up: sharded checkpoints are not written by this build
     last_saved = state.step;
     policy.saved(Clock::now());
     // A sharded run's optimizer state comes to rank 0 from every rank first.
@@ -250,7 +257,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
           if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
-      if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
+      if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary() &&
+          !c.fsdp) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
@@ -307,7 +315,16 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!parts.empty()) progress.say("  per dataset: " + parts);
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
-  if (trainer.get<bool>("save_final") && parallel.is_primary())
+  if (trainer.get<bool>("save_final") && c.fsdp) {
+    // Every rank gathers the units together; rank 0 writes the whole weights.
+    std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });
+    if (parallel.is_primary()) {
+      std::deque<Parameter> values;
+      std::vector<ModelParameter> saved;
+      for (auto& [name, t] : full) saved.push_back({&values.emplace_back(name, std::move(t))});
+      run.directory.save_weights(saved, num_steps, run.state.ema != nullptr);
+    }
+  } else if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
       if (c.lora)  // the adapters alone, in PEFT's layout
         c.lora->save_peft(*c.model, run.directory.path(), trainer.get<std::string>("init_from"));
@@ -315,7 +332,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
-  if (sample_length > 0 && parallel.is_primary()) {
+  if (sample_length > 0 && parallel.is_primary() && !c.fsdp) {
     summary.final_sample = with_adapters([&] { return sampler.sample(sample_length); });
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);

@@ -40,7 +40,10 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   // the same norm, takes the same skip decision and applies the same update.
   result.loss = parallel_.sum(accumulate_gradients(batch, step, result.metrics));
   for (double& m : result.metrics) m = parallel_.sum(m);
-  parallel_.reduce_gradients();
+  if (components_.fsdp)
+    components_.fsdp->finish_gradients();
+  else
+    parallel_.reduce_gradients();
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
@@ -58,12 +61,15 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   clip_gradients(result.grad_norm, components_.max_grad_norm);
   components_.optimizer->step(result.lr, step - state.skipped_steps);
   parallel_.gather_parameters();
+  if (components_.fsdp) components_.fsdp->after_step();
   ++state.step;
   return result;
 }
 
 double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, std::vector<double>& metrics) {
   for (auto& p : components_.parameters) p.parameter->zero_grad();
+  FullySharded* fsdp = components_.fsdp.get();
+  if (fsdp) fsdp->begin_step();
   const std::int64_t micro_steps = batch.batch_size / settings_.micro_size;
   Objective& objective = *components_.objective;
   const ObjectiveModels models{*components_.model, components_.reference.get()};
@@ -84,11 +90,14 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
   for_each_micro_batch(
       batch, settings_.micro_size,
       [&](const MicroBatch& micro) {
-        if (!first) set_aside_gradients();
+        // FSDP sums each micro-batch's gradients into the shards as they are reduced.
+        if (!first && !fsdp) set_aside_gradients();
         Tape tape;
         // The rank's last micro-batch: each gradient, once final (and added to the earlier
         // micro-batches' sum), joins its bucket's reduction while backward goes on.
-        if (micro.index == last_micro && parallel_.size() > 1 && settings_.overlap_reduce)
+        if (fsdp)
+          fsdp->attach(tape);
+        else if (micro.index == last_micro && parallel_.size() > 1 && settings_.overlap_reduce)
           tape.on_gradient_ready([this, finish = !first](Parameter& p) {
             if (finish) add_set_aside_gradient(p);
             parallel_.gradient_ready(p);
@@ -97,6 +106,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         ops.set_z_loss_weight(settings_.z_loss_weight);
         if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
+        if (fsdp) fsdp->attach(ops);
         ObjectiveLoss loss = objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
         const std::int64_t counted =
             objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
@@ -113,7 +123,10 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
           for (std::int64_t i = 0; i < loss.gradient.numel(); ++i) g[i] = static_cast<float>(g[i] * weight);
           tape.backward(loss.output, std::move(loss.gradient));
         }
-        if (!first) add_set_aside_gradients();
+        if (fsdp)
+          fsdp->end_micro_batch();
+        else if (!first)
+          add_set_aside_gradients();
         first = false;
       },
       first_row, rows);
@@ -188,6 +201,9 @@ double TrainStep::global_grad_norm() const {
   double sum_squares = 0;
   for (const double s : partial) sum_squares += s;
   if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
+  // FSDP: each rank holds its slices (or its whole parameters) once along the fsdp axis; the
+  // replicas along the data axis hold the same.
+  if (components_.fsdp) sum_squares = components_.fsdp->sum_over_shards(sum_squares);
   return std::sqrt(sum_squares);
 }
 

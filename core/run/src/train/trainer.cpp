@@ -106,12 +106,21 @@ OptionSchema trainer_schema() {
       .min(-1);
   mesh.integer("fsdp", 1,
                "Fully sharded data parallelism (ZeRO-3): ranks that each hold 1/fsdp of every parameter, gradient and "
-               "optimizer state. Not available yet: only 1 (data parallelism, with shard_optimizer_state for ZeRO-1, "
-               "is what there is).")
+               "optimizer state, gathering a sharding unit (a transformer block) just before it runs and freeing it "
+               "after (docs/distributed.md, \"Fully sharded data parallelism\").")
       .min(-1);
   s.object("mesh", std::move(mesh),
            "How the ranks of `mpirun -np N` are laid out: data x fsdp = N, data-major (ranks of one fsdp group are "
            "neighbours); one axis may be -1, the ranks the others leave (docs/distributed.md, \"The mesh\").");
+  OptionSchema fsdp;
+  fsdp.boolean("reshard_after_forward", true,
+               "Free each unit's gathered weights after its forward pass and gather them again for its backward "
+               "pass (PyTorch FSDP2's default); false keeps them from the forward to the backward pass (more "
+               "memory, one gather a step less: ZeRO-2-like).");
+  fsdp.boolean("prefetch", true,
+               "Start gathering the next unit's weights while the current one computes, in the order the first "
+               "micro-batch took them; false: gather each when it is needed (for measuring the overlap).");
+  s.object("fsdp", std::move(fsdp), "Fully sharded data parallelism (trainer.mesh's fsdp axis > 1).");
   OptionSchema checkpoint;
   checkpoint
       .integer("save_every_steps", 0,

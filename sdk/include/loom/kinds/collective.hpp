@@ -77,6 +77,13 @@ class CollectiveGroup {
   // buckets during the backward pass). Pendings complete in the order they were started; the
   // result equals all_reduce(data) bit for bit.
   virtual std::unique_ptr<Pending> start_all_reduce(std::span<float> data) = 0;
+  // all_gather and reduce_scatter under way, with the same rules for their buffers as
+  // start_all_reduce's (untouched until wait()) and the same order among all started operations;
+  // results equal the blocking ones' bit for bit. Fully sharded data parallelism gathers the next
+  // unit's weights, and reduces the last unit's gradients, while the current unit computes. The
+  // defaults run the blocking operation at once (correct, without overlap).
+  virtual std::unique_ptr<Pending> start_all_gather(std::span<const float> in, std::span<float> out);
+  virtual std::unique_ptr<Pending> start_reduce_scatter(std::span<const float> in, std::span<float> out);
 };
 
 class Collective : public Component, public CollectiveGroup {

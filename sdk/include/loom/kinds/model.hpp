@@ -53,6 +53,14 @@ class KvCache {
   virtual void reset() = 0;
 };
 
+// A group of parameters that fully sharded data parallelism gathers, frees and reduces together
+// (docs/distributed.md): a transformer block, the embeddings, the output layer. Units list
+// disjoint parameters in the order the forward pass first takes them.
+struct ShardingUnit {
+  std::string name;  // "embeddings", "layer 3", "output": for messages and the log
+  std::vector<Parameter*> parameters;
+};
+
 // A model's own estimate of its memory, for the trainer's start-up memory estimate
 // (docs/training.md, "Memory estimate"). Bytes.
 struct ModelMemory {
@@ -115,6 +123,14 @@ class Model : public Component {
   virtual Tensor token_losses(Ops& ops, const Tensor& tokens, const Tensor& targets, const Tensor& segments);
   // Logits [batch, seq, vocab] of every position: for evaluation tools and tests.
   virtual Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) = 0;
+
+  // Its sharding units, in forward order, covering every parameter once (Model::parameters()),
+  // for fully sharded data parallelism (trainer.mesh's fsdp axis). A model declares them and
+  // nothing else: the run layer gathers a unit when an operation first takes one of its
+  // parameters and frees it after, so a model never communicates. Valid after build. Default:
+  // none, and the whole model is one unit (correct, but every rank then holds all the weights
+  // while the forward and backward passes run).
+  virtual std::vector<ShardingUnit> sharding_units() { return {}; }
 
   // Scalars about the last loss() (a mixture of experts' auxiliary losses and per-expert load),
   // by name ("router_aux_loss", "expert_load/3"); the trainer logs them under "model/" with the

@@ -66,6 +66,11 @@ class Optimizer : public Component {
   // estimate (asked before init(), on the options alone). Default 8: two float32 moments, as AdamW.
   // An optimizer whose state depends on shapes (SOAP's preconditioners) gives its typical figure.
   virtual double state_bytes_per_parameter() const { return 8.0; }
+  // Whether every element of a parameter is updated from its own gradient and state alone (AdamW,
+  // SGD, Lion: ElementwiseOptimizer). Then fully sharded data parallelism hands the optimizer each
+  // rank's flat slices of the parameters as parameters of their own; otherwise (Muon, SOAP,
+  // Adafactor) it hands each parameter whole to one rank (docs/distributed.md).
+  virtual bool elementwise() const { return false; }
 };
 
 }  // namespace loom
