@@ -94,7 +94,8 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
       filled += round_up(m.numel, kAlign);
       unit.members.push_back(m);
     }
-    unit.chunk = round_up((filled + shards - 1) / shards, kAlign);
+    // A multiple of the data axis too: with replicas, each rank reduces 1/data of its chunk.
+    unit.chunk = round_up((filled + shards - 1) / shards, kAlign * data_->size());
     const std::int64_t full = unit.chunk * shards;
     unit.home = Tensor::zeros(Shape{full});
     float* home = unit.home.data<float>();
@@ -162,7 +163,7 @@ FullySharded::~FullySharded() {
   // Reductions and gathers in flight read and write the units' memory: let them finish.
   for (auto& u : units_) {
     if (u.gathering) u.gathering->wait();
-    if (u.reducing) u.reducing->wait();
+    for (auto& r : u.reducing) r->wait();
   }
 }
 
@@ -276,7 +277,7 @@ void FullySharded::gradient_ready(Parameter& p) {
   // Every parameter of the unit this pass took is past its first use: no operation left reads
   // the unit's weights or adds to its gradients.
   if (++unit.ready < unit.used) return;
-  if (unit.grad_live && !unit.reducing)
+  if (unit.grad_live && unit.reducing.empty())
     start_reduce(u);
   else
     free_values(u);
@@ -337,22 +338,33 @@ void FullySharded::start_reduce(std::size_t u) {
   }
   if (full > at) std::memset(g + at, 0, static_cast<std::size_t>(full - at) * sizeof(float));
   bytes_per_step_ += full * std::int64_t{4};
-  if (settings_.elementwise_optimizer) {
-    // In place: this rank's chunk of the buffer receives its sum over the fsdp axis, then over the
-    // replicas (the communication thread runs them in order).
-    float* mine = g + rank * unit.chunk;
-    unit.reducing = fsdp_->start_reduce_scatter(std::span<const float>(g, static_cast<std::size_t>(full)),
-                                                std::span<float>(mine, static_cast<std::size_t>(unit.chunk)));
-    if (data_->size() > 1) {
-      unit.reducing->wait();
-      unit.reducing = data_->start_all_reduce(std::span<float>(mine, static_cast<std::size_t>(unit.chunk)));
-    }
+  // Every rank's gradients are summed in world rank order, as one process sums its micro-batches
+  // in order (the collective's reduce-scatter sums in rank order): one micro-batch per rank
+  // trains bit for bit as one process does.
+  const std::int64_t replicas = data_->size();
+  if (!settings_.elementwise_optimizer) {
+    unit.reducing.push_back(world_.start_all_reduce(std::span<float>(g, static_cast<std::size_t>(full))));
+  } else if (replicas == 1) {
+    // In place: this rank's chunk of the buffer receives its sum.
+    unit.reducing.push_back(
+        fsdp_->start_reduce_scatter(std::span<const float>(g, static_cast<std::size_t>(full)),
+                                    std::span<float>(g + rank * unit.chunk, static_cast<std::size_t>(unit.chunk))));
   } else {
-    unit.reducing = fsdp_->start_all_reduce(std::span<float>(g, static_cast<std::size_t>(full)));
-    if (data_->size() > 1) {
-      unit.reducing->wait();
-      unit.reducing = data_->start_all_reduce(std::span<float>(g, static_cast<std::size_t>(full)));
-    }
+    // World rank d * F + f sums slice d of chunk f (a reduce-scatter over the world of the chunks'
+    // slices in world order), then the replicas gather their chunk's slices.
+    const std::int64_t slice = unit.chunk / replicas, d = data_->rank();
+    if (!unit.scratch.defined() || unit.scratch.numel() != full) unit.scratch = Tensor::empty(Shape{full});
+    float* permuted = unit.scratch.data<float>();
+    for (std::int64_t f = 0; f < shards; ++f)
+      for (std::int64_t r = 0; r < replicas; ++r)
+        std::memcpy(permuted + (r * shards + f) * slice, g + f * unit.chunk + r * slice,
+                    static_cast<std::size_t>(slice) * sizeof(float));
+    float* mine = g + rank * unit.chunk;
+    unit.reducing.push_back(
+        world_.start_reduce_scatter(std::span<const float>(permuted, static_cast<std::size_t>(full)),
+                                    std::span<float>(mine + d * slice, static_cast<std::size_t>(slice))));
+    unit.reducing.push_back(data_->start_all_gather(std::span<const float>(mine + d * slice, static_cast<std::size_t>(slice)),
+                                                    std::span<float>(mine, static_cast<std::size_t>(unit.chunk))));
   }
   reducing_.push_back(u);
   free_values(u);
@@ -366,10 +378,11 @@ void FullySharded::start_reduce(std::size_t u) {
 
 void FullySharded::finish_reduce(std::size_t u) {
   Unit& unit = units_[u];
-  if (!unit.reducing) return;
+  if (unit.reducing.empty()) return;
   const auto start = Clock::now();
-  unit.reducing->wait();
-  unit.reducing.reset();
+  for (auto& r : unit.reducing) r->wait();
+  unit.reducing.clear();
+  unit.scratch = Tensor();
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   const float* g = unit.grad_home.data<float>();
   if (settings_.elementwise_optimizer) {
@@ -397,7 +410,7 @@ void FullySharded::finish_reduce(std::size_t u) {
 void FullySharded::end_micro_batch() {
   // Gradients that no ready signal completed (a parameter taken outside the tape).
   for (std::size_t u = units_.size(); u-- > 0;)
-    if (units_[u].grad_live && !units_[u].reducing) start_reduce(u);
+    if (units_[u].grad_live && units_[u].reducing.empty()) start_reduce(u);
   for (const std::size_t u : reducing_) finish_reduce(u);
   reducing_.clear();
   release();

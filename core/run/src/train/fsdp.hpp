@@ -120,7 +120,8 @@ class FullySharded {
     Tensor shard_grad;       // [chunk]: their gradient, summed over the ranks and the micro-batches
     bool gathered = false, grad_live = false, grad_started = false;
     std::unique_ptr<CollectiveGroup::Pending> gathering;
-    std::unique_ptr<CollectiveGroup::Pending> reducing;
+    std::vector<std::unique_ptr<CollectiveGroup::Pending>> reducing;  // in order; the last ends last
+    Tensor scratch;  // data x fsdp: the gradients in world-slice order, while reducing
     int used = 0, used_trained = 0, ready = 0;  // members this micro-batch took, trained ones, done
   };
 
