@@ -62,6 +62,12 @@ class ParameterStore {
   }
 
   bool allocated() const { return buffer_.defined(); }
+  // The declared parameters' names and element counts, allocated or not, in declaration order.
+  std::vector<std::pair<std::string, std::int64_t>> declared() const {
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (const auto& s : specs_) out.emplace_back(s.name, s.shape.numel());
+    return out;
+  }
   const std::vector<ModelParameter>& parameters() const { return list_; }
   // Elements of every parameter (padding excluded).
   std::int64_t num_elements() const {
@@ -460,22 +466,11 @@ class TransformerLm : public CausalLm, public HfModel {
   std::vector<ShardingUnit> sharding_units() override {
     require_built("sharding_units");
     std::vector<ShardingUnit> units;
-    bool seen_block = false;
-    for (const ModelParameter& mp : store_.parameters()) {
-      const std::string& name = mp.parameter->name();
-      std::string unit;
-      std::size_t at = 0;
-      while (at < name.size() && unit.empty()) {
-        const std::size_t dot = name.find('.', at);
-        const std::string part = name.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
-        if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) unit = "layer " + part;
-        if (dot == std::string::npos) break;
-        at = dot + 1;
-      }
-      if (unit.empty()) unit = seen_block ? "output" : "embeddings";
-      seen_block |= unit != "embeddings" && unit != "output";
-      if (units.empty() || units.back().name != unit) units.push_back({unit, {}});
-      units.back().parameters.push_back(mp.parameter);
+    const std::vector<std::string> names = unit_names();
+    const std::vector<ModelParameter>& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (units.empty() || units.back().name != names[i]) units.push_back({names[i], {}});
+      units.back().parameters.push_back(params[i].parameter);
     }
     return units;
   }
@@ -488,7 +483,18 @@ class TransformerLm : public CausalLm, public HfModel {
     return training_flops_per_token(transformer_shape(), seq_len) + extra_flops_per_token();
   }
   std::optional<ModelMemory> memory(std::int64_t batch, std::int64_t seq) const override {
-    return transformer_memory(transformer_shape(), remat_policy(), batch, seq);
+    ModelMemory m = transformer_memory(transformer_shape(), remat_policy(), batch, seq);
+    // The sharding units' sizes, from the declarations (allocated or not).
+    const std::vector<std::string> names = unit_names();
+    const auto declared = store_.declared();
+    std::vector<std::int64_t> sizes;
+    for (std::size_t i = 0; i < declared.size(); ++i) {
+      if (i == 0 || names[i] != names[i - 1]) sizes.push_back(0);
+      sizes.back() += (declared[i].second + 15) / 16 * 16;
+    }
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (std::size_t i = 0; i < 3 && i < sizes.size(); ++i) m.largest_units[i] = sizes[i];
+    return m;
   }
   // A config whose model_type is none of hf_model_types is one mismatch, naming the accepted
   // ones; otherwise check_hf_config compares the rest.
@@ -545,6 +551,27 @@ class TransformerLm : public CausalLm, public HfModel {
   virtual void check_hf_config(HfConfigCheck& check, const std::string& model_type, const Value& config) const = 0;
 
   const std::string& path() const { return path_; }
+
+  // The sharding unit of each declared parameter: "layer N" for a name whose first numeric
+  // component is N ("h.3.attn.c_attn.weight"), "embeddings" before the first layer, "output" after.
+  std::vector<std::string> unit_names() const {
+    std::vector<std::string> out;
+    bool seen_block = false;
+    for (const auto& [name, numel] : store_.declared()) {
+      std::string unit;
+      for (std::size_t at = 0; at < name.size() && unit.empty();) {
+        const std::size_t dot = name.find('.', at);
+        const std::string part = name.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+        if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) unit = "layer " + part;
+        if (dot == std::string::npos) break;
+        at = dot + 1;
+      }
+      if (unit.empty()) unit = seen_block ? "output" : "embeddings";
+      seen_block |= unit != "embeddings" && unit != "output";
+      out.push_back(unit);
+    }
+    return out;
+  }
 
   ParameterStore store_;
   std::int64_t vocab_ = 0;

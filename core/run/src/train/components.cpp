@@ -52,7 +52,7 @@ RunComponents create_components(const Registry& registry, const Value& config) {
 }
 
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks) {
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp) {
   // A second instance of the model, declared but not allocated: its shapes, before the run's own
   // model allocates anything.
   const Handle<Model> probe = create<Model>(registry, config, "model");
@@ -69,6 +69,8 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
+  in.fsdp = fsdp;
+  in.elementwise_optimizer = c.optimizer->elementwise();
   in.ema = trainer.get<double>("ema_decay") > 0;
   in.grad_bucket_bytes = static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024);
   if (const std::int64_t length = trainer.get<std::int64_t>("sample_length"); length > 0)

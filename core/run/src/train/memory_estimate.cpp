@@ -51,8 +51,8 @@ std::string format_bytes(std::int64_t bytes) {
 }
 
 std::int64_t MemoryEstimate::total() const {
-  return parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets + overhead +
-         std::max(activations, kv_cache);
+  return std::max(setup, parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets +
+                             gathered + overhead + std::max(activations, kv_cache));
 }
 
 std::string MemoryEstimate::describe() const {
@@ -65,6 +65,7 @@ std::string MemoryEstimate::describe() const {
      << format_bytes(remat ? activations_no_remat : activations_remat) << (remat ? " without" : " with remat") << ")";
   if (ema > 0) os << ", ema " << format_bytes(ema);
   if (buckets > 0) os << ", gradient buckets " << format_bytes(buckets);
+  if (gathered > 0) os << ", gathered units " << format_bytes(gathered);
   if (kv_cache > 0) os << ", sample kv cache " << format_bytes(kv_cache);
   os << ", process " << format_bytes(overhead) << ")";
   return os.str();
@@ -103,6 +104,22 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   e.activations = m.remat ? m.activation_bytes_remat : m.activation_bytes;
   e.kv_cache = in.sample_positions * m.kv_cache_bytes_per_position;
   e.overhead = kProcessOverheadBytes;
+  if (in.fsdp > 1) {
+    // Each rank holds 1/fsdp of the values, gradients, state and average; no buckets. Whole-matrix
+    // optimizers add the whole values and gradients of the parameters a rank updates.
+    const std::int64_t f = in.fsdp;
+    const std::int64_t whole = in.elementwise_optimizer ? 0 : e.trained_values * 8 / f;
+    e.setup = in.parameter_bytes + in.parameter_bytes / f * 2 + kProcessOverheadBytes;
+    e.parameters /= f;
+    e.gradients /= f;
+    e.optimizer_state = static_cast<std::int64_t>(state / static_cast<double>(f)) + whole;
+    e.ema /= f;
+    e.buckets = 0;
+    const std::int64_t* u = m.largest_units;
+    const std::int64_t largest = u[0] > 0 ? u[0] : in.num_parameters;
+    e.gathered = 4 * (largest + u[1]) + (in.lora_rank > 0 ? 0 : 4 * (largest + u[1] + u[2]));
+    e.kv_cache = 0;  // no samples under FSDP
+  }
   return e;
 }
 
@@ -174,6 +191,26 @@ std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& est
       more.shard_optimizer_state = true;
       if (fits(more)) {
         ways.push_back("trainer.shard_optimizer_state: true on " + std::to_string(n) +
+                       " ranks, one per host (mpirun -np " + std::to_string(n) + ")");
+        break;
+      }
+    }
+  }
+  if (inputs.lora_rank == 0 && inputs.ranks > 1 && inputs.fsdp < inputs.ranks) {
+    MemoryInputs sharded = inputs;
+    sharded.fsdp = inputs.ranks;
+    sharded.shard_optimizer_state = false;
+    if (fits(sharded))
+      ways.push_back("trainer.mesh: {data: 1, fsdp: " + std::to_string(inputs.ranks) +
+                     "} (fully sharded: each rank holds 1/" + std::to_string(inputs.ranks) + " of the model)");
+  }
+  if (inputs.lora_rank == 0 && inputs.fsdp == 1) {
+    for (int n = std::max(2, inputs.ranks * 2); n <= 64; n *= 2) {
+      MemoryInputs more = inputs;
+      more.ranks = more.fsdp = n;
+      more.shard_optimizer_state = false;
+      if (fits(more)) {
+        ways.push_back("trainer.mesh: {data: 1, fsdp: " + std::to_string(n) + "} on " + std::to_string(n) +
                        " ranks, one per host (mpirun -np " + std::to_string(n) + ")");
         break;
       }

@@ -23,6 +23,8 @@ struct MemoryInputs {
   double optimizer_bytes_per_parameter = 8;
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
+  int fsdp = 1;                        // trainer.mesh's fsdp axis: parameters, gradients, state divided
+  bool elementwise_optimizer = true;   // else FSDP keeps whole copies of the parameters a rank updates
   bool ema = false;                    // trainer.ema_decay > 0
   std::int64_t grad_bucket_bytes = 0;  // data parallel: one bucket in flight
   std::int64_t sample_positions = 0;   // the KV cache of a sample; 0: no samples
@@ -32,6 +34,10 @@ struct MemoryInputs {
 struct MemoryEstimate {
   std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,
                ema = 0, buckets = 0, kv_cache = 0, overhead = 0;
+  // FSDP: the units gathered at once (values of the current and the prefetched unit, gradients of
+  // the current one and of two being reduced), and the start-up peak (every rank builds the whole
+  // model before keeping its shard).
+  std::int64_t gathered = 0, setup = 0;
   std::int64_t activations_remat = 0, activations_no_remat = 0;  // both choices, for the advice
   bool remat = false;
   std::int64_t trained_values = 0;

@@ -65,7 +65,8 @@ void ProgressPrinter::header(const RunHeader& run) {
     os << "\ndata parallel: " << run.ranks << " ranks" << (run.mesh.empty() ? "" : ": " + run.mesh) << " ("
        << run.collective << "), " << run.batch_size / run.ranks << " sequences of each batch per rank; optimizer state "
        << std::setprecision(1) << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
-       << (run.sharded ? " (sharded, ZeRO-1)" : "");
+       << (run.sharded ? " (sharded, ZeRO-1)" : "")
+       << (run.fully_sharded.empty() ? "" : "\nfully sharded (ZeRO-3): " + run.fully_sharded);
   if (!run.memory.empty()) os << "\n" << run.memory;
   say(os.str());
 }

@@ -29,6 +29,7 @@ struct RunHeader {
   std::string mesh;                        // their layout, "data 2 x fsdp 1" (trainer.mesh)
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state
+  std::string fully_sharded;               // FSDP: "12 units, the largest 148 MiB gathered"
   std::int64_t optimizer_state_bytes = 0;  // on this rank
   std::string memory;                      // the start-up memory estimate's line
 };

@@ -122,7 +122,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   std::string memory_line;
   parallel.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
-      return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size());
+      return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size(),
+                           parallel.mesh().size(MeshAxis::fsdp));
     });
     const MemoryEstimate estimate = estimate_memory(inputs);
     memory_line = estimate.describe();
@@ -332,6 +333,14 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   header.ranks = parallel.size();
   header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
+  if (c.fsdp)
+    header.fully_sharded = std::to_string(c.fsdp->num_units()) + " units, the largest " +
+                           format_bytes(static_cast<std::uint64_t>(c.fsdp->largest_unit_bytes())) +
+                           " when gathered; parameters, gradients and optimizer state 1/" +
+                           std::to_string(c.fsdp->shards()) + " per rank" +
+                           (trainer.object("fsdp").get<bool>("reshard_after_forward")
+                                ? ""
+                                : "; units kept from the forward to the backward pass");
   header.collective = parallel.collective().describe();
   header.memory = memory_line;
   for (const auto& [name, tensor] : c.optimizer->state())

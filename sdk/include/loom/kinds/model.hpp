@@ -74,6 +74,9 @@ struct ModelMemory {
   // The sum over the linear weights LoRA can adapt of (in + out): rank times it is the adapters'
   // values when every linear weight is adapted.
   std::int64_t lora_in_out = 0;
+  // The values of its three largest sharding units (sharding_units()), largest first, for fully
+  // sharded data parallelism's gathered units; 0 where unknown (the whole model is then one unit).
+  std::int64_t largest_units[3] = {0, 0, 0};
 };
 
 class Model : public Component {
