@@ -136,9 +136,10 @@ int run_bench_gemm(const std::vector<std::string>& args) {
   options.add_options()("backends", po::value(&backends)->default_value(backends),
                         "backends to compare, comma-separated")(
       "dtypes", po::value(&dtypes)->default_value(dtypes),
-      "compute dtypes, comma-separated: f32 (Backend::gemm), bf16 (Backend::gemm_bf16: bf16 products, "
-      "float32 accumulation)")("tokens", po::value(&tokens)->default_value(tokens),
-                               "tokens per step (batch x sequence length): the m of GPT-2 small's products")(
+      "dtypes, comma-separated: f32 (Backend::gemm), bf16 (Backend::gemm_bf16: bf16 products, float32 "
+      "accumulation), int8 and nf4 (the product with B stored in that format, dequantized on the fly: "
+      "lora.base_dtype)")("tokens", po::value(&tokens)->default_value(tokens),
+                          "tokens per step (batch x sequence length): the m of GPT-2 small's products")(
       "shapes", po::value(&shapes),
       "only these of GPT-2 small's products, comma-separated (qkv, attn_out, mlp_up, mlp_down, mlp_up_dX, "
       "mlp_up_dW, lm_head, lm_head_dW); default all")("no-libraries", po::bool_switch(&no_libraries),
@@ -148,7 +149,7 @@ int run_bench_gemm(const std::vector<std::string>& args) {
   po::positional_options_description positional;
   po::variables_map vm;
   if (!parse(args, options, positional, vm,
-             "usage: loom bench gemm [--backends cpu,...] [--dtypes f32,bf16] [options]\n\n"
+             "usage: loom bench gemm [--backends cpu,...] [--dtypes f32,bf16,int8,nf4] [options]\n\n"
              "Times the matrix products of a GPT-2 small training step (width 768, vocabulary 50257, --tokens\n"
              "tokens) on each backend in each compute dtype, and the raw library calls in the same run: one\n"
              "single-threaded OpenBLAS sgemm for f32, oneDNN's bf16 GEMM for bf16 (when libdnnl.so.2 is\n"
@@ -167,8 +168,7 @@ int run_bench_gemm(const std::vector<std::string>& args) {
     map.set("type", Value(name));
     bench.backends.push_back({"backend", name, map, "--backends"});
   }
-  bench.dtypes.clear();
-  for (const std::string& name : split_list(dtypes)) bench.dtypes.push_back(parse_compute_dtype(name, "--dtypes"));
+  parse_gemm_dtypes(split_list(dtypes), bench, "--dtypes");
   bench.libraries = !no_libraries;
   bench.shapes = gpt2_small_gemm_shapes(tokens);
   if (!shapes.empty()) {
@@ -190,8 +190,7 @@ int run_bench_gemm(const std::vector<std::string>& args) {
   const int pool_threads = runtime.registry().execution().num_threads();
   bool started = false;
   const auto results = run_gemm_bench(runtime.registry(), bench, [&started](const GemmBenchResult& r) {
-    std::cerr << (started ? " " : "measured ") << r.shape << ":" << r.backend << "/" << dtype_name(r.dtype)
-              << std::flush;
+    std::cerr << (started ? " " : "measured ") << r.shape << ":" << r.backend << "/" << r.label() << std::flush;
     started = true;
   });
   if (started) std::cerr << "\n";

@@ -42,5 +42,7 @@ run "gpt2-small 4 x 256, remat" 1 quickstart.yaml "${small[@]}" model.remat=full
 run "llama-tiny (16 x 512)" 1 quickstart.yaml model.type=llama model.seq_len=512 model.hidden_dim=256 \
   model.intermediate_dim=768 model.num_layers=4 model.num_heads=8 model.num_kv_heads=4
 run "gpt2-small 4 x 256, LoRA rank 8" 1 quickstart.yaml "${small[@]}" lora.rank=8
+run "gpt2-small 4 x 256, LoRA rank 8, int8 base" 1 quickstart.yaml "${small[@]}" lora.rank=8 lora.base_dtype=int8
+run "gpt2-small 4 x 256, LoRA rank 8, nf4 base" 1 quickstart.yaml "${small[@]}" lora.rank=8 lora.base_dtype=nf4
 run "gpt2-small 4 x 256, mpirun -np 2" 2 quickstart.yaml "${small[@]}"
 run "gpt2-small 4 x 256, mpirun -np 2, ZeRO-1" 2 quickstart.yaml "${small[@]}" trainer.shard_optimizer_state=true

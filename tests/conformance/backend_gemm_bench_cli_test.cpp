@@ -29,13 +29,30 @@ TEST(GemmBenchCommand, PrintsOneTablePerShapeWithLibraryAndF32Ratios) {
   EXPECT_EQ(r.out.find("qkv"), std::string::npos) << "only the shapes asked for\n" << r.out;
 }
 
+// int8 and nf4: the product with a stored weight, against the same backend's f32; none for the
+// weight-gradient shape (A^T).
+TEST(GemmBenchCommand, StoredWeightRowsAgainstF32) {
+  const auto r = loom_bench({"gemm", "--dtypes", "f32,int8,nf4", "--tokens", "16", "--shapes",
+                             "attn_out,mlp_up_dW,lm_head", "--repeats", "1", "--no-libraries"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::size_t dw = r.out.find("mlp_up_dW"), head = r.out.find("lm_head  (");
+  ASSERT_NE(dw, std::string::npos) << r.out;
+  ASSERT_NE(head, std::string::npos) << r.out;
+  for (const char* text : {"\n  cpu       int8 ", "\n  cpu        nf4 "}) {
+    EXPECT_LT(r.out.find(text), dw) << text << " missing for attn_out in\n" << r.out;
+    EXPECT_NE(r.out.find(text, head), std::string::npos) << text << " missing for lm_head in\n" << r.out;
+    EXPECT_EQ(r.out.substr(dw, head - dw).find(text), std::string::npos) << "no stored row for A^T\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("int8, nf4: the product with B stored in that format"), std::string::npos) << r.out;
+}
+
 TEST(GemmBenchCommand, BadRequestsAreUserErrors) {
   auto r = loom_bench({"gem"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("did you mean 'gemm'?"), std::string::npos) << r.err;
   r = loom_bench({"gemm", "--dtypes", "f32,f16", "--tokens", "16"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("unknown compute dtype 'f16' (f32 or bf16)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown dtype 'f16' (f32 or bf16: the compute dtype; int8 or nf4"), std::string::npos) << r.err;
   r = loom_bench({"gemm", "--shapes", "qvk", "--tokens", "16"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("did you mean 'qkv'?"), std::string::npos) << r.err;

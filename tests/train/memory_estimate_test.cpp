@@ -96,6 +96,30 @@ TEST(MemoryEstimate, LoraTrainsTheAdaptersAlone) {
   EXPECT_EQ(e.optimizer_state, adapters * 8);
 }
 
+// lora.base_dtype: the frozen base in its stored bits, one dequantization panel instead of bf16
+// copies, and the float32 base's loading peak, which the total covers.
+TEST(MemoryEstimate, AQuantizedBaseCountsInItsStoredBits) {
+  MemoryInputs in = small_inputs();
+  in.lora_rank = 4;
+  in.bf16_matmuls = true;
+  const std::int64_t adapters = 4 * in.model->lora_in_out;
+  for (const auto& [format, bytes] :
+       {std::pair{quant::StorageFormat::bf16, 200000}, std::pair{quant::StorageFormat::int8, 100000},
+        std::pair{quant::StorageFormat::nf4, 51587}}) {
+    in.base_format = format;
+    const MemoryEstimate e = estimate_memory(in);
+    EXPECT_EQ(e.parameters, bytes + adapters * 4) << quant::storage_format_name(format);
+    EXPECT_EQ(e.matmul_copies, 400000);  // one panel: at most 8 MiB, here the whole model
+    EXPECT_EQ(e.loading, 400000);
+    EXPECT_GE(e.total(), e.loading + e.overhead);
+    EXPECT_NE(e.describe().find(std::string("with the frozen base in ") + quant::storage_format_name(format)),
+              std::string::npos)
+        << e.describe();
+  }
+  in.lora_rank = 0;  // full training stores nothing
+  EXPECT_EQ(estimate_memory(in).parameters, 400000);
+}
+
 TEST(MemoryEstimate, AModelWithoutItsOwnEstimateGetsTheGenericFormula) {
   MemoryInputs in = small_inputs();
   in.model.reset();

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "loom/autograd.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/backend.hpp"
 
@@ -86,10 +87,27 @@ DType parse_compute_dtype(const std::string& text, const std::string& where) {
   throw UserError(where + ": unknown compute dtype '" + text + "' (f32 or bf16)");
 }
 
+void parse_gemm_dtypes(const std::vector<std::string>& names, GemmBenchOptions& options, const std::string& where) {
+  options.dtypes.clear();
+  options.weight_formats.clear();
+  for (const std::string& name : names) {
+    if (name == "int8")
+      options.weight_formats.push_back(quant::StorageFormat::int8);
+    else if (name == "nf4")
+      options.weight_formats.push_back(quant::StorageFormat::nf4);
+    else if (name == "f32" || name == "float32" || name == "bf16" || name == "bfloat16")
+      options.dtypes.push_back(parse_compute_dtype(name, where));
+    else
+      throw UserError(where + ": unknown dtype '" + name +
+                      "' (f32 or bf16: the compute dtype; int8 or nf4: a weight stored in that format)");
+  }
+}
+
 std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const GemmBenchOptions& o,
                                             const std::function<void(const GemmBenchResult&)>& progress) {
   if (o.backends.empty()) throw UserError("no backend to measure: name at least one (--backends cpu)");
-  if (o.dtypes.empty()) throw UserError("no dtype to measure: name at least one (--dtypes f32,bf16)");
+  if (o.dtypes.empty() && o.weight_formats.empty())
+    throw UserError("no dtype to measure: name at least one (--dtypes f32,bf16)");
   if (o.shapes.empty()) throw UserError("no GEMM shape to measure");
   if (o.repeats < 1) throw UserError("repeats must be at least 1, not " + std::to_string(o.repeats));
   for (const GemmShape& s : o.shapes)
@@ -168,6 +186,26 @@ std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const Gemm
         record(r, s);
       }
     }
+    // A weight stored in fewer bits: Ops::linear, which dequantizes panels of it.
+    if (!s.trans_a)
+      for (const quant::StorageFormat format : o.weight_formats)
+        for (std::size_t i = 0; i < backends.size(); ++i) {
+          Backend& be = *backends[i];
+          const int64_t rows = s.trans_b ? s.n : s.k, cols = s.trans_b ? s.k : s.n;
+          Parameter w("w", Tensor::from(std::span<const float>(b), Shape{rows, cols}));
+          w.set_stored(std::make_shared<quant::StoredMatrix>(
+              quant::store(std::span<const float>(b), rows, cols, format, s.name)));
+          const Tensor x = Tensor::from(std::span<const float>(a), Shape{s.m, s.k});
+          Ops ops(be);
+          GemmBenchResult r;
+          r.backend = o.backends[i].name;
+          r.dtype = be.matmul_dtype();
+          r.weight = format;
+          LinearOptions layout;
+          layout.weight_in_out = !s.trans_b;
+          r.ms = median_ms(o.repeats, [&] { ops.linear(x, w.tensor(), Tensor(), layout); });
+          record(r, s);
+        }
   }
   return results;
 }
@@ -199,14 +237,14 @@ std::string format_gemm_bench(const GemmBenchOptions& o, const std::vector<GemmB
       double library = 0.0, f32 = 0.0;
       for (std::size_t j = first; j < last; ++j) {
         if (results[j].library && results[j].dtype == r.dtype) library = results[j].gflops;
-        if (results[j].backend == r.backend && results[j].dtype == DType::f32) f32 = results[j].gflops;
+        if (results[j].backend == r.backend && results[j].label() == "f32") f32 = results[j].gflops;
       }
       const std::string name = r.backend + (r.fallback ? " (fallback)" : "");
       char vs_library[32] = "-", vs_f32[32] = "-";
       if (!r.library && library > 0) std::snprintf(vs_library, sizeof vs_library, "%.2fx", r.gflops / library);
-      if (r.dtype != DType::f32 && f32 > 0) std::snprintf(vs_f32, sizeof vs_f32, "%.2fx", r.gflops / f32);
+      if (r.label() != "f32" && f32 > 0) std::snprintf(vs_f32, sizeof vs_f32, "%.2fx", r.gflops / f32);
       std::snprintf(line, sizeof line, "  %-*s %5s %10.3f %10.1f %12s %10s\n", static_cast<int>(name_width),
-                    name.c_str(), std::string(dtype_name(r.dtype)).c_str(), r.ms, r.gflops, vs_library, vs_f32);
+                    name.c_str(), r.label().c_str(), r.ms, r.gflops, vs_library, vs_f32);
       s << line;
     }
     s << "\n";
@@ -216,6 +254,10 @@ std::string format_gemm_bench(const GemmBenchOptions& o, const std::vector<GemmB
        "one single-threaded cblas_sgemm, as the core holds OpenBLAS to one thread";
   if (any_onednn) s << ";\nonednn: dnnl_gemm_bf16bf16f32 on operands already in bf16, " << threads << " OpenMP threads";
   s << ").\nvs f32: bf16 GFLOP/s over the same backend's f32.\n";
+  if (!o.weight_formats.empty())
+    s << "int8, nf4: the product with B stored in that format (lora.base_dtype), dequantized a panel at a time\n"
+         "into the backend's float32 gemm (Ops::linear); vs f32: over the same backend's f32 on the float32 B.\n"
+         "Shapes with A^T (weight gradients, which frozen weights have none of) have no such row.\n";
   if (std::find_if(o.dtypes.begin(), o.dtypes.end(), [](DType t) { return t == DType::bf16; }) != o.dtypes.end() &&
       !any_onednn && o.libraries)
     s << "onednn: libdnnl.so.2 could not be loaded, so bf16 has no library baseline.\n";

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "loom/error.hpp"
+#include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
@@ -101,6 +102,11 @@ OptionSchema lora_schema() {
          "Name patterns of the weights that get adapters, loom's or PEFT's (\"c_attn\", \"q_proj\", \"lm_head\", "
          "\"h.*.mlp.*\"); empty: every weight the model multiplies in a linear layer, embeddings and the output "
          "head excepted.");
+  s.string("base_dtype", "f32",
+           "How the frozen base weights are stored (QLoRA): f32; bf16; int8 (per-row absmax); nf4 (NormalFloat-4, "
+           "blocks of 64, double-quantized absmax). Every weight multiplied whole in a linear layer and every "
+           "embedding table; adapters, norms and optimizer state stay f32.")
+      .one_of({"f32", "bf16", "int8", "nf4"});
   return s;
 }
 
@@ -113,6 +119,11 @@ LoraSettings lora_settings(const Value& run_config) {
   s.alpha = o.get<double>("alpha");
   s.dropout = o.get<double>("dropout");
   s.target_modules = o.get<std::vector<std::string>>("target_modules");
+  const std::string base = o.get<std::string>("base_dtype");
+  s.base_dtype = base == "bf16"   ? quant::StorageFormat::bf16
+                 : base == "int8" ? quant::StorageFormat::int8
+                 : base == "nf4"  ? quant::StorageFormat::nf4
+                                  : quant::StorageFormat::f32;
   return s;
 }
 
@@ -207,6 +218,9 @@ LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& s
     loss_pass = false;
     model.logits(ops, tokens, Tensor());
   }
+  for (const auto& p : params)
+    if (p.parameter->shape().rank() == 2 && (layout.contains(p.parameter) || p.role == ParameterRole::embedding))
+      storable_.push_back(p.parameter);
   const auto modules = hf_modules(model);
   // What a pattern may name: the weights' loom names, and their Hugging Face modules' names
   // (PEFT's target_modules: q_proj, v_proj, lm_head), with ".weight" so that a pattern matches
@@ -434,6 +448,35 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
     else  // W[out, in] rows [begin, end) += scale * B[end - begin, r] A[r, in]
       gemm(Transpose::no, Transpose::no, e->out, e->in, r, b, r, a, e->in, w + e->rows_begin * e->in, e->in);
   }
+}
+
+std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
+  std::int64_t stored_bytes = 0, f32_bytes = 0;
+  if (settings_.base_dtype == quant::StorageFormat::f32) return {0, 0};
+  std::vector<Parameter*> chosen;
+  for (Parameter* p : storable_)
+    if (!p->requires_grad() && !p->stored()) chosen.push_back(p);
+  std::vector<std::int64_t> bytes(chosen.size());
+  // One weight per task (the codecs are scalar and thread-safe), each float32 value given back as
+  // soon as its weight is stored: the peak is the float32 model plus the weights in flight.
+  default_execution_context().parallel_for(
+      static_cast<std::int64_t>(chosen.size()), 1, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) {
+          Parameter& p = *chosen[static_cast<std::size_t>(i)];
+          const Tensor value = p.data();
+          auto m = std::make_shared<quant::StoredMatrix>(
+              quant::store(std::span<const float>(value.data<float>(), static_cast<std::size_t>(value.numel())),
+                           value.size(0), value.size(1), settings_.base_dtype, p.name()));
+          bytes[static_cast<std::size_t>(i)] = m->storage_bytes();
+          p.set_stored(std::move(m));
+        }
+      });
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    stored_bytes += bytes[i];
+    f32_bytes += chosen[i]->shape().numel() * std::int64_t{4};
+  }
+  base_stored_ = base_stored_ || !chosen.empty();
+  return {stored_bytes, f32_bytes};
 }
 
 void LoraAdapters::keep_base() {

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "loom/execution.hpp"
 #include "numerics/ops_support.hpp"
 
 namespace loom {
@@ -50,7 +51,8 @@ struct RopeNode final : Node {
 Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
   observe({&table, &ids});
   constexpr const char* op = "embedding";
-  detail::require_f32(*this, table, op, "table");
+  const quant::StoredMatrix* stored = detail::stored_weight(*this, table, op, "table");
+  if (!stored) detail::require_f32(*this, table, op, "table");
   detail::require_i32(*this, ids, op, "ids");
   if (table.rank() != 2 || !table.is_contiguous())
     op_error(op, "table must be a contiguous [vocab, dim], not " + table.str());
@@ -70,6 +72,13 @@ Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
   dims[static_cast<std::size_t>(ids.rank())] = dim;
   Tensor out =
       detail::empty(*this, Shape(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(ids.rank() + 1))));
+  if (stored) {  // each row dequantized straight into the output; a stored table is frozen
+    float* o = ptr(out);
+    default_execution_context().parallel_for(ids.numel(), 16, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) quant::dequantize(*stored, id[i], 1, 0, dim, o + i * dim, dim);
+    });
+    return out;
+  }
   backend_->embedding_forward(ptr(table), detail::ids_ptr(ids), ptr(out), ids.numel(), dim, vocab);
   if (auto* rec = detail::recording_state(tape_, {&table}, op)) {
     auto* node = rec->record<EmbeddingNode>(*backend_);

@@ -9,7 +9,19 @@ using detail::Node;
 using detail::op_error;
 using detail::ptr;
 
-Ops::Ops(Backend& backend, Tape* tape) : backend_(&backend), buffers_(&backend.buffer_type()), tape_(tape) {}
+namespace {
+thread_local const LinearAdapters* scoped_adapters = nullptr;
+}  // namespace
+
+LinearAdaptersScope::LinearAdaptersScope(const LinearAdapters* adapters) : previous_(scoped_adapters) {
+  scoped_adapters = adapters;
+}
+LinearAdaptersScope::~LinearAdaptersScope() {
+  scoped_adapters = previous_;
+}
+
+Ops::Ops(Backend& backend, Tape* tape)
+    : adapters_(scoped_adapters), backend_(&backend), buffers_(&backend.buffer_type()), tape_(tape) {}
 
 void Ops::observe_parameters(std::initializer_list<const Tensor*> inputs) const {
   for (const Tensor* t : inputs)
@@ -38,7 +50,8 @@ struct LinearNode final : Node {
   using Node::Node;
   const char* name() const override { return "linear"; }
 
-  Tensor x, weight, pre;  // x when the weight needs a gradient, weight when x does, pre for act
+  Tensor x, weight, pre;                        // x when the weight needs a gradient, weight when x does, pre for act
+  const quant::StoredMatrix* stored = nullptr;  // the weight's stored form (Parameter::stored)
   GradTarget dx, dweight, dbias;
   bool weight_in_out = false;
   Activation act = Activation::none;
@@ -67,10 +80,10 @@ struct LinearNode final : Node {
     if (dx.active()) {
       auto b = pass.grad(dx);
       const detail::Matrix gx = detail::as_matrix(b.tensor);
-      const detail::Matrix w = detail::as_matrix(weight);
+      const detail::Matrix w = stored ? detail::Matrix{} : detail::as_matrix(weight);
       // dx[m, k] = dpre[m, n] * W[n, k]  (or * W^T when the weight is [k, n])
-      be.gemm(Transpose::no, tr(weight_in_out), m, k, n, 1.0f, dpre, n, w.data, w.ld, b.accumulate ? 1.0f : 0.0f,
-              gx.data, gx.ld);
+      detail::gemm_weight(be, stored, w.data, w.ld, weight_in_out, m, k, n, dpre, n, b.accumulate ? 1.0f : 0.0f,
+                          gx.data, gx.ld);
     }
     if (dweight.active()) {
       auto b = pass.grad(dweight);
@@ -213,7 +226,8 @@ Tensor Ops::adapted_linear(const std::vector<LinearAdapter>& adapters, const Ten
 Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const LinearOptions& options) {
   constexpr const char* op = "linear";
   detail::require_f32(*this, x_in, op, "x");
-  detail::require_f32(*this, weight, op, "weight");
+  const quant::StoredMatrix* stored = detail::stored_weight(*this, weight, op, "weight");
+  if (!stored) detail::require_f32(*this, weight, op, "weight");
   if (x_in.rank() < 1) op_error(op, "x must have at least one dimension");
   if (weight.rank() != 2 || !weight.is_row_strided())
     op_error(op, "weight must be a row-strided matrix, not " + weight.str());
@@ -228,7 +242,7 @@ Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tenso
   detail::require_op(*this, BackendOp::gemm, DType::f32, op);
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
   const detail::Matrix xm = detail::as_matrix(x);
-  const detail::Matrix wm = detail::as_matrix(weight);
+  const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
   const std::int64_t m = xm.rows;
 
   Tensor pre, out;
@@ -238,9 +252,16 @@ Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tenso
   } else {
     pre = detail::empty(*this, x.shape().with_back(n));
     out = options.activation == Activation::none ? pre : detail::empty(*this, pre.shape());
-    backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld,
-                             ptr(pre), detail::data_or_null(bias),
-                             options.activation == Activation::none ? nullptr : ptr(out), options.activation);
+    float* act_out = options.activation == Activation::none ? nullptr : ptr(out);
+    if (stored) {
+      detail::gemm_weight(*backend_, stored, nullptr, 0, !options.weight_in_out, m, n, k, xm.data, xm.ld, 0.0f,
+                          ptr(pre), n);
+      if (bias.defined() || act_out)
+        backend_->bias_activation_forward(ptr(pre), detail::data_or_null(bias), act_out, m, n, options.activation);
+    } else {
+      backend_->linear_forward(Transpose::no, tr(!options.weight_in_out), m, n, k, xm.data, xm.ld, wm.data, wm.ld,
+                               ptr(pre), detail::data_or_null(bias), act_out, options.activation);
+    }
     if (remat_save_) {
       remat_save_->push_back(pre);
       if (options.activation != Activation::none) remat_save_->push_back(out);
@@ -254,6 +275,7 @@ Tensor Ops::linear_product(const Tensor& x_in, const Tensor& weight, const Tenso
     if (bias.defined()) node->dbias = rec->target(bias);
     if (node->dweight.active()) node->x = x;
     if (node->dx.active()) node->weight = weight;
+    node->stored = stored;
     if (options.activation != Activation::none) node->pre = pre;
     node->weight_in_out = options.weight_in_out;
     node->act = options.activation;

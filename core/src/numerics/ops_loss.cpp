@@ -186,6 +186,7 @@ struct LinearCrossEntropyRowsNode final : Node {
   using Node::Node;
   const char* name() const override { return "linear_cross_entropy"; }
   Tensor x, weight, targets, lse;
+  const quant::StoredMatrix* stored = nullptr;  // the weight's stored form (Parameter::stored)
   GradTarget tx, tweight;
   std::int64_t chunk = 1;
   float cap = 0.0f;
@@ -195,8 +196,8 @@ struct LinearCrossEntropyRowsNode final : Node {
   void backward(BackwardPass& pass) override {
     Backend& be = pass.backend();
     const detail::Matrix xm = detail::as_matrix(x);
-    const detail::Matrix wm = detail::as_matrix(weight);
-    const std::int64_t rows = xm.rows, dim = xm.cols, vocab = wm.rows;
+    const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
+    const std::int64_t rows = xm.rows, dim = xm.cols, vocab = stored ? stored->rows : wm.rows;
     const std::vector<float> seeds = row_seeds(pass.output_grad(*this, 0), rows);
     const std::int32_t* t = detail::ids_ptr(targets);
     Tensor logits = pass.empty(Shape{chunk, vocab});
@@ -207,7 +208,7 @@ struct LinearCrossEntropyRowsNode final : Node {
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::int64_t n = std::min(chunk, rows - r0);
       const float* xr = xm.data + r0 * xm.ld;
-      be.gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xr, xm.ld, wm.data, wm.ld, 0.0f, l, vocab);
+      detail::gemm_weight(be, stored, wm.data, wm.ld, true, n, vocab, dim, xr, xm.ld, 0.0f, l, vocab);
       if (cap > 0.0f) {
         float* th_out = capped.data<float>();
         for (std::int64_t i = 0; i < n * vocab; ++i) {
@@ -226,8 +227,7 @@ struct LinearCrossEntropyRowsNode final : Node {
         for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
       }
       if (dx.defined())
-        be.gemm(Transpose::no, Transpose::no, n, dim, vocab, 1.0f, l, vocab, wm.data, wm.ld, 0.0f, ptr(dx) + r0 * dim,
-                dim);
+        detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim, dim);
       if (dweight.defined())
         be.gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
                 ptr(dweight), dim);
@@ -304,7 +304,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   observe({&x_in, &weight});
   constexpr const char* op = "linear_cross_entropy";
   detail::require_f32(*this, x_in, op, "x");
-  detail::require_f32(*this, weight, op, "weight");
+  const quant::StoredMatrix* stored = detail::stored_weight(*this, weight, op, "weight");
+  if (!stored) detail::require_f32(*this, weight, op, "weight");
   detail::require_i32(*this, targets, op, "targets");
   if (weight.rank() != 2 || !weight.is_row_strided())
     op_error(op, "weight must be a row-strided [vocab, dim], not " + weight.str());
@@ -335,8 +336,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   }
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
   const detail::Matrix xm = detail::as_matrix(x);
-  const detail::Matrix wm = detail::as_matrix(weight);
-  const std::int64_t rows = xm.rows, dim = xm.cols, vocab = wm.rows;
+  const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
+  const std::int64_t rows = xm.rows, dim = xm.cols, vocab = weight.size(0);
   const std::int64_t count = count_targets(targets, vocab, options.ignore_index, op);
   const float scale = reduction_scale(options.reduction, count);
 
@@ -360,8 +361,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     float* l = ptr(logits);
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::int64_t n = std::min(chunk, rows - r0);
-      backend_->gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xm.data + r0 * xm.ld, xm.ld, wm.data, wm.ld,
-                     0.0f, l, vocab);
+      detail::gemm_weight(*backend_, stored, wm.data, wm.ld, true, n, vocab, dim, xm.data + r0 * xm.ld, xm.ld, 0.0f, l,
+                          vocab);
       if (cap > 0.0f)
         for (std::int64_t i = 0; i < n * vocab; ++i) l[i] = cap * std::tanh(l[i] / cap);
       backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab,
@@ -372,6 +373,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
       auto* node = rec->record<LinearCrossEntropyRowsNode>(*backend_);
       node->x = x.detach();
       node->weight = weight.detach();
+      node->stored = stored;
       node->targets = targets;
       node->lse = lse;
       node->tx = tx;
@@ -393,7 +395,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const std::int64_t n = std::min(chunk, rows - r0);
     const float* xr = xm.data + r0 * xm.ld;
-    backend_->gemm(Transpose::no, Transpose::yes, n, vocab, dim, 1.0f, xr, xm.ld, wm.data, wm.ld, 0.0f, l, vocab);
+    detail::gemm_weight(*backend_, stored, wm.data, wm.ld, true, n, vocab, dim, xr, xm.ld, 0.0f, l, vocab);
     if (cap > 0.0f) {
       float* tanh_out = capped.defined() ? capped.data<float>() : nullptr;
       for (std::int64_t i = 0; i < n * vocab; ++i) {
@@ -414,8 +416,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
       for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
     }
     if (dx.defined())  // dx[n, dim] = dlogits[n, vocab] * W[vocab, dim]
-      backend_->gemm(Transpose::no, Transpose::no, n, dim, vocab, 1.0f, l, vocab, wm.data, wm.ld, 0.0f,
-                     ptr(dx) + r0 * dim, dim);
+      detail::gemm_weight(*backend_, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim,
+                          dim);
     if (dweight.defined())  // dW[vocab, dim] += dlogits^T[vocab, n] * x[n, dim]
       backend_->gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
                      ptr(dweight), dim);

@@ -34,11 +34,28 @@ inline void require_op(const Ops& ops, BackendOp kernels, DType dtype, const cha
                   " kernels; choose a backend that does");
 }
 
+[[noreturn]] void stored_error(const Tensor& t, const char* op, const char* what);
+
 inline void require_f32(const Ops& ops, const Tensor& t, const char* op, const char* what) {
   if (!t.defined()) op_error(op, std::string(what) + " is undefined");
   if (t.dtype() != DType::f32) op_error(op, std::string(what) + " must be f32, not " + t.str());
+  if (const Parameter* p = t.parameter(); p && p->stored()) stored_error(t, op, what);
   require_device(ops, t, op, what);
 }
+
+// The stored form of `t` (Parameter::stored) when t is the whole of a parameter stored in fewer
+// bits; null for a tensor whose value is its data. A part of a stored parameter (a slice) is an
+// InternalError: only whole weights are stored. The operations that take stored weights
+// (linear, linear_cross_entropy, embedding) need host memory.
+const quant::StoredMatrix* stored_weight(const Ops& ops, const Tensor& t, const char* op, const char* what);
+
+// C[m, n] = A[m, k] op(W) + beta C, W either a float32 matrix (w, ldw) or `stored`:
+// transpose_w: W is [n, k] (C = A W^T), else [k, n]. With a stored W, panels of its rows are
+// dequantized into a buffer of a few MiB, one after another, and each is one backend gemm: never
+// a float32 copy of the whole weight.
+void gemm_weight(Backend& backend, const quant::StoredMatrix* stored, const float* w, std::int64_t ldw,
+                 bool transpose_w, std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 float beta, float* c, std::int64_t ldc);
 
 inline void require_i32(const Ops& ops, const Tensor& t, const char* op, const char* what) {
   if (!t.defined()) op_error(op, std::string(what) + " is undefined");

@@ -441,6 +441,131 @@ std::vector<float> dequantize(const Int8Matrix& m) {
   return out;
 }
 
+const char* storage_format_name(StorageFormat format) {
+  switch (format) {
+    case StorageFormat::f32:
+      return "f32";
+    case StorageFormat::bf16:
+      return "bf16";
+    case StorageFormat::int8:
+      return "int8";
+    case StorageFormat::nf4:
+      return "nf4";
+  }
+  return "?";
+}
+
+std::int64_t StoredMatrix::storage_bytes() const {
+  switch (format) {
+    case StorageFormat::bf16:
+      return static_cast<std::int64_t>(bf16.size() * sizeof(std::uint16_t));
+    case StorageFormat::int8:
+      return int8.storage_bytes();
+    case StorageFormat::nf4:
+      return nf4.storage_bytes();
+    case StorageFormat::f32:
+      break;
+  }
+  return 0;
+}
+
+namespace {
+
+template <class T, class Nf4, class Int8, class Bf16>
+StoredMatrix store_impl(std::span<const T> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
+                        const std::string& what, Nf4 nf4, Int8 int8, Bf16 bf16) {
+  StoredMatrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  switch (format) {
+    case StorageFormat::nf4:
+      m.nf4 = nf4(values, rows, cols, what);
+      return m;
+    case StorageFormat::int8:
+      m.int8 = int8(values, rows, cols, what);
+      return m;
+    case StorageFormat::bf16:
+      check_shape(values.size(), rows, cols, what);
+      m.bf16.resize(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) m.bf16[i] = bf16(values[i]);
+      return m;
+    case StorageFormat::f32:
+      break;
+  }
+  throw InternalError("store: " + what + " in format f32 (the parameter's own value)");
+}
+
+// Round to nearest even, NaN kept a NaN (tensor.hpp's to_bfloat16).
+std::uint16_t float_to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
+                   const std::string& what) {
+  return store_impl(
+      values, rows, cols, format, what,
+      [](std::span<const float> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_nf4(v, r, c, w);
+      },
+      [](std::span<const float> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_int8(v, r, c, w);
+      },
+      float_to_bf16);
+}
+
+StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                        StorageFormat format, const std::string& what) {
+  return store_impl(
+      values, rows, cols, format, what,
+      [](std::span<const std::uint16_t> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_nf4_bf16(v, r, c, w);
+      },
+      [](std::span<const std::uint16_t> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_int8_bf16(v, r, c, w);
+      },
+      [](std::uint16_t b) { return b; });
+}
+
+void dequantize(const StoredMatrix& m, std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
+                float* out, std::int64_t ld) {
+  switch (m.format) {
+    case StorageFormat::nf4:
+      dequantize(m.nf4, row0, nrows, col0, ncols, out, ld);
+      return;
+    case StorageFormat::int8:
+      dequantize(m.int8, row0, nrows, col0, ncols, out, ld);
+      return;
+    case StorageFormat::bf16:
+      check_range(m.rows, m.cols, row0, nrows, col0, ncols, ld);
+      // A shift per value: the compiler vectorises it for the build's baseline (AVX2).
+      for (std::int64_t r = 0; r < nrows; ++r) {
+        const std::uint16_t* src = m.bf16.data() + (row0 + r) * m.cols + col0;
+        float* dst = out + r * ld;
+        for (std::int64_t c = 0; c < ncols; ++c) {
+          const std::uint32_t u = std::uint32_t{src[c]} << 16;
+          std::memcpy(dst + c, &u, sizeof u);
+        }
+      }
+      return;
+    case StorageFormat::f32:
+      break;
+  }
+  throw InternalError("dequantize: a stored matrix in format f32");
+}
+
+std::vector<float> dequantize(const StoredMatrix& m) {
+  std::vector<float> out(static_cast<std::size_t>(m.rows * m.cols));
+  dequantize(m, 0, m.rows, 0, m.cols, out.data(), m.cols);
+  return out;
+}
+
 const char* dequantize_kernels() {
   return use_avx512() ? "avx512" : "avx2";
 }

@@ -1,4 +1,7 @@
 // Tensor, Shape and Parameter: construction, views and copies.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -428,6 +431,24 @@ void Parameter::set_grad_buffer(Tensor buffer) {
   Tensor old = grad();
   grad_ = buffer.detach();
   if (has_grad_ && old.defined()) grad_.copy_from(old);
+}
+
+void Parameter::set_stored(std::shared_ptr<const quant::StoredMatrix> stored) {
+  if (!stored) fail("parameter '" + name_ + "': set_stored(null)");
+  if (value_.rank() != 2 || value_.size(0) != stored->rows || value_.size(1) != stored->cols ||
+      !value_.is_host_visible())
+    fail("parameter '" + name_ + "': a stored [" + std::to_string(stored->rows) + ", " + std::to_string(stored->cols) +
+         "] matrix for the value " + value_.str());
+  stored_ = std::move(stored);
+  requires_grad_ = false;
+  has_grad_ = false;
+  grad_.reset();
+  // Only the pages wholly inside the value: its neighbours in a model's flat buffer keep theirs.
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(value_.raw_data());
+  const std::uintptr_t first = (begin + page - 1) / page * page;
+  const std::uintptr_t last = (begin + static_cast<std::uintptr_t>(value_.numel()) * sizeof(float)) / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 namespace core {

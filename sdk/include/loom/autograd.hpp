@@ -45,6 +45,7 @@
 
 #include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
+#include "loom/quantization.hpp"
 #include "loom/tensor.hpp"
 
 namespace loom {
@@ -84,6 +85,16 @@ class Parameter {
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad(bool v) { requires_grad_ = v; }
 
+  // A frozen [rows, cols] weight stored in fewer bits (lora.base_dtype; quantization.hpp). Ops
+  // linear, linear_cross_entropy and embedding read such a weight from stored(), dequantizing a
+  // panel of rows at a time as they multiply or gather; every other operation refuses it.
+  // set_stored gives the float32 value's memory back to the system (madvise: the whole pages
+  // inside it; the tensor keeps its shape and address and reads zeros from then on) and freezes
+  // the parameter. The value must be a host-visible matrix of the stored one's shape. Null (the
+  // default): the value is the weight.
+  const quant::StoredMatrix* stored() const { return stored_.get(); }
+  void set_stored(std::shared_ptr<const quant::StoredMatrix> stored);
+
  private:
   friend struct detail::TensorAccess;
   std::string name_;
@@ -91,7 +102,8 @@ class Parameter {
   Tensor grad_;  // storage kept across zero_grad, so steps allocate no gradient buffers
   bool has_grad_ = false;
   bool requires_grad_ = true;
-  std::uint32_t noted_epoch_ = 0;  // the tape epoch that last noted this parameter's first use
+  std::uint32_t noted_epoch_ = 0;
+  std::shared_ptr<const quant::StoredMatrix> stored_;  // the tape epoch that last noted this parameter's first use
 };
 
 namespace detail {
@@ -178,6 +190,21 @@ struct LinearAdapter {
 };
 // Adapters by the parameter whose whole value is the weight (several on one weight add up).
 using LinearAdapters = std::unordered_map<const Parameter*, std::vector<LinearAdapter>>;
+
+// For its lifetime, every Ops constructed on this thread starts with `adapters` as its linear
+// adapters (Ops::set_linear_adapters): how a LoRA run whose base weights are stored in fewer bits
+// evaluates and samples through code that makes its own Ops (the adapters cannot be merged into a
+// quantized weight). Scopes nest; the innermost wins.
+class LinearAdaptersScope {
+ public:
+  explicit LinearAdaptersScope(const LinearAdapters* adapters);
+  ~LinearAdaptersScope();
+  LinearAdaptersScope(const LinearAdaptersScope&) = delete;
+  LinearAdaptersScope& operator=(const LinearAdaptersScope&) = delete;
+
+ private:
+  const LinearAdapters* previous_;
+};
 
 struct LinearOptions {
   // false: weight is [out, in] (PyTorch nn.Linear, y = x W^T); true: weight is [in, out] (y = x W).

@@ -100,6 +100,35 @@ void dequantize(const Int8Matrix& m, std::int64_t row0, std::int64_t nrows, std:
 std::vector<float> dequantize(const Nf4Matrix& m);
 std::vector<float> dequantize(const Int8Matrix& m);
 
+// ---- A frozen weight in its storage format (lora.base_dtype, docs/fine-tuning.md)
+
+// How a frozen weight is stored: float32 (the Parameter's own value), bf16 (the high half of each
+// float32, rounded to nearest even), per-row int8, or nf4.
+enum class StorageFormat : std::uint8_t { f32, bf16, int8, nf4 };
+const char* storage_format_name(StorageFormat format);
+
+// One frozen [rows, cols] matrix in bf16, int8 or nf4 (never f32: that is the Parameter's value).
+// Immutable once made; shared by the Parameter that is stored this way (Parameter::stored()).
+struct StoredMatrix {
+  StorageFormat format = StorageFormat::bf16;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::uint16_t> bf16;  // format bf16: rows * cols raw bf16 values, row-major
+  Int8Matrix int8;                  // format int8
+  Nf4Matrix nf4;                    // format nf4
+
+  std::int64_t storage_bytes() const;
+};
+
+// `values` (row-major [rows, cols], float32 or raw bf16 bits) in `format` (not f32: InternalError).
+StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
+                   const std::string& what = "tensor");
+StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                        StorageFormat format, const std::string& what = "tensor");
+// dequantize() above for whichever format `m` holds (bf16 widens exactly).
+void dequantize(const StoredMatrix& m, std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
+                float* out, std::int64_t ld);
+std::vector<float> dequantize(const StoredMatrix& m);
+
 // The kernel set dequantize() uses on this CPU ("avx512" or "avx2"), and a switch for tests and
 // benchmarks to force the AVX2 one (force_avx2(false) restores the automatic choice). Not to be
 // flipped while another thread dequantizes.

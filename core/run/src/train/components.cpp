@@ -66,6 +66,7 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.seq_len = probe->max_seq_len();
   in.model = probe->memory(in.micro_batch, in.seq_len);
   in.lora_rank = lora_settings(config).rank;
+  in.base_format = lora_settings(config).base_dtype;
   in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");

@@ -51,13 +51,17 @@ std::string format_bytes(std::int64_t bytes) {
 }
 
 std::int64_t MemoryEstimate::total() const {
-  return std::max(setup, parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets +
-                             gathered + overhead + std::max(activations, kv_cache));
+  return std::max({setup, loading + overhead,
+                   parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets + gathered +
+                       overhead + std::max(activations, kv_cache)});
 }
 
 std::string MemoryEstimate::describe() const {
   std::ostringstream os;
   os << "memory estimate per rank: " << format_bytes(total()) << " (parameters " << format_bytes(parameters);
+  if (base_format != quant::StorageFormat::f32)
+    os << " with the frozen base in " << quant::storage_format_name(base_format) << ", loading peak "
+       << format_bytes(loading) << " (the float32 base before it is stored)";
   if (matmul_copies > 0) os << ", bf16 weight copies " << format_bytes(matmul_copies);
   if (reference > 0) os << ", reference model " << format_bytes(reference);
   os << ", gradients " << format_bytes(gradients) << ", optimizer state " << format_bytes(optimizer_state)
@@ -89,6 +93,19 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   e.parameters = in.parameter_bytes;
   e.reference = in.reference_model ? in.parameter_bytes : 0;
   e.matmul_copies = in.bf16_matmuls ? in.num_parameters * 2 * (in.reference_model ? 2 : 1) : 0;
+  if (in.lora_rank > 0 && in.base_format != quant::StorageFormat::f32) {
+    // Every value counted in the stored format (norms and biases, which stay float32, are a
+    // thousandth of a transformer); the products dequantize one panel of at most 8 MiB at a time
+    // instead of keeping bf16 copies. The float32 base exists while it loads.
+    e.base_format = in.base_format;
+    e.loading = in.parameter_bytes;
+    const double bits = in.base_format == quant::StorageFormat::bf16   ? 16.0
+                        : in.base_format == quant::StorageFormat::int8 ? 8.0
+                                                                       : 4.127;
+    e.parameters = static_cast<std::int64_t>(static_cast<double>(in.num_parameters) * bits / 8.0);
+    e.matmul_copies =
+        std::min(std::int64_t{8} << 20, in.parameter_bytes) + (in.reference_model ? in.num_parameters * 2 : 0);
+  }
   // LoRA: every linear weight adapted (the upper bound: target_modules may name fewer).
   e.trained_values = in.lora_rank > 0 ? in.lora_rank * m.lora_in_out : in.num_parameters;
   e.gradients = e.trained_values * 4;
@@ -221,6 +238,18 @@ std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& est
     lora.lora_rank = 16;
     if (fits(lora)) ways.push_back("lora.rank: 16 (train adapters, not the whole model)");
   }
+  // A quantized base: the smallest format that fits (with LoRA at rank 16 when it is off).
+  if (inputs.base_format == quant::StorageFormat::f32 || inputs.lora_rank == 0)
+    for (const auto format : {quant::StorageFormat::bf16, quant::StorageFormat::int8, quant::StorageFormat::nf4}) {
+      MemoryInputs quantized = inputs;
+      quantized.lora_rank = inputs.lora_rank > 0 ? inputs.lora_rank : 16;
+      quantized.base_format = format;
+      if (!fits(quantized)) continue;
+      ways.push_back(std::string(inputs.lora_rank > 0 ? "" : "lora.rank: 16 with ") +
+                     "lora.base_dtype: " + quant::storage_format_name(format) + " (the frozen base in " +
+                     format_bytes(estimate_memory(quantized).parameters) + ")");
+      break;
+    }
   std::string text = "the run needs about " + format_bytes(estimate.total()) + " per rank but " +
                      format_bytes(available.bytes) + " is available (" + available.source +
                      "): " + estimate.describe() + ". ";

@@ -1,8 +1,8 @@
 // The start-up memory estimate of one rank (docs/training.md, "Memory estimate"): what a run
 // will hold at its peak, computed from the options and the model's shapes before anything is
 // allocated, so that a run too large for the machine is refused with figures instead of being
-// killed by the kernel. Future storage formats (quantized bases) and sharding (FSDP's gathered
-// units) add terms here.
+// killed by the kernel. The frozen base of a LoRA run counts in its storage format
+// (lora.base_dtype); sharding (FSDP's gathered units) adds terms here.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "loom/kinds/model.hpp"
+#include "loom/quantization.hpp"
 
 namespace loom::training {
 
@@ -20,6 +21,8 @@ struct MemoryInputs {
   std::optional<ModelMemory> model;  // the model's own estimate; none: the generic formula
   std::int64_t micro_batch = 1, seq_len = 1;
   std::int64_t lora_rank = 0;  // 0: every parameter is trained
+  // lora.base_dtype: how the frozen base is stored (under LoRA only; not f32: no bf16 copies).
+  quant::StorageFormat base_format = quant::StorageFormat::f32;
   double optimizer_bytes_per_parameter = 8;
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
@@ -32,6 +35,10 @@ struct MemoryInputs {
 };
 
 struct MemoryEstimate {
+  // loading: the peak while the base is loaded, before it is stored in lora.base_dtype (the
+  // float32 base as it is built, initialised and read from init_from; 0 with a float32 base).
+  std::int64_t loading = 0;
+  quant::StorageFormat base_format = quant::StorageFormat::f32;
   std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,
                ema = 0, buckets = 0, kv_cache = 0, overhead = 0;
   // FSDP: the units gathered at once (values of the current and the prefetched unit, gradients of
@@ -41,7 +48,8 @@ struct MemoryEstimate {
   std::int64_t activations_remat = 0, activations_no_remat = 0;  // both choices, for the advice
   bool remat = false;
   std::int64_t trained_values = 0;
-  // Activations and the sampling KV cache are not held at once: the larger counts.
+  // Activations and the sampling KV cache are not held at once: the larger counts. The loading
+  // peak comes before both: the larger of it and the run's.
   std::int64_t total() const;
   // "memory estimate per rank: 1.23 GiB (parameters 475 MiB, ...)".
   std::string describe() const;

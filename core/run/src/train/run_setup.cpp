@@ -237,6 +237,16 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
                                                   [&](const Parameter* p) { return parallel.owns(p); },
                                                   fully_sharded ? std::function<void()>(shard) : std::function<void()>()))
       progress.say("init_from: " + note);
+    // QLoRA: the frozen base weights, now holding their values, in lora.base_dtype.
+    if (c.lora)
+      if (const auto [stored, f32] = c.lora->store_base(); stored > 0) {
+        std::ostringstream line;
+        line << "lora.base_dtype " << quant::storage_format_name(c.lora->settings().base_dtype)
+             << ": the frozen base weights take " << std::fixed << std::setprecision(1)
+             << static_cast<double>(stored) / (1024.0 * 1024.0) << " MiB instead of "
+             << static_cast<double>(f32) / (1024.0 * 1024.0) << " MiB";
+        progress.say(line.str());
+      }
     if (!trained_line.empty()) {
       std::int64_t state_bytes = 0;
       for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};

@@ -9,6 +9,12 @@
 // the float32 fallback, and the table says so). Times are the median of `repeats` runs after one
 // warm-up run; GFLOP/s counts 2 m n k.
 //
+// `int8` and `nf4` time the product with a frozen weight stored in that format (lora.base_dtype):
+// Ops::linear of A by B stored as a weight (B^T: an [out, in] weight; else [in, out]), which
+// dequantizes panels of the weight and multiplies them with the backend's float32 gemm, so its
+// ratio to the backend's f32 row is the cost of dequantizing on the fly. Shapes with A^T (weight
+// gradients, which a frozen weight has none of) have no such row.
+//
 // The library baselines, in the same run: `openblas` is one cblas_sgemm on the calling thread
 // (the core holds OpenBLAS to one thread: execution.hpp, "BLAS policy"), so a backend's ratio to
 // it is its speed-up from the pool's threads and its own kernels; `onednn` is oneDNN's
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "loom/core/registry.hpp"
+#include "loom/quantization.hpp"
 #include "loom/tensor.hpp"
 
 namespace loom {
@@ -40,6 +47,7 @@ std::vector<GemmShape> gpt2_small_gemm_shapes(std::int64_t tokens);
 struct GemmBenchOptions {
   std::vector<ComponentRef> backends;  // at least one
   std::vector<DType> dtypes{DType::f32, DType::bf16};
+  std::vector<quant::StorageFormat> weight_formats;  // int8, nf4 (bf16 too): a stored B
   std::vector<GemmShape> shapes = gpt2_small_gemm_shapes(1024);
   bool libraries = true;  // also measure the raw library calls
   int repeats = 3;
@@ -53,7 +61,12 @@ struct GemmBenchResult {
   DType dtype = DType::f32;
   double ms = 0.0;
   double gflops = 0.0;
-  bool fallback = false;  // bf16 asked of a backend without bf16 kernels on this CPU
+  bool fallback = false;                                    // bf16 asked of a backend without bf16 kernels on this CPU
+  quant::StorageFormat weight = quant::StorageFormat::f32;  // not f32: B stored in this format
+  // "f32", "bf16", or the stored weight's format.
+  std::string label() const {
+    return weight == quant::StorageFormat::f32 ? std::string(dtype_name(dtype)) : quant::storage_format_name(weight);
+  }
 };
 
 // Runs every shape (outer), dtype, backend and library. `progress`, when set, is called after
@@ -69,5 +82,8 @@ std::string format_gemm_bench(const GemmBenchOptions& options, const std::vector
 
 // "f32" -> f32, "bf16" -> bf16; UserError otherwise (naming `where`).
 DType parse_compute_dtype(const std::string& text, const std::string& where);
+// --dtypes: f32 and bf16 into options.dtypes, int8 and nf4 into options.weight_formats;
+// UserError for anything else (naming `where`).
+void parse_gemm_dtypes(const std::vector<std::string>& names, GemmBenchOptions& options, const std::string& where);
 
 }  // namespace loom

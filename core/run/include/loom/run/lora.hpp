@@ -16,6 +16,9 @@
 // "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"), which peft.PeftModel loads on
 // the base model; checkpoints hold the adapters under loom's names
 // ("h.0.attn.c_attn.lora_A.weight") with their optimizer state.
+//
+// QLoRA: lora.base_dtype (bf16, int8, nf4) stores the frozen base weights in fewer bits
+// (LoraAdapters::store_base, Parameter::set_stored); the products read them a panel at a time.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +26,14 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/autograd.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/options.hpp"
+#include "loom/quantization.hpp"
 #include "loom/value.hpp"
 
 namespace loom {
@@ -41,6 +46,7 @@ struct LoraSettings {
   double alpha = 16.0;                      // the adapters' product is scaled by alpha / rank
   double dropout = 0.0;                     // on the adapters' input
   std::vector<std::string> target_modules;  // name patterns (loom's or PEFT's); empty: every linear weight
+  quant::StorageFormat base_dtype = quant::StorageFormat::f32;  // how the frozen base weights are stored
   bool enabled() const { return rank > 0; }
   float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
 };
@@ -83,6 +89,17 @@ class LoraAdapters {
   // Whether any adapted weight is [in, out] (GPT-2's Conv1D: PEFT's fan_in_fan_out).
   bool any_in_out() const;
 
+  // Stores the frozen base weights in settings().base_dtype (nothing for f32): every weight the
+  // model multiplies whole in a linear layer (adapted or not) and every embedding table
+  // (ParameterRole::embedding), once they hold their values (after initialisation and
+  // trainer.init_from) and are frozen (select_trainable). Their float32 values are given back
+  // to the system (Parameter::set_stored). Returns the bytes of the stored weights and of the
+  // float32 values they replace.
+  std::pair<std::int64_t, std::int64_t> store_base();
+  // Whether store_base stored any weight: then with_merged cannot merge into the base (there is
+  // no float32 base to add to) and instead gives every Ops of its body the adapters' table.
+  bool base_stored() const { return base_stored_; }
+
   // Writes adapter_model.safetensors and adapter_config.json into `dir` (created), named after
   // the model's Hugging Face layout (loom::HfModel; UserError when it has none).
   // `base_model` goes into base_model_name_or_path. Returns the files written.
@@ -97,6 +114,10 @@ class LoraAdapters {
   // exactly (from copies): evaluation and sampling see the adapted model through any code path.
   template <class F>
   auto with_merged(Backend& backend, F&& body) {
+    if (base_stored_) {
+      const LinearAdaptersScope scope(&table_);
+      return body();
+    }
     keep_base();
     merge_into_weights(backend);
     struct Restore {
@@ -113,6 +134,8 @@ class LoraAdapters {
   std::vector<std::unique_ptr<Entry>> entries_;
   LinearAdapters table_;
   LoraSettings settings_;
+  std::vector<Parameter*> storable_;  // the weights store_base may store, in the model's order
+  bool base_stored_ = false;
 };
 
 // Applies trainer.trainable and trainer.frozen (and, under LoRA, freezes every base weight) to
