@@ -346,6 +346,20 @@ void Reader::read_into(const std::string& name, const Tensor& destination) const
   }
 }
 
+Tensor Reader::read_elements(const std::string& name, std::int64_t begin, std::int64_t end) const {
+  const TensorInfo& t = info(name);
+  if (begin < 0 || end < begin || end > t.shape.numel())
+    fail_tensor(path_, name,
+                "has " + std::to_string(t.shape.numel()) + " elements; elements [" + std::to_string(begin) + ", " +
+                    std::to_string(end) + ") are not among them");
+  Tensor out = Tensor::empty(Shape{end - begin}, t.dtype);
+  const std::size_t element = find_stored_type(t.stored_dtype)->bytes;
+  if (end > begin)
+    convert_into(mapping_->data(t) + static_cast<std::size_t>(begin) * element, t.stored_dtype, out,
+                 static_cast<std::size_t>(end - begin));
+  return out;
+}
+
 // ---- Writer ----
 
 void save(const fs::path& path, std::span<const std::pair<std::string, Tensor>> tensors,
