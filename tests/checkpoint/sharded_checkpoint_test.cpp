@@ -122,8 +122,8 @@ TEST(ShardedCheckpoint, ThreeRanksPartsReadWholeAndInTheRangesOfAnyOtherMesh) {
     EXPECT_EQ(values(model.read("B")), values(B));
     EXPECT_EQ(values(model.read("C")), values(C));
     // Another mesh's ranges: across the boundaries of the ranks that wrote them.
-    for (const auto& [begin, end] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-             {0, 35}, {35, 70}, {20, 30}, {22, 24}, {23, 23}, {69, 70}})
+    for (const auto& [begin, end] :
+         std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 35}, {35, 70}, {20, 30}, {22, 24}, {23, 23}, {69, 70}})
       EXPECT_EQ(values(model.read_range("A", begin, end)), range_of(A, begin, end)) << begin << ", " << end;
     EXPECT_EQ(values(model.read_range("C", 3, 9)), range_of(C, 3, 9));
     Tensor into = Tensor::zeros(Shape{3, 4});
@@ -229,10 +229,11 @@ TEST(ShardedCheckpoint, AKilledRankAtAnyMomentBeforeTheCommitLeavesThePreviousCh
     int rank;
     CommitStage stage;  // killed once it has reached it
   };
-  const std::vector<Moment> moments = {{"rank 1 before its files", 1, CommitStage::temp_created},
-                                       {"rank 1 after its files, before the agreement", 1, CommitStage::files_written},
-                                       {"rank 0 after its files", 0, CommitStage::files_written},
-                                       {"rank 0 after the manifest, before the rename", 0, CommitStage::manifest_written}};
+  const std::vector<Moment> moments = {
+      {"rank 1 before its files", 1, CommitStage::temp_created},
+      {"rank 1 after its files, before the agreement", 1, CommitStage::files_written},
+      {"rank 0 after its files", 0, CommitStage::files_written},
+      {"rank 0 after the manifest, before the rename", 0, CommitStage::manifest_written}};
   for (const Moment& moment : moments) {
     SCOPED_TRACE(moment.what);
     test::TempDir tmp;

@@ -269,8 +269,8 @@ TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
 std::vector<std::string> checkpointed(const fs::path& dir, std::int64_t steps, std::vector<std::string> more = {}) {
   auto args = train_args(dir, 2);
   args[4] = "trainer.num_train_steps=" + std::to_string(steps);
-  for (const char* a : {"lr_schedule.type=constant", "lr_schedule.warmup=0", "trainer.checkpoint.save_every_steps=5",
-                        kFloat32Products})
+  for (const char* a :
+       {"lr_schedule.type=constant", "lr_schedule.warmup=0", "trainer.checkpoint.save_every_steps=5", kFloat32Products})
     args.emplace_back(a);
   for (auto& m : more) args.push_back(std::move(m));
   return args;
@@ -329,7 +329,8 @@ TEST(DataParallel, ARankKilledWhileACheckpointIsWrittenLeavesThePreviousOneAndTh
   const fs::path reference = scratch("kill-reference");
   auto r = mpirun(2, checkpointed(reference, 15, {kZeroOne}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const char* moment : {"1:temp_created:10", "1:files_written:10", "0:files_written:10", "0:manifest_written:10"}) {
+  for (const char* moment :
+       {"1:temp_created:10", "1:files_written:10", "0:files_written:10", "0:manifest_written:10"}) {
     SCOPED_TRACE(moment);
     const fs::path dir = scratch(std::string("kill-") + moment[0] + "-" + (moment + 2));
     auto env = kMpiEnv;

@@ -135,7 +135,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   bool finished = false;
   // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
   // once shard() has run), and the name that their parts' staging directory shares.
-  const bool writes_parts = parallel.size() > 1 && trainer.get<bool>("shard_optimizer_state");
+  const bool writes_parts =
+      parallel.size() > 1 && (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1);
   std::string staging_token = std::to_string(::getpid());
   if (parallel.is_primary()) {
     run.directory = RunDirectory::open(trainer, run.config);
