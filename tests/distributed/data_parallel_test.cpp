@@ -285,7 +285,10 @@ const char* const kZeroOne = "trainer.shard_optimizer_state=true";
 TEST(DataParallel, ZeroOneRanksWriteTheirOwnPartsAndTheCheckpointResumesOnAnyNumberOfRanks) {
   const fs::path written = scratch("parts-2"), one = scratch("parts-then-1"), four = scratch("parts-then-4"),
                  four_sharded = scratch("parts-then-4-zero");
-  auto r = mpirun(2, checkpointed(written, 10, {kZeroOne}));
+  // With a weight average, which each rank writes for the parameters it owns, and which every
+  // rank reads whole.
+  const char* const average = "trainer.ema_decay=0.9";
+  auto r = mpirun(2, checkpointed(written, 10, {kZeroOne, average}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const fs::path step10 = written / "checkpoints" / "step-10";
   for (const char* f : {"model.rank-00000-of-00002.safetensors", "model.rank-00001-of-00002.safetensors",
@@ -303,12 +306,13 @@ TEST(DataParallel, ZeroOneRanksWriteTheirOwnPartsAndTheCheckpointResumesOnAnyNum
   EXPECT_NE(r.out.find("data 2 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
 
   const std::string from = "trainer.resume=" + step10.string();
-  r = run_command(checkpointed(one, 20, {from}), {"LOOM_NUM_THREADS=1"});
+  r = run_command(checkpointed(one, 20, {from, average}), {"LOOM_NUM_THREADS=1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("resumed from checkpoint " + step10.string() + " at step 10"), std::string::npos) << r.out;
-  r = mpirun(4, checkpointed(four, 20, {from}));
+  EXPECT_EQ(r.out.find("holds no weight average"), std::string::npos) << r.out;
+  r = mpirun(4, checkpointed(four, 20, {from, average}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  r = mpirun(4, checkpointed(four_sharded, 20, {from, kZeroOne}));
+  r = mpirun(4, checkpointed(four_sharded, 20, {from, kZeroOne, average}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   r = run_command({LOOM_BINARY, "checkpoints", four_sharded.string()});
   EXPECT_NE(r.out.find("data 4 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
