@@ -79,6 +79,10 @@ class Reader {
   // dtype info(name).dtype: a part of a large tensor without reading the rest (a sharded
   // checkpoint's reader). Throws UserError naming the file and tensor for a range outside it.
   Tensor read_elements(const std::string& name, std::int64_t begin, std::int64_t end) const;
+  // The same into `destination`, a contiguous host tensor of end - begin elements (f32 for F32,
+  // BF16 and F16 data; else the stored dtype).
+  void read_elements_into(const std::string& name, std::int64_t begin, std::int64_t end,
+                          const Tensor& destination) const;
 
  private:
   struct Mapping;

@@ -1,7 +1,6 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -171,15 +170,13 @@ const TensorSet::Info& TensorSet::info(const std::string& name) const {
   return entries_[it->second];
 }
 
-Tensor TensorSet::read_range(const std::string& name, std::int64_t begin, std::int64_t end) const {
+void TensorSet::walk(const std::string& name, std::int64_t begin, std::int64_t end,
+                     const std::function<void(const Piece&, std::int64_t, std::int64_t)>& copy) const {
   const Info& entry = info(name);
   const std::int64_t numel = entry.shape.numel();
   if (begin < 0 || end < begin || end > numel)
     throw UserError(describe() + ": '" + name + "' (" + entry.shape.str() + ") has " + std::to_string(numel) +
                     " elements; elements " + range_text(begin, end) + " are not among them");
-  Tensor out = Tensor::empty(Shape{end - begin}, entry.dtype);
-  const std::size_t element = dtype_size(entry.dtype);
-  auto* to = static_cast<char*>(out.raw_data());
   static const std::vector<Piece> none;
   const auto found = pieces_.find(name);
   const std::vector<Piece>& pieces = found == pieces_.end() ? none : found->second;
@@ -189,11 +186,7 @@ Tensor TensorSet::read_range(const std::string& name, std::int64_t begin, std::i
     if (p.end <= cursor) continue;
     if (p.begin > cursor) break;  // a gap before this piece
     const std::int64_t stop = std::min(end, p.end);
-    const Tensor part = readers_[p.reader].read_elements(name, cursor - p.begin, stop - p.begin);
-    if (part.dtype() != entry.dtype)
-      throw UserError(describe() + ": the rank files hold '" + name + "' in different dtypes");
-    std::memcpy(to + static_cast<std::size_t>(cursor - begin) * element, part.raw_data(),
-                static_cast<std::size_t>(stop - cursor) * element);
+    copy(p, cursor, stop);
     cursor = stop;
   }
   if (cursor < end) {
@@ -207,6 +200,32 @@ Tensor TensorSet::read_range(const std::string& name, std::int64_t begin, std::i
                     entry.shape.str() + ", " + std::to_string(numel) + " elements; asked for " +
                     range_text(begin, end) + "): no rank's file covers them (was a rank's part lost?)");
   }
+}
+
+void TensorSet::check_covered(const std::string& name, std::int64_t begin, std::int64_t end) const {
+  walk(name, begin, end, [](const Piece&, std::int64_t, std::int64_t) {});
+}
+
+void TensorSet::read_range_into(const std::string& name, std::int64_t begin, std::int64_t end,
+                                const Tensor& destination) const {
+  if (destination.numel() != end - begin)
+    throw InternalError("checkpoint reader: elements [" + std::to_string(begin) + ", " + std::to_string(end) +
+                        ") of '" + name + "' into a tensor of " + std::to_string(destination.numel()));
+  // Straight into the destination when it is contiguous host memory; else through a copy.
+  const bool direct = destination.is_contiguous() && destination.is_host_visible();
+  const Tensor flat =
+      direct ? destination.view(Shape{end - begin}) : Tensor::empty(Shape{end - begin}, info(name).dtype);
+  check_covered(name, begin, end);  // before anything is written
+  walk(name, begin, end, [&](const Piece& p, std::int64_t first, std::int64_t last) {
+    readers_[p.reader].read_elements_into(name, first - p.begin, last - p.begin,
+                                          flat.slice(0, first - begin, last - begin));
+  });
+  if (!direct) destination.copy_from(flat.view(destination.shape()));
+}
+
+Tensor TensorSet::read_range(const std::string& name, std::int64_t begin, std::int64_t end) const {
+  Tensor out = Tensor::empty(Shape{std::max<std::int64_t>(0, end - begin)}, info(name).dtype);
+  read_range_into(name, begin, end, out);
   return out;
 }
 
@@ -224,10 +243,7 @@ void TensorSet::read_into(const std::string& name, const Tensor& destination) co
   if (!(destination.shape() == entry.shape))
     throw UserError(describe() + ": '" + name + "' has shape " + entry.shape.str() + " but " +
                     destination.shape().str() + " is expected");
-  if (destination.dtype() != entry.dtype)
-    throw UserError(describe() + ": '" + name + "' has dtype " + std::string(safetensors::dtype_code(entry.dtype)) +
-                    " but " + std::string(safetensors::dtype_code(destination.dtype())) + " is expected");
-  destination.copy_from(read(name));
+  read_range_into(name, 0, entry.shape.numel(), destination);
 }
 
 void TensorSet::load_parameters(std::span<const ModelParameter> parameters) const {
@@ -262,11 +278,9 @@ void TensorSet::load_parameters(std::span<const ModelParameter> parameters) cons
     if (!mismatched.empty()) message += "\n  with another shape or dtype: " + list(mismatched);
     throw UserError(message);
   }
-  // Read (and check coverage) before anything is modified.
-  std::vector<Tensor> values;
-  values.reserve(parameters.size());
-  for (const auto& p : parameters) values.push_back(read(p.parameter->name()));
-  for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i].parameter->data().copy_from(values[i]);
+  // Every parameter's coverage is checked before anything is modified.
+  for (const auto& p : parameters) check_covered(p.parameter->name(), 0, p.parameter->shape().numel());
+  for (const auto& p : parameters) read_into(p.parameter->name(), p.parameter->data());
 }
 
 }  // namespace loom::checkpoint

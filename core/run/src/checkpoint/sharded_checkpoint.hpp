@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -88,6 +89,11 @@ class TensorSet {
   // files that hold them. UserError naming the checkpoint, the entry and the elements no file
   // holds when the files do not cover the range.
   Tensor read_range(const std::string& name, std::int64_t begin, std::int64_t end) const;
+  // The same into `destination` (end - begin elements, any shape, strides or device).
+  void read_range_into(const std::string& name, std::int64_t begin, std::int64_t end, const Tensor& destination) const;
+  // Throws read_range's error when the files do not cover the range; reads nothing. For a
+  // caller that checks every part it will read before it changes anything.
+  void check_covered(const std::string& name, std::int64_t begin, std::int64_t end) const;
   // The whole entry, in its shape.
   Tensor read(const std::string& name) const;
   // The whole entry into `destination` (its shape, f32 for F32, BF16 or F16 data).
@@ -99,6 +105,11 @@ class TensorSet {
  private:
   TensorSet() = default;
   void add_file(const std::filesystem::path& path, bool rank_file);
+  struct Piece;
+  // Calls `copy(piece, first, last)` for consecutive parts [first, last) of [begin, end), each
+  // held by `piece`; throws naming the first elements that no file holds.
+  void walk(const std::string& name, std::int64_t begin, std::int64_t end,
+            const std::function<void(const Piece&, std::int64_t, std::int64_t)>& copy) const;
   struct Piece {
     std::size_t reader = 0;
     std::int64_t begin = 0, end = 0;

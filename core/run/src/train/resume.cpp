@@ -240,18 +240,24 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
         (keys.empty() ? std::string("; no tokenizer or data option differs") : "; the options that differ:" + keys));
   }
 
-  // What this rank reads of entry `name`, shaped as `live` (the whole entry, or its range).
-  auto read_part = [&](const checkpoint::TensorSet& set, const std::string& name, const Tensor& live) {
+  // The elements of entry `name` this rank holds: its range, or the whole entry.
+  auto range_of = [&](const checkpoint::TensorSet& set, const std::string& name) {
     if (share.range)
-      if (const auto range = share.range(name)) {
-        Tensor part = set.read_range(name, range->first, range->second);
-        if (part.numel() != live.numel())
-          throw InternalError("resume: elements [" + std::to_string(range->first) + ", " +
-                              std::to_string(range->second) + ") of '" + name + "' for a tensor of " +
-                              std::to_string(live.numel()));
-        return part.view(live.shape());
-      }
-    return set.read(name);
+      if (const auto range = share.range(name)) return *range;
+    return std::pair<std::int64_t, std::int64_t>{0, set.info(name).shape.numel()};
+  };
+  auto check_size = [](const std::string& name, std::pair<std::int64_t, std::int64_t> range, const Tensor& live) {
+    if (range.second - range.first != live.numel())
+      throw InternalError("resume: elements [" + std::to_string(range.first) + ", " + std::to_string(range.second) +
+                          ") of '" + name + "' for a tensor of " + std::to_string(live.numel()));
+  };
+  // What this rank holds of entry `name`, shaped as `live`.
+  auto read_part = [&](const checkpoint::TensorSet& set, const std::string& name, const Tensor& live) {
+    const auto range = range_of(set, name);
+    check_size(name, range, live);
+    Tensor part = Tensor::empty(live.shape(), set.info(name).dtype);
+    set.read_range_into(name, range.first, range.second, part);
+    return part;
   };
 
   // The model: every tensor by name and shape.
@@ -311,11 +317,14 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
     }
   }
 
-  // Everything is read (every range's coverage checked) before anything is loaded.
-  std::vector<Tensor> weights;
+  // Every range's coverage is checked, and the optimizer state read, before anything is loaded;
+  // the weights are read straight into the parameters.
   with_context("while reading " + model.describe(), [&] {
-    for (const auto& p : saved_parameters)
-      weights.push_back(read_part(model, p.parameter->name(), p.parameter->data()));
+    for (const auto& p : saved_parameters) {
+      const auto range = range_of(model, p.parameter->name());
+      check_size(p.parameter->name(), range, p.parameter->data());
+      model.check_covered(p.parameter->name(), range.first, range.second);
+    }
   });
   with_context("while reading " + optimizer.describe(), [&] {
     for (const auto& [name, t] : live) saved.emplace_back(name, read_part(optimizer, name, t));
@@ -328,7 +337,12 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
                                             : read_part(optimizer, info.name, p->parameter->data()));
       }
   });
-  for (std::size_t i = 0; i < saved_parameters.size(); ++i) saved_parameters[i].parameter->data().copy_from(weights[i]);
+  with_context("while loading " + model.describe(), [&] {
+    for (const auto& p : saved_parameters) {
+      const auto range = range_of(model, p.parameter->name());
+      model.read_range_into(p.parameter->name(), range.first, range.second, p.parameter->data());
+    }
+  });
   with_context("while loading " + optimizer.describe(), [&] { c.optimizer->load_state(saved); });
   return average;
 }
