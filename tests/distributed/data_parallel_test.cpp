@@ -243,7 +243,7 @@ TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("resumed from checkpoint"), std::string::npos) << r.out;
 
-  // 4 sharded ranks for 10 steps (their checkpoint gathers the shards), then one process.
+  // 4 sharded ranks for 10 steps (each writes its part of the checkpoint), then one process.
   auto sharded =
       with(train_args(b, 2), {"optimizer.type=sgd", "lr_schedule.type=constant", "lr_schedule.warmup=0",
                               "trainer.checkpoint.save_every_steps=5", "trainer.shard_optimizer_state=true"});
@@ -262,6 +262,137 @@ TEST(DataParallel, CheckpointsWrittenByNRanksResumeOnM) {
       EXPECT_NEAR(expected[i], got[i], 1e-6 * std::abs(expected[i])) << dir << " step " << i + 1;
     EXPECT_LT(max_relative_difference(reference / "model.safetensors", dir / "model.safetensors"), 1e-6) << dir;
   }
+}
+
+// ZeRO-1's arguments for the checkpoint tests: a constant learning rate (a schedule over 10 steps
+// is not the first half of one over 20), float32 products, a checkpoint every 5 steps.
+std::vector<std::string> checkpointed(const fs::path& dir, std::int64_t steps, std::vector<std::string> more = {}) {
+  auto args = train_args(dir, 2);
+  args[4] = "trainer.num_train_steps=" + std::to_string(steps);
+  for (const char* a :
+       {"lr_schedule.type=constant", "lr_schedule.warmup=0", "trainer.checkpoint.save_every_steps=5", kFloat32Products})
+    args.emplace_back(a);
+  for (auto& m : more) args.push_back(std::move(m));
+  return args;
+}
+
+const char* const kZeroOne = "trainer.shard_optimizer_state=true";
+
+// ZeRO-1's ranks each write their part of a checkpoint (no gather to rank 0), and the checkpoint
+// resumes on any number of ranks exactly as a run started there from it: one process and four
+// ranks of one micro-batch each (whose sums associate as one process's micro-batches do) continue
+// to the same bits; four ZeRO-1 ranks to within rounding of them.
+TEST(DataParallel, ZeroOneRanksWriteTheirOwnPartsAndTheCheckpointResumesOnAnyNumberOfRanks) {
+  const fs::path written = scratch("parts-2"), one = scratch("parts-then-1"), four = scratch("parts-then-4"),
+                 four_sharded = scratch("parts-then-4-zero");
+  // With a weight average, which each rank writes for the parameters it owns, and which every
+  // rank reads whole.
+  const char* const average = "trainer.ema_decay=0.9";
+  auto r = mpirun(2, checkpointed(written, 10, {kZeroOne, average}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const fs::path step10 = written / "checkpoints" / "step-10";
+  for (const char* f : {"model.rank-00000-of-00002.safetensors", "model.rank-00001-of-00002.safetensors",
+                        "optimizer.rank-00000-of-00002.safetensors", "optimizer.rank-00001-of-00002.safetensors"})
+    EXPECT_TRUE(fs::exists(step10 / f)) << f;
+  EXPECT_FALSE(fs::exists(step10 / "model.safetensors"));
+  // Each rank wrote the optimizer state it owns: neither file holds all of it.
+  const loom::safetensors::Reader part0(step10 / "optimizer.rank-00000-of-00002.safetensors"),
+      part1(step10 / "optimizer.rank-00001-of-00002.safetensors");
+  EXPECT_GT(part0.tensors().size(), 0u);
+  EXPECT_GT(part1.tensors().size(), 0u);
+  for (const auto& t : part0.tensors()) EXPECT_FALSE(part1.contains(t.name)) << t.name;
+  r = run_command({LOOM_BINARY, "checkpoints", written.string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("data 2 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+
+  const std::string from = "trainer.resume=" + step10.string();
+  r = run_command(checkpointed(one, 20, {from, average}), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from checkpoint " + step10.string() + " at step 10"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("holds no weight average"), std::string::npos) << r.out;
+  r = mpirun(4, checkpointed(four, 20, {from, average}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = mpirun(4, checkpointed(four_sharded, 20, {from, kZeroOne, average}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = run_command({LOOM_BINARY, "checkpoints", four_sharded.string()});
+  EXPECT_NE(r.out.find("data 4 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+
+  const auto l1 = losses(one), l4 = losses(four), l4z = losses(four_sharded);
+  ASSERT_EQ(l1.size(), 10u);
+  EXPECT_EQ(l1, l4);  // exactly
+  EXPECT_EQ(max_relative_difference(one / "model.safetensors", four / "model.safetensors"), 0.0);
+  ASSERT_EQ(l1.size(), l4z.size());
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l4z[i], 1e-6 * std::abs(l1[i])) << "step " << i + 11;
+  EXPECT_LT(max_relative_difference(one / "model.safetensors", four_sharded / "model.safetensors"), 1e-6);
+}
+
+// A rank killed (SIGKILL, LOOM_TEST_CHECKPOINT_KILL) at several moments of a checkpoint's write:
+// the previous checkpoint stays `latest` and verifies, and the same command resumes from it to the
+// uninterrupted run's bits.
+TEST(DataParallel, ARankKilledWhileACheckpointIsWrittenLeavesThePreviousOneAndTheRunResumes) {
+  const fs::path reference = scratch("kill-reference");
+  auto r = mpirun(2, checkpointed(reference, 15, {kZeroOne}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* moment :
+       {"1:temp_created:10", "1:files_written:10", "0:files_written:10", "0:manifest_written:10"}) {
+    SCOPED_TRACE(moment);
+    const fs::path dir = scratch(std::string("kill-") + moment[0] + "-" + (moment + 2));
+    auto env = kMpiEnv;
+    env.push_back(std::string("LOOM_TEST_CHECKPOINT_KILL=") + moment);
+    r = mpirun(2, checkpointed(dir, 15, {kZeroOne}), env);
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(file_bytes(dir / "checkpoints" / "latest"), "step-5\n");
+    EXPECT_FALSE(fs::exists(dir / "checkpoints" / "step-10"));
+    r = run_command({LOOM_BINARY, "checkpoints", dir.string()});
+    EXPECT_NE(r.out.find("data 2 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+
+    r = mpirun(2, checkpointed(dir, 15, {kZeroOne}));  // the same command
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("resumed from checkpoint " + (dir / "checkpoints" / "step-5").string()), std::string::npos)
+        << r.out;
+    EXPECT_EQ(losses(dir), losses(reference));
+    EXPECT_EQ(max_relative_difference(reference / "model.safetensors", dir / "model.safetensors"), 0.0);
+  }
+}
+
+// `loom export`, `loom generate` and trainer.init_from read a checkpoint whose ranks each wrote a
+// part as they read one file: the run's final weights are its live weights at the checkpoint's step.
+TEST(DataParallel, ExportGenerateAndInitFromReadACheckpointOfParts) {
+  const fs::path run = scratch("parts-readers"), hf_parts = scratch("parts-hf"), hf_file = scratch("file-hf");
+  auto r = mpirun(2, checkpointed(run, 10, {kZeroOne}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const fs::path step10 = run / "checkpoints" / "step-10";
+  ASSERT_FALSE(fs::exists(step10 / "model.safetensors"));
+
+  r = run_command({LOOM_BINARY, "export", step10.string(), "--format", "hf", hf_parts.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("the live weights of checkpoint " + step10.string()), std::string::npos) << r.out;
+  r = run_command({LOOM_BINARY, "export", (run / "model.safetensors").string(), "--format", "hf", hf_file.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(weights(hf_parts / "model.safetensors"), weights(hf_file / "model.safetensors"));
+
+  const std::vector<std::string> generate{"--prompt", "The cat", "--greedy", "--max-new-tokens", "24"};
+  auto from_parts = std::vector<std::string>{LOOM_BINARY, "generate", step10.string()};
+  auto from_file = std::vector<std::string>{LOOM_BINARY, "generate", run.string()};
+  from_parts.insert(from_parts.end(), generate.begin(), generate.end());
+  from_file.insert(from_file.end(), generate.begin(), generate.end());
+  const auto g1 = run_command(from_parts), g2 = run_command(from_file);
+  ASSERT_EQ(g1.exit_code, 0) << g1.out << g1.err;
+  ASSERT_EQ(g2.exit_code, 0) << g2.out << g2.err;
+  EXPECT_EQ(g1.out, g2.out);
+  EXPECT_FALSE(g1.out.empty());
+
+  const fs::path init_parts = scratch("init-from-parts"), init_file = scratch("init-from-file");
+  r = run_command(checkpointed(init_parts, 2, {"trainer.init_from=" + step10.string()}), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("init_from: read 28 parameters: the live weights of checkpoint " + step10.string()),
+            std::string::npos)
+      << r.out;
+  r = run_command(checkpointed(init_file, 2, {"trainer.init_from=" + (run / "model.safetensors").string()}),
+                  {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(losses(init_parts), losses(init_file));
+  EXPECT_EQ(max_relative_difference(init_parts / "model.safetensors", init_file / "model.safetensors"), 0.0);
 }
 
 // How often `what` occurs in `text`.

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "loom/autograd.hpp"
 #include "loom/error.hpp"
 #include "loom/random.hpp"
@@ -293,7 +294,8 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_
   } else {
     run_dir = run_or_weights.parent_path();
   }
-  if (!fs::exists(weights, ec))
+  // A checkpoint whose ranks each wrote a part: the whole tensors are assembled from them.
+  if (!fs::exists(weights, ec) && !checkpoint::is_sharded_checkpoint(weights.parent_path()))
     throw UserError("no weights at '" + weights.string() +
                     "': give a run directory that holds model.safetensors "
                     "(trainer.save_final: true writes it) or the weights file itself");

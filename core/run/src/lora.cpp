@@ -11,6 +11,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
@@ -394,6 +395,12 @@ std::vector<std::string> LoraAdapters::save_peft(Model& model, const fs::path& d
 }
 
 void LoraAdapters::load(Model& model, const fs::path& weights) {
+  std::error_code ec;
+  if (!fs::exists(weights, ec) && checkpoint::is_sharded_checkpoint(weights.parent_path())) {
+    // A checkpoint whose ranks each wrote a part of the adapters (loom's names, never PEFT's).
+    checkpoint::TensorSet::open(weights).load_parameters(parameters());
+    return;
+  }
   const safetensors::Reader reader(weights);
   const bool peft = std::any_of(reader.tensors().begin(), reader.tensors().end(),
                                 [](const auto& t) { return t.name.starts_with("base_model.model."); });

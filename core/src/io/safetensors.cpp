@@ -346,6 +346,36 @@ void Reader::read_into(const std::string& name, const Tensor& destination) const
   }
 }
 
+Tensor Reader::read_elements(const std::string& name, std::int64_t begin, std::int64_t end) const {
+  const TensorInfo& t = info(name);
+  Tensor out = Tensor::empty(Shape{std::max<std::int64_t>(0, end - begin)}, t.dtype);
+  read_elements_into(name, begin, end, out);
+  return out;
+}
+
+void Reader::read_elements_into(const std::string& name, std::int64_t begin, std::int64_t end,
+                                const Tensor& destination) const {
+  const TensorInfo& t = info(name);
+  if (begin < 0 || end < begin || end > t.shape.numel())
+    fail_tensor(path_, name,
+                "has " + std::to_string(t.shape.numel()) + " elements; elements [" + std::to_string(begin) + ", " +
+                    std::to_string(end) + ") are not among them");
+  if (!destination.defined() || destination.numel() != end - begin || !destination.is_contiguous() ||
+      !destination.is_host_visible())
+    throw InternalError("safetensors::Reader::read_elements_into: the destination is not a contiguous host tensor of " +
+                        std::to_string(end - begin) + " elements");
+  const bool convertible =
+      t.dtype == destination.dtype() || (t.dtype == DType::bf16 && destination.dtype() == DType::f32);
+  if (!convertible)
+    fail_tensor(
+        path_, name,
+        "has dtype " + t.stored_dtype + " but " + std::string(dtype_code(destination.dtype())) + " is expected");
+  const std::size_t element = find_stored_type(t.stored_dtype)->bytes;
+  if (end > begin)
+    convert_into(mapping_->data(t) + static_cast<std::size_t>(begin) * element, t.stored_dtype, destination,
+                 static_cast<std::size_t>(end - begin));
+}
+
 // ---- Writer ----
 
 void save(const fs::path& path, std::span<const std::pair<std::string, Tensor>> tensors,

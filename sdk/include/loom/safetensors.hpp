@@ -75,6 +75,14 @@ class Reader {
   // f32 destination accepts F32, BF16 and F16 data (widened exactly); i32 and bf16 ones need
   // their own dtype. Throws UserError naming the file and tensor on a mismatch.
   void read_into(const std::string& name, const Tensor& destination) const;
+  // Elements [begin, end) of tensor `name`'s flat (row-major) values, as a new 1-D tensor of
+  // dtype info(name).dtype: a part of a large tensor without reading the rest (a sharded
+  // checkpoint's reader). Throws UserError naming the file and tensor for a range outside it.
+  Tensor read_elements(const std::string& name, std::int64_t begin, std::int64_t end) const;
+  // The same into `destination`, a contiguous host tensor of end - begin elements (f32 for F32,
+  // BF16 and F16 data; else the stored dtype).
+  void read_elements_into(const std::string& name, std::int64_t begin, std::int64_t end,
+                          const Tensor& destination) const;
 
  private:
   struct Mapping;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -43,6 +44,30 @@ std::string utc_stamp() {
 }
 
 constexpr const char* kSetAside = ".unusable-";
+
+// LOOM_TEST_CHECKPOINT_KILL=<rank>:<stage>:<step>: the process of that rank kills itself with
+// SIGKILL once it has reached that stage (stage_name) of checkpoint <step>, so that a test can
+// end one rank of an mpirun between its files and the commit. Not for production use.
+struct KillPoint {
+  int rank = -1;
+  std::string stage;
+  std::int64_t step = -1;
+};
+const KillPoint& test_kill_point() {
+  static const KillPoint point = [] {
+    KillPoint k;
+    const char* v = std::getenv("LOOM_TEST_CHECKPOINT_KILL");
+    if (!v) return k;
+    const std::string text = v;
+    const auto a = text.find(':'), b = text.rfind(':');
+    if (a == std::string::npos || b == a) return k;
+    k.rank = std::atoi(text.substr(0, a).c_str());
+    k.stage = text.substr(a + 1, b - a - 1);
+    k.step = std::atoll(text.substr(b + 1).c_str());
+    return k;
+  }();
+  return point;
+}
 
 }  // namespace
 
@@ -172,7 +197,14 @@ LatestValid CheckpointStore::find_latest_valid() const {
   return result;
 }
 
-CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void(const fs::path&)>& write_files) {
+void CheckpointStore::reached(CommitStage s, std::int64_t step) const {
+  if (stage_hook_) stage_hook_(s);
+  const KillPoint& kill = test_kill_point();
+  if (kill.rank == rank_ && kill.step == step && kill.stage == stage_name(s)) ::raise(SIGKILL);
+}
+
+CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void(const fs::path&)>& write_files,
+                                     const MeshSizes& mesh) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw UserError("cannot create the checkpoint directory '" + dir_.string() + "': " + ec.message());
@@ -183,18 +215,62 @@ CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void
   fs::remove_all(temp, ec);
   if (!fs::create_directory(temp, ec))
     throw UserError("cannot create '" + temp.string() + "': " + (ec ? ec.message() : "it exists"));
+  Manifest manifest;
+  try {
+    reached(CommitStage::temp_created, step);
+    write_files(temp);
+    reached(CommitStage::files_written, step);
+    manifest = describe_directory(temp, step);
+    manifest.mesh = mesh;
+  } catch (...) {
+    fs::remove_all(temp, ec);
+    throw;
+  }
+  return finish_commit(temp, manifest);
+}
+
+fs::path CheckpointStore::create_staging(std::int64_t step, const std::string& token) const {
+  const fs::path temp = dir_ / (".tmp-" + dir_name(step) + "-" + token);
+  std::error_code ec;
+  fs::create_directories(temp, ec);
+  if (ec) throw UserError("cannot create '" + temp.string() + "': " + ec.message());
+  return temp;
+}
+
+CommitResult CheckpointStore::commit_staged(const fs::path& staging, const Manifest& manifest) {
+  std::error_code ec;
+  const fs::path final_dir = dir_ / dir_name(manifest.step);
+  if (latest() == manifest.step && fs::exists(final_dir, ec))
+    throw InternalError("checkpoint " + final_dir.string() + " is already committed");
+  try {
+    for (const auto& f : manifest.files) {
+      const std::uint64_t size = fs::file_size(staging / f.name, ec);
+      if (ec || size != f.size)
+        throw UserError(
+            "'" + (staging / f.name).string() + "', written by another rank, is " +
+            (ec ? std::string("not there") : "of " + std::to_string(size) + " bytes, not " + std::to_string(f.size)) +
+            " as seen from rank 0: every rank must write the checkpoints into the same directory (a "
+            "shared file system, or one machine); trainer.checkpoint.dir names it");
+    }
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+  return finish_commit(staging, manifest);
+}
+
+CommitResult CheckpointStore::finish_commit(const fs::path& temp, const Manifest& manifest) {
+  const std::int64_t step = manifest.step;
+  std::error_code ec;
+  const fs::path final_dir = dir_ / dir_name(step);
   CommitResult result;
   try {
-    stage(CommitStage::temp_created);
-    write_files(temp);
-    stage(CommitStage::files_written);
-    const Manifest manifest = describe_directory(temp, step);
     for (const auto& f : manifest.files) result.bytes += f.size;
     const std::string manifest_text = to_json(manifest);
     write_synced(temp / "manifest.json", manifest_text);
     result.bytes += manifest_text.size();
     sync_path(temp);
-    stage(CommitStage::manifest_written);
+    reached(CommitStage::manifest_written, step);
     // A step directory left by an attempt whose `latest` never named it is replaced (moved
     // aside when it does not verify: loom deletes no such checkpoint).
     if (fs::exists(final_dir, ec)) {
@@ -214,12 +290,12 @@ CommitResult CheckpointStore::commit(std::int64_t step, const std::function<void
   sync_path(dir_);
   // Its checksums were computed from the bytes written (describe_directory reads them back).
   verified_.insert(step);
-  stage(CommitStage::renamed);
+  reached(CommitStage::renamed, step);
   replace_atomically(dir_ / kLatest, dir_name(step) + "\n");
-  stage(CommitStage::latest_replaced);
+  reached(CommitStage::latest_replaced, step);
   result.path = final_dir;
   apply_retention(step, result);
-  stage(CommitStage::retention_done);
+  reached(CommitStage::retention_done, step);
   return result;
 }
 

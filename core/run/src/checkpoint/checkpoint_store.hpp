@@ -116,7 +116,29 @@ class CheckpointStore {
   // Writes checkpoint `step` by the protocol above: `write_files(temp_dir)` writes the files
   // (each fsynced). Throws UserError when something cannot be written; the temporary directory
   // is removed then and `latest` is unchanged.
-  CommitResult commit(std::int64_t step, const std::function<void(const std::filesystem::path&)>& write_files);
+  // `mesh`: the ranks of the run, recorded in the manifest (empty: one process).
+  CommitResult commit(std::int64_t step, const std::function<void(const std::filesystem::path&)>& write_files,
+                      const MeshSizes& mesh = {});
+
+  // A checkpoint whose files several ranks write (sharded_checkpoint.hpp) is committed in two
+  // halves: every rank writes and fsyncs its files into one staging directory (stages 1 and 2,
+  // in parallel), and once all of them are durable (the ranks agree by a collective of their own),
+  // rank 0 alone runs stages 3 to 6 with commit_staged(). A crash of any rank before rank 0's
+  // rename leaves only the staging directory, which the next run removes.
+  //
+  // .tmp-step-<N>-<token>/, created if it is not there yet: `token` must be the same on every
+  // rank of the run and differ between runs (rank 0's pid).
+  std::filesystem::path create_staging(std::int64_t step, const std::string& token) const;
+  // Rank 0, once every rank's files are durable in `staging`: checks that every file `manifest`
+  // lists is there with its size (a rank whose checkpoint directory is not rank 0's, such as a
+  // node-local disk, is an error saying so), then writes the manifest, renames, replaces
+  // `latest` and applies retention.
+  CommitResult commit_staged(const std::filesystem::path& staging, const Manifest& manifest);
+
+  // For the crash tests of a run of several ranks: this store's rank (LOOM_TEST_CHECKPOINT_KILL).
+  void set_rank(int rank) { rank_ = rank; }
+  // Calls the stage hook (and the test hook): stage `s` of checkpoint `step` is done.
+  void reached(CommitStage s, std::int64_t step) const;
 
   // Removes what interrupted writes and deletions left (.tmp-step-*, .deleting-*, a temporary
   // `latest`). Only safe while no other process writes into the directory.
@@ -130,15 +152,14 @@ class CheckpointStore {
   void set_stage_hook(std::function<void(CommitStage)> hook) { stage_hook_ = std::move(hook); }
 
  private:
-  void stage(CommitStage s) const {
-    if (stage_hook_) stage_hook_(s);
-  }
+  CommitResult finish_commit(const std::filesystem::path& temp, const Manifest& manifest);
   void apply_retention(std::int64_t newest, CommitResult& result) const;
   void remove_directory(const std::filesystem::path& path) const;
 
   std::filesystem::path dir_;
   Retention retention_;
   std::function<void(CommitStage)> stage_hook_;
+  int rank_ = 0;
   // Steps known to verify: committed by this store, or verified since. Retention trusts them
   // rather than read every kept checkpoint again at every commit.
   mutable std::set<std::int64_t> verified_;

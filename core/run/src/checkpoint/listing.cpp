@@ -89,6 +89,7 @@ CheckpointsReport list_checkpoints(const fs::path& path) {
       if (entry.is_regular_file(ec)) l.bytes += entry.file_size(ec);
     const checkpoint::Verification v = checkpoint::verify_checkpoint(c.path);
     l.verifies = v.ok && v.step == c.step;
+    if (v.step >= 0) l.mesh = checkpoint::describe_mesh(v.mesh);
     if (!v.ok)
       l.problem = v.file + " " + v.problem;
     else if (v.step != c.step)
@@ -116,10 +117,11 @@ void print_checkpoints(std::ostream& out, const CheckpointsReport& report) {
     out << "  (none)\n";
   else
     out << "  " << std::left << std::setw(10) << "step" << std::setw(22) << "saved (UTC)" << std::setw(11) << "size"
+        << std::setw(18) << "written on"
         << "verifies\n";
   for (const auto& c : report.checkpoints) {
     out << "  " << std::left << std::setw(10) << ("step-" + std::to_string(c.step)) << std::setw(22) << c.saved_at
-        << std::setw(11) << size_text(c.bytes) << (c.verifies ? "yes" : "NO: " + c.problem)
+        << std::setw(11) << size_text(c.bytes) << std::setw(18) << c.mesh << (c.verifies ? "yes" : "NO: " + c.problem)
         << (c.latest ? "  (latest)" : "") << "\n";
   }
   for (const auto& l : report.leftovers)

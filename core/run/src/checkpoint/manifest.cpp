@@ -15,7 +15,11 @@ namespace loom::checkpoint {
 namespace {
 
 constexpr const char* kFormat = "loom-checkpoint";
+// Version 1: one process's (or rank 0's) model.safetensors and optimizer.safetensors; version 2:
+// every rank's shard files (sharded_checkpoint.hpp). A loom that reads only 1 refuses 2 by its
+// number rather than by a missing file.
 constexpr int kVersion = 1;
+constexpr int kShardedVersion = 2;
 
 std::string hex32(std::uint32_t x) {
   char buf[16];
@@ -35,6 +39,27 @@ const std::vector<std::string>& required_files() {
   return files;
 }
 
+std::vector<std::string> required_files(int shards) {
+  if (shards == 0) return required_files();
+  std::vector<std::string> files = {"config.yaml", "state.json"};
+  for (int r = 0; r < shards; ++r)
+    for (const char* group : {"model", "optimizer"}) files.push_back(rank_file_name(group, r, shards));
+  return files;
+}
+
+std::string rank_file_name(std::string_view group, int rank, int shards) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, ".rank-%05d-of-%05d.safetensors", rank, shards);
+  return std::string(group) + buf;
+}
+
+std::string describe_mesh(const MeshSizes& mesh) {
+  if (mesh.empty()) return "1 rank";
+  std::string out;
+  for (const auto& [axis, size] : mesh) out += (out.empty() ? "" : " x ") + axis + " " + std::to_string(size);
+  return out;
+}
+
 Manifest describe_directory(const fs::path& dir, std::int64_t step) {
   Manifest m;
   m.step = step;
@@ -52,8 +77,15 @@ Manifest describe_directory(const fs::path& dir, std::int64_t step) {
 std::string to_json(const Manifest& manifest) {
   nlohmann::ordered_json j;
   j["format"] = kFormat;
-  j["version"] = kVersion;
+  j["version"] = manifest.shards > 0 ? kShardedVersion : kVersion;
   j["step"] = manifest.step;
+  // Optional in version 1 (a data-parallel run's rank 0 wrote it; an older loom ignores the key).
+  if (!manifest.mesh.empty()) {
+    nlohmann::ordered_json mesh = nlohmann::ordered_json::object();
+    for (const auto& [axis, size] : manifest.mesh) mesh[axis] = size;
+    j["mesh"] = std::move(mesh);
+  }
+  if (manifest.shards > 0) j["shards"] = manifest.shards;
   j["files"] = nlohmann::ordered_json::array();
   for (const auto& f : manifest.files)
     j["files"].push_back({{"name", f.name}, {"size", f.size}, {"crc32c", hex32(f.crc32c)}});
@@ -65,12 +97,27 @@ Manifest parse_manifest(const std::string& text) {
   if (j.is_discarded()) throw UserError("is not valid JSON");
   if (!j.is_object() || j.value("format", "") != kFormat)
     throw UserError("is not a loom checkpoint manifest (no \"format\": \"" + std::string(kFormat) + "\")");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
-    throw UserError("has a version this loom does not read (expected " + std::to_string(kVersion) + ")");
+  const int version = j.contains("version") && j["version"].is_number_integer() ? j["version"].get<int>() : -1;
+  if (version != kVersion && version != kShardedVersion)
+    throw UserError("has a version this loom does not read (expected " + std::to_string(kVersion) + " or " +
+                    std::to_string(kShardedVersion) + ")");
   if (!j.contains("step") || !j["step"].is_number_integer()) throw UserError("has no integer \"step\"");
   if (!j.contains("files") || !j["files"].is_array()) throw UserError("has no \"files\" list");
   Manifest m;
   m.step = j["step"].get<std::int64_t>();
+  if (j.contains("mesh")) {
+    if (!j["mesh"].is_object()) throw UserError("has a \"mesh\" that is not an object of axis sizes");
+    for (const auto& [axis, size] : j["mesh"].items()) {
+      if (!size.is_number_integer() || size.get<int>() < 1)
+        throw UserError("gives mesh axis '" + axis + "' a size that is not a positive integer");
+      m.mesh.emplace_back(axis, size.get<int>());
+    }
+  }
+  if (version == kShardedVersion) {
+    if (!j.contains("shards") || !j["shards"].is_number_integer() || j["shards"].get<int>() < 1)
+      throw UserError("is a sharded checkpoint's (version 2) without a positive integer \"shards\"");
+    m.shards = j["shards"].get<int>();
+  }
   for (const auto& f : j["files"]) {
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("size") ||
         !f["size"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
@@ -110,8 +157,10 @@ Verification verify_checkpoint(const fs::path& dir) {
     return fail("manifest.json", e.what());
   }
   v.step = m.step;
+  v.mesh = m.mesh;
+  v.shards = m.shards;
   for (const auto& f : m.files) v.bytes += f.size;
-  for (const auto& required : required_files())
+  for (const auto& required : required_files(m.shards))
     if (std::none_of(m.files.begin(), m.files.end(), [&](const auto& f) { return f.name == required; }))
       return fail("manifest.json", "does not list " + required + ", which every checkpoint holds");
   for (const auto& f : m.files) {

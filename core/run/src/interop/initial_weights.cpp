@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "loom/core/config.hpp"
 #include "loom/error.hpp"
 #include "loom/run/hf_interop.hpp"
@@ -59,13 +60,15 @@ WeightsChoice parse_weights_choice(std::string_view text, std::string_view optio
 RunFiles choose_weights(const fs::path& dir, const fs::path& weights, WeightsChoice choice) {
   RunFiles files{dir, weights, {}, {}, false};
   std::error_code ec;
-  const bool checkpoint = weights.filename() == "model.safetensors" && fs::exists(dir / "optimizer.safetensors", ec);
+  const bool checkpoint = weights.filename() == "model.safetensors" &&
+                          (fs::exists(dir / "optimizer.safetensors", ec) || checkpoint::is_sharded_checkpoint(dir));
   if (checkpoint) {
     // A checkpoint: model.safetensors holds the live weights, and its optimizer.safetensors the
-    // average ("ema/<parameter>") beside the optimizer's state.
+    // average ("ema/<parameter>") beside the optimizer's state; or each holds them in the rank
+    // files of the ranks that wrote it (checkpoint::TensorSet reads either).
     const fs::path optimizer = dir / "optimizer.safetensors";
-    const safetensors::Reader reader(optimizer);
-    files.has_average = std::any_of(reader.tensors().begin(), reader.tensors().end(),
+    const checkpoint::TensorSet set(dir, "optimizer");
+    files.has_average = std::any_of(set.entries().begin(), set.entries().end(),
                                     [](const auto& t) { return t.name.starts_with("ema/"); });
     if (choice == WeightsChoice::ema && files.has_average) {
       files.average = optimizer;
@@ -107,13 +110,15 @@ RunFiles choose_weights(const fs::path& dir, const fs::path& weights, WeightsCho
 }
 
 void load_run_weights(const RunFiles& files, const std::vector<ModelParameter>& parameters) {
+  // A file, or a sharded checkpoint's rank files (the whole tensors assembled from them).
+  const checkpoint::TensorSet weights = checkpoint::TensorSet::open(files.weights);
   if (files.average.empty()) {
-    safetensors::load_parameters(files.weights, parameters);
+    weights.load_parameters(parameters);
     return;
   }
   // The average covers the trained parameters (all of them, or the ones not frozen): it is read
   // first, so that a file that does not fit changes nothing.
-  const safetensors::Reader average(files.average);
+  const checkpoint::TensorSet average = checkpoint::TensorSet::open(files.average);
   std::vector<std::pair<const ModelParameter*, Tensor>> replaced;
   for (const auto& p : parameters) {
     const std::string name = "ema/" + p.parameter->name();
@@ -124,11 +129,11 @@ void load_run_weights(const RunFiles& files, const std::vector<ModelParameter>& 
   }
   std::set<std::string> known;
   for (const auto& p : parameters) known.insert("ema/" + p.parameter->name());
-  for (const auto& info : average.tensors())
+  for (const auto& info : average.entries())
     if (info.name.starts_with("ema/") && !known.contains(info.name))
-      throw UserError("'" + files.average.string() + "' holds the weight average of '" + info.name.substr(4) +
+      throw UserError(average.describe() + " holds the weight average of '" + info.name.substr(4) +
                       "', which is no parameter of this model");
-  safetensors::load_parameters(files.weights, parameters);
+  weights.load_parameters(parameters);
   for (auto& [p, t] : replaced) p->parameter->data().copy_from(t);
 }
 
@@ -145,7 +150,7 @@ RunFiles resolve_run_or_checkpoint(const fs::path& path, WeightsChoice choice) {
   // A LoRA run without checkpoints: its final adapters (docs/fine-tuning.md).
   if (!fs::exists(dir / "model.safetensors", ec) && fs::exists(dir / "adapter_model.safetensors", ec))
     return choose_weights(dir, dir / "adapter_model.safetensors", choice);
-  if (!fs::exists(dir / "model.safetensors", ec))
+  if (!fs::exists(dir / "model.safetensors", ec) && !checkpoint::is_sharded_checkpoint(dir))
     throw UserError("'" + path.string() +
                     "' is not a loom run or checkpoint: it holds neither model.safetensors nor checkpoints/latest "
                     "(give a run directory, its checkpoints/ directory, a step-N/ checkpoint or a model.safetensors)");

@@ -2,11 +2,14 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <span>
+#include <unordered_set>
 
 #include "checkpoint/crc32c.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/version.hpp"
+#include "train/data_parallel.hpp"
 #include "train/run_setup.hpp"
 
 namespace fs = std::filesystem;
@@ -102,15 +105,34 @@ checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds) {
 
 checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record) {
   const RunComponents& c = run.components;
+  const DataParallel& parallel = *run.parallel;
   checkpoint::Snapshot snap;
   snap.step = record.step;
-  for (const auto& p : c.saved_parameters()) snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+  if (parallel.size() > 1)
+    for (MeshAxis axis : mesh_axes)
+      snap.mesh.emplace_back(std::string(mesh_axis_name(axis)), parallel.mesh().size(axis));
+  const bool parts = parallel.writes_checkpoint_parts();
+  if (parts) {
+    snap.shards = parallel.size();
+    snap.rank = parallel.rank();
+  }
+  // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
+  std::unordered_set<std::string> mine;
+  for (const auto& p : c.saved_parameters())
+    if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
+      snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+      mine.insert(p.parameter->name());
+    }
   snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
-  snap.optimizer = c.optimizer->state();
-  // The weight average (trainer.ema_decay) is training state too: beside the optimizer's.
+  // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
+  for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, t);
+  // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
+  // rank holds all of it; each writes the average of the parameters it writes.
   if (run.state.ema)
-    for (auto& entry : run.state.ema->state()) snap.optimizer.push_back(std::move(entry));
+    for (auto& [name, t] : run.state.ema->state())
+      if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
+  if (parts && !parallel.is_primary()) return snap;
   snap.files.emplace_back("state.json", checkpoint::to_json(record));
   snap.files.emplace_back("config.yaml", config_file_text(run.directory.run_id(), run.config));
   if (std::string state = c.tokenizer->state(); !state.empty()) snap.files.emplace_back("tokenizer.state", state);
@@ -118,6 +140,47 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
       "generation.json",
       nlohmann::json{{"separator_ends_documents", c.dataset->separator_ends_documents()}}.dump() + "\n");
   return snap;
+}
+
+void PartsCommit::settle(bool wait) {
+  if (!pending_) return;
+  if (wait) writer_->wait_idle();
+  const checkpoint::PartState state = writer_->part_state();
+  // [some rank is still writing, some rank's write failed]
+  std::vector<double> flags{state == checkpoint::PartState::writing ? 1.0 : 0.0,
+                            state == checkpoint::PartState::failed || state == checkpoint::PartState::none ? 1.0 : 0.0};
+  parallel_.collective().all_reduce(std::span<double>(flags), ReduceOp::max);
+  if (flags[1] != 0) {
+    pending_ = false;
+    writer_->drop_part();
+    parallel_.together([&] {
+      if (state == checkpoint::PartState::failed) writer_->wait();  // rethrows the write's error
+      if (state == checkpoint::PartState::none) throw InternalError("checkpoint part: none was written");
+    });
+    throw ReportedError(ErrorKind::user, "a rank's checkpoint part could not be written");
+  }
+  if (flags[0] != 0) return;  // the next step boundary asks again
+  // Every part is durable: rank 0 learns every rank's files ("name<TAB>size<TAB>crc32c" lines).
+  std::vector<checkpoint::ManifestEntry> all;
+  for (int r = 0; r < parallel_.size(); ++r) {
+    std::string text;
+    if (r == parallel_.rank())
+      for (const auto& f : writer_->part_files())
+        text += f.name + "\t" + std::to_string(f.size) + "\t" + std::to_string(f.crc32c) + "\n";
+    parallel_.broadcast(text, r);
+    if (!parallel_.is_primary()) continue;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t a = text.find('\t', at), b = text.find('\t', a + 1), end = text.find('\n', b);
+      all.push_back({text.substr(at, a - at), std::stoull(text.substr(a + 1, b - a - 1)),
+                     static_cast<std::uint32_t>(std::stoul(text.substr(b + 1, end - b - 1)))});
+      at = end + 1;
+    }
+  }
+  pending_ = false;
+  if (parallel_.is_primary())
+    writer_->commit_parts(std::move(all));
+  else
+    writer_->drop_part();
 }
 
 }  // namespace loom::training

@@ -15,6 +15,7 @@
 namespace loom::training {
 
 struct Run;
+class DataParallel;
 
 // trainer.checkpoint.
 struct CheckpointSettings {
@@ -48,9 +49,34 @@ class CheckpointPolicy {
 };
 
 // The run as it stands, for a checkpoint: its record (state.json) and a snapshot whose tensors
-// are the live parameters and optimizer state (the writer copies them when it writes later).
+// are the live parameters and optimizer state (the writer copies them when it writes later). In
+// a run whose ranks each write a part (DataParallel::writes_checkpoint_parts), this rank's part:
+// the entries it owns, each whole or as its range of elements (checkpoint::Entry), and, on rank 0,
+// the text files.
 checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds);
 checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record);
+
+// The commit of a checkpoint whose parts the ranks write (docs/checkpoints.md#sharded-checkpoints):
+// every rank's writer writes its part into the staging directory in the background; between
+// steps the ranks agree (one small all-reduce, from the step loop's thread: the writer threads
+// never communicate) whether every part is durable, and once all are, rank 0 commits the
+// checkpoint with a manifest that lists every rank's files. Every method is collective: every
+// rank calls it at the same point.
+class PartsCommit {
+ public:
+  PartsCommit(DataParallel& parallel, checkpoint::CheckpointWriter* writer) : parallel_(parallel), writer_(writer) {}
+  // A part was handed to the writer.
+  void started() { pending_ = true; }
+  bool pending() const { return pending_; }
+  // Commits the pending checkpoint if every rank's part is written; with `wait`, once they are.
+  // A rank whose part failed reports its error and every rank throws (DataParallel::together).
+  void settle(bool wait);
+
+ private:
+  DataParallel& parallel_;
+  checkpoint::CheckpointWriter* writer_;
+  bool pending_ = false;
+};
 
 // The log line of a checkpoint moved aside because it failed verification.
 std::string describe_set_aside(const checkpoint::SetAside& set_aside);

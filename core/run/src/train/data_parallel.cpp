@@ -312,6 +312,7 @@ void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
     layout_.emplace_back(p, offset, rank);
     parameters_.push_back(p);
     if (rank == rank_) owned_.insert(p);
+    owner_[p] = rank;
   }
   has_grad_.assign(parameters_.size(), 0.0f);
 }
@@ -419,50 +420,6 @@ void DataParallel::broadcast(std::string& text, int root) {
   collective_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&length, 1)), root);
   text.resize(length);
   collective_->broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
-}
-
-std::vector<std::pair<std::string, Tensor>> DataParallel::gather_state(
-    const std::vector<std::pair<std::string, Tensor>>& mine) {
-  if (size_ == 1) return mine;
-  std::vector<std::pair<std::string, Tensor>> all;
-  for (int root = 0; root < size_; ++root) {
-    // The root's entries as lines "name<TAB>d0,d1,...", then their values, concatenated.
-    std::string index;
-    std::vector<float> values;
-    if (root == rank_) {
-      for (const auto& [name, t] : mine) {
-        index += name + "\t";
-        for (int d = 0; d < t.rank(); ++d) index += (d ? "," : "") + std::to_string(t.shape()[d]);
-        index += "\n";
-        const Tensor c = t.clone();
-        values.insert(values.end(), c.data<float>(), c.data<float>() + c.numel());
-      }
-    }
-    broadcast(index, root);
-    std::uint64_t count = values.size();
-    collective_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&count, 1)), root);
-    values.resize(count);
-    collective_->broadcast(std::as_writable_bytes(std::span<float>(values)), root);
-    if (rank_ != 0) continue;
-    std::size_t at = 0, offset = 0;
-    while (at < index.size()) {
-      const std::size_t tab = index.find('\t', at), end = index.find('\n', tab);
-      std::vector<std::int64_t> dims;
-      for (std::size_t d = tab + 1; d < end;) {
-        const std::size_t comma = std::min(index.find(',', d), end);
-        dims.push_back(std::stoll(index.substr(d, comma - d)));
-        d = comma + 1;
-      }
-      Tensor t = Tensor::empty(Shape(std::span<const std::int64_t>(dims)));
-      std::copy(values.begin() + static_cast<std::ptrdiff_t>(offset),
-                values.begin() + static_cast<std::ptrdiff_t>(offset + static_cast<std::size_t>(t.numel())),
-                t.data<float>());
-      offset += static_cast<std::size_t>(t.numel());
-      all.emplace_back(index.substr(at, tab - at), std::move(t));
-      at = end + 1;
-    }
-  }
-  return all;
 }
 
 int DataParallel::max_over_ranks(int signal) {

@@ -127,6 +127,15 @@ class DataParallel {
   bool sharded() const { return sharded_; }
   // Whether this rank's optimizer updates `p` (every parameter unless sharded).
   bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
+  // Whether each rank writes its own part of a checkpoint (the ranks hold different state:
+  // ZeRO-1's optimizer state; FSDP's shards), rather than rank 0 the whole of it.
+  bool writes_checkpoint_parts() const { return size_ > 1 && sharded_; }
+  // The rank that writes `p` (its weights, its optimizer state and its weight average) into a
+  // checkpoint of parts: its ZeRO-1 owner; rank 0 for a parameter that no rank updates.
+  int checkpoint_writer_of(const Parameter* p) const {
+    const auto it = owner_.find(p);
+    return it == owner_.end() ? 0 : it->second;
+  }
   // After this rank's update of its shard: every rank's shard, to every rank.
   void gather_parameters();
   // During the backward pass of this rank's last micro-batch: `p`'s gradient is final. A bucket
@@ -140,9 +149,6 @@ class DataParallel {
   double sum(double value);
   // Rank `root`'s `text`, on every rank.
   void broadcast(std::string& text, int root = 0);
-  // A sharded run's optimizer state for a checkpoint: every rank's entries (`mine`, this rank's
-  // shard), in rank order, on rank 0; nothing elsewhere. Every rank must call it.
-  std::vector<std::pair<std::string, Tensor>> gather_state(const std::vector<std::pair<std::string, Tensor>>& mine);
   // The largest `value` of any rank, on every rank: a stop signal or a decision (0 or 1) that one
   // rank's clock or signal handler made and all must follow.
   int max_over_ranks(int signal);
@@ -181,6 +187,7 @@ class DataParallel {
   Tensor flat_grads_;
   std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
   std::unordered_set<const Parameter*> owned_;
+  std::unordered_map<const Parameter*, int> owner_;
   void reduce_scatter_gradients();
   std::vector<float> has_grad_;
   double communication_seconds_ = 0;

@@ -6,6 +6,7 @@
 
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "loom/core/config.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
@@ -222,9 +223,9 @@ std::vector<std::string> check_resume_config(const ResumePoint& point, const std
   return warnings;
 }
 
-std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
-    const ResumePoint& point, RunComponents& c, const std::string& config_yaml,
-    const std::function<bool(const std::string&)>& keeps) {
+std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const ResumePoint& point, RunComponents& c,
+                                                                    const std::string& config_yaml,
+                                                                    const RankShare& share) {
   const std::vector<ConfigChange> changes = diff_configs(point.config_text, config_yaml);
   const std::string where = "cannot resume from '" + point.dir.string() + "': ";
 
@@ -239,22 +240,41 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
         (keys.empty() ? std::string("; no tokenizer or data option differs") : "; the options that differ:" + keys));
   }
 
+  // The elements of entry `name` this rank holds: its range, or the whole entry.
+  auto range_of = [&](const checkpoint::TensorSet& set, const std::string& name) {
+    if (share.range)
+      if (const auto range = share.range(name)) return *range;
+    return std::pair<std::int64_t, std::int64_t>{0, set.info(name).shape.numel()};
+  };
+  auto check_size = [](const std::string& name, std::pair<std::int64_t, std::int64_t> range, const Tensor& live) {
+    if (range.second - range.first != live.numel())
+      throw InternalError("resume: elements [" + std::to_string(range.first) + ", " + std::to_string(range.second) +
+                          ") of '" + name + "' for a tensor of " + std::to_string(live.numel()));
+  };
+  // What this rank holds of entry `name`, shaped as `live`.
+  auto read_part = [&](const checkpoint::TensorSet& set, const std::string& name, const Tensor& live) {
+    const auto range = range_of(set, name);
+    check_size(name, range, live);
+    Tensor part = Tensor::empty(live.shape(), set.info(name).dtype);
+    set.read_range_into(name, range.first, range.second, part);
+    return part;
+  };
+
   // The model: every tensor by name and shape.
-  const fs::path weights = point.dir / "model.safetensors";
-  const safetensors::Reader reader(weights);
+  const checkpoint::TensorSet model(point.dir, "model");
   std::vector<std::string> problems;
   std::set<std::string> names;
   const std::vector<ModelParameter> saved_parameters = c.saved_parameters();
   for (const auto& p : saved_parameters) {
     const std::string& name = p.parameter->name();
     names.insert(name);
-    if (!reader.contains(name))
+    if (!model.contains(name))
       problems.push_back("'" + name + "' is not in the checkpoint");
-    else if (!(reader.info(name).shape == p.parameter->data().shape()))
-      problems.push_back("'" + name + "' is " + reader.info(name).shape.str() + " there and " +
-                         p.parameter->data().shape().str() + " now");
+    else if (!(model.info(name).shape == p.parameter->shape()))
+      problems.push_back("'" + name + "' is " + model.info(name).shape.str() + " there and " +
+                         p.parameter->shape().str() + " now");
   }
-  for (const auto& info : reader.tensors())
+  for (const auto& info : model.entries())
     if (!names.contains(info.name)) problems.push_back("'" + info.name + "' is in the checkpoint but not in the model");
   if (!problems.empty()) {
     const std::string keys = changes_under(changes, {"model.", "tokenizer."});
@@ -267,28 +287,26 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
   }
 
   // The optimizer state, checked by name and shape against the live state before anything loads.
-  const safetensors::Reader optimizer_reader(point.dir / "optimizer.safetensors");
+  const checkpoint::TensorSet optimizer(point.dir, "optimizer");
+  std::map<std::string, Tensor> live;
+  for (const auto& [name, t] : c.optimizer->state()) live.emplace(name, t);
   std::vector<std::pair<std::string, Tensor>> saved;
   std::vector<std::pair<std::string, Tensor>> average;
-  for (const auto& info : optimizer_reader.tensors()) {
-    if (info.name.starts_with("ema/"))
-      average.emplace_back(info.name, optimizer_reader.read(info.name));
-    else if (!keeps || keeps(info.name))
-      saved.emplace_back(info.name, optimizer_reader.read(info.name));
-  }
   {
-    std::map<std::string, Shape> live;
-    for (const auto& [name, t] : c.optimizer->state()) live.emplace(name, t.shape());
     std::vector<std::string> mismatch;
-    for (const auto& [name, t] : saved) {
-      const auto it = live.find(name);
+    std::set<std::string> seen;
+    for (const auto& info : optimizer.entries()) {
+      if (info.name.starts_with("ema/") || (share.keeps && !share.keeps(info.name))) continue;
+      seen.insert(info.name);
+      const auto it = live.find(info.name);
       if (it == live.end())
-        mismatch.push_back("'" + name + "' is in the checkpoint but not in the optimizer");
-      else if (!(it->second == t.shape()))
-        mismatch.push_back("'" + name + "' is " + t.shape().str() + " there and " + it->second.str() + " now");
-      if (it != live.end()) live.erase(it);
+        mismatch.push_back("'" + info.name + "' is in the checkpoint but not in the optimizer");
+      else if (!(share.range && share.range(info.name)) && !(it->second.shape() == info.shape))
+        mismatch.push_back("'" + info.name + "' is " + info.shape.str() + " there and " + it->second.shape().str() +
+                           " now");
     }
-    for (const auto& [name, shape] : live) mismatch.push_back("'" + name + "' is not in the checkpoint");
+    for (const auto& [name, t] : live)
+      if (!seen.contains(name)) mismatch.push_back("'" + name + "' is not in the checkpoint");
     if (!mismatch.empty()) {
       const std::string keys = changes_under(changes, {"optimizer."});
       std::string detail;
@@ -299,9 +317,33 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
     }
   }
 
-  with_context("while loading " + weights.string(), [&] { safetensors::load_parameters(weights, saved_parameters); });
-  with_context("while loading " + (point.dir / "optimizer.safetensors").string(),
-               [&] { c.optimizer->load_state(saved); });
+  // Every range's coverage is checked, and the optimizer state read, before anything is loaded;
+  // the weights are read straight into the parameters.
+  with_context("while reading " + model.describe(), [&] {
+    for (const auto& p : saved_parameters) {
+      const auto range = range_of(model, p.parameter->name());
+      check_size(p.parameter->name(), range, p.parameter->data());
+      model.check_covered(p.parameter->name(), range.first, range.second);
+    }
+  });
+  with_context("while reading " + optimizer.describe(), [&] {
+    for (const auto& [name, t] : live) saved.emplace_back(name, read_part(optimizer, name, t));
+    for (const auto& info : optimizer.entries())
+      if (info.name.starts_with("ema/")) {
+        const auto p = std::find_if(saved_parameters.begin(), saved_parameters.end(),
+                                    [&](const auto& q) { return "ema/" + q.parameter->name() == info.name; });
+        average.emplace_back(info.name, p == saved_parameters.end()
+                                            ? optimizer.read(info.name)
+                                            : read_part(optimizer, info.name, p->parameter->data()));
+      }
+  });
+  with_context("while loading " + model.describe(), [&] {
+    for (const auto& p : saved_parameters) {
+      const auto range = range_of(model, p.parameter->name());
+      model.read_range_into(p.parameter->name(), range.first, range.second, p.parameter->data());
+    }
+  });
+  with_context("while loading " + optimizer.describe(), [&] { c.optimizer->load_state(saved); });
   return average;
 }
 

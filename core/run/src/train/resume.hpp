@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint_store.hpp"
@@ -65,17 +66,28 @@ std::vector<ConfigChange> diff_configs(const std::string& before_yaml, const std
 std::vector<std::string> check_resume_config(const ResumePoint& point, const std::string& config_yaml,
                                              std::int64_t num_steps);
 
+// What part of a checkpoint's entries this rank holds, when the ranks hold different state.
+struct RankShare {
+  // The optimizer state entries ("slot/parameter") this rank's optimizer holds (every entry when
+  // unset): a rank's shard of a run with trainer.shard_optimizer_state.
+  std::function<bool(const std::string&)> keeps;
+  // Elements [begin, end) of an entry's flat values (a parameter, an optimizer state entry, or a
+  // weight average "ema/<parameter>") when this rank holds that range of it rather than the whole
+  // (FSDP); nullopt: the whole. The live tensor then has end - begin elements.
+  std::function<std::optional<std::pair<std::int64_t, std::int64_t>>(const std::string&)> range;
+};
+
 // Once the components are built and the optimizer initialised: checks the tokenizer's vocabulary
 // and the model's tensors against the checkpoint's (UserErrors naming the config keys that
 // differ), then loads the weights and the optimizer state. Nothing is loaded unless every check
-// passes.
-// `keeps`, when given, picks the optimizer state entries ("slot/parameter") this process's
-// optimizer holds: a rank's shard of a run with trainer.shard_optimizer_state, which resumes from
-// the whole state whatever number of ranks wrote it.
+// passes. The checkpoint may have been written by any number of ranks on any mesh: each tensor,
+// or the range of it that `share` asks for, is assembled from the files that hold it
+// (checkpoint::TensorSet), and a part no file holds is an error naming the checkpoint, the entry
+// and the elements.
 // Returns the checkpoint's weight average ("ema/<parameter>" entries of optimizer.safetensors,
 // under trainer.ema_decay), which the caller restores once it has made the average.
-std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(
-    const ResumePoint& point, RunComponents& components, const std::string& config_yaml,
-    const std::function<bool(const std::string&)>& keeps = {});
+std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const ResumePoint& point, RunComponents& components,
+                                                                    const std::string& config_yaml,
+                                                                    const RankShare& share = {});
 
 }  // namespace loom::training

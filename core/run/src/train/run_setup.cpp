@@ -1,5 +1,7 @@
 #include "train/run_setup.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <functional>
 #include <iomanip>
@@ -142,6 +144,11 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   std::optional<ResumePoint> resume;
   std::vector<std::string> resume_warnings;
   bool finished = false;
+  // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
+  // once shard() has run), and the name that their parts' staging directory shares.
+  const bool writes_parts =
+      parallel.size() > 1 && (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1);
+  std::string staging_token = std::to_string(::getpid());
   if (parallel.is_primary()) {
     run.directory = RunDirectory::open(trainer, run.config);
     run.checkpoint = checkpoint_settings(trainer, run.directory.path());
@@ -163,7 +170,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       resume_warnings =
           check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps);
     if (!finished)
-      run.checkpoints = std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async);
+      run.checkpoints =
+          std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
   }
   {
     std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
@@ -171,6 +179,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     parallel.broadcast(run_id);
     parallel.broadcast(run_dir);
     parallel.broadcast(from);
+    parallel.broadcast(staging_token);
     finished = parallel.max_over_ranks(finished ? 1 : 0) != 0;
     parallel.together([&] {
       if (parallel.is_primary()) return;
@@ -181,6 +190,13 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       if (!from.empty())
         resume =
             with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
+      // Ranks that hold state of their own write their parts of each checkpoint beside rank 0.
+      if (writes_parts && !finished) {
+        checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
+        store.set_rank(parallel.rank());
+        run.checkpoints =
+            std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
+      }
     });
   }
   run.trainer = trainer;
@@ -264,11 +280,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       std::unordered_set<std::string> owned;
       for (const auto& p : c.parameters)
         if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
-      saved_average = load_checkpoint_tensors(
-          *resume, c, config_file_text(run.directory.run_id(), run.config), [&](const std::string& entry) {
-            const auto slash = entry.find('/');
-            return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
-          });
+      RankShare share;
+      share.keeps = [&](const std::string& entry) {
+        const auto slash = entry.find('/');
+        return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
+      };
+      saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
       with_context("while reading " + (resume->dir / "state.json").string(),
                    [&] { restore_state(run, resume->record); });
       run.resumed_from = resume->record.step;

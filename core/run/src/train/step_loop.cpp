@@ -148,9 +148,12 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // Checkpoints: by the policy between steps, on a stop signal, and at the end of a run that has
   // any (so that it can be trained further). Trackers are flushed first: a checkpoint of step N
   // is committed only once every record up to N is on disk.
-  // In a data-parallel run rank 0 alone writes them (every rank holds the same weights and
-  // optimizer state); the other ranks have no writer.
+  // In a data-parallel run whose ranks hold replicas, rank 0 alone writes them (the other ranks
+  // have no writer); when the ranks hold different state (ZeRO-1), each writes its own part and
+  // the ranks agree on the commit (PartsCommit).
   checkpoint::CheckpointWriter* writer = run.checkpoints.get();
+  const bool parts = parallel.writes_checkpoint_parts();
+  PartsCommit commit(parallel, writer);
   CheckpointPolicy policy(run.checkpoint, run_start);
   std::int64_t last_saved = run.resumed_from;
   auto report_writes = [&] {
@@ -161,25 +164,22 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (c.fsdp) return;  // refused at set-up: sharded checkpoints are not written by this build
     last_saved = state.step;
     policy.saved(Clock::now());
-    // A sharded run's optimizer state comes to rank 0 from every rank first.
-    std::vector<std::pair<std::string, Tensor>> gathered;
-    if (parallel.sharded()) gathered = parallel.gather_state(c.optimizer->state());
     if (!writer) return;
+    // The previous checkpoint is committed before the next is written.
+    if (parts) commit.settle(/*wait=*/true);
     for (auto& t : c.trackers) t->flush();
-    checkpoint::Snapshot snapshot = live_snapshot(run, train_record(run, elapsed()));
-    if (parallel.sharded()) {
-      snapshot.optimizer = std::move(gathered);
-      if (state.ema)  // every rank holds the whole average: rank 0's
-        for (auto& entry : state.ema->state()) snapshot.optimizer.push_back(std::move(entry));
+    writer->save(live_snapshot(run, train_record(run, elapsed())));
+    if (parts) {
+      commit.started();
+      if (wait) commit.settle(/*wait=*/true);
     }
-    writer->save(std::move(snapshot));
     if (wait) writer->wait();
     report_writes();
   };
 
   bool reserved = false;
   auto reserve_if_soon = [&] {
-    if (!writer || parallel.sharded() || reserved || !policy.soon(Clock::now())) return;
+    if (!writer || reserved || !policy.soon(Clock::now())) return;
     writer->reserve(live_snapshot(run, train_record(run, 0)));
     reserved = true;
   };
@@ -263,6 +263,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
       }
+      // A checkpoint whose parts the ranks write is committed at the first step boundary where
+      // every part is durable.
+      if (commit.pending()) commit.settle(/*wait=*/false);
       report_writes();
       // The last step's checkpoint comes after the final evaluation and weights, below; a signal
       // during the last step lets the run finish.
@@ -277,9 +280,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         if (last_saved != state.step) save_checkpoint(/*wait=*/true);
         break;
       }
-      // A sharded save is collective: the ranks agree on it (the time policy reads each one's clock).
+      // A save of parts is collective: the ranks agree on it (the time policy reads each one's clock).
       bool due = policy.due(state.step, Clock::now());
-      if (parallel.sharded()) due = parallel.max_over_ranks(due ? 1 : 0) != 0;
+      if (parts) due = parallel.max_over_ranks(due ? 1 : 0) != 0;
       if (due) save_checkpoint(/*wait=*/!run.checkpoint.async);
       reserve_if_soon();
     }
@@ -287,6 +290,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   progress.end_steps();
 
   if (stopped_by != 0) {
+    commit.settle(/*wait=*/true);
     if (writer) writer->wait();
     report_writes();
     for (auto& t : c.trackers) t->flush();
@@ -341,6 +345,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // A run with checkpoints ends with one, so that it can be trained further (a larger
   // trainer.num_train_steps) and a rerun of the same command knows it is finished.
   if (last_saved >= 0 && last_saved != num_steps) save_checkpoint(/*wait=*/true);
+  commit.settle(/*wait=*/true);
   if (writer) writer->wait();
   report_writes();
   summary.wall_seconds = elapsed();

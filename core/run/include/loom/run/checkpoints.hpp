@@ -18,6 +18,9 @@ struct CheckpointListing {
   bool verifies = false;    // every file its manifest lists, with its size and CRC-32C
   std::string problem;      // what verification found, when it does not verify
   bool latest = false;      // what `latest` names: where trainer.resume=auto continues
+  // The ranks that wrote it, from its manifest: "1 rank", "data 2 x fsdp 1"; "?" when the
+  // manifest cannot be read.
+  std::string mesh = "?";
 };
 
 struct CheckpointsReport {
