@@ -103,6 +103,35 @@ checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds) {
   return r;
 }
 
+namespace {
+
+// A fully sharded run's part: this rank's slice of every parameter, of the optimizer state of the
+// slices it updates (elementwise optimizers) or the whole state of the parameters it owns, and of
+// the weight average; written by the replicas of data index 0 alone.
+void fsdp_entries(const Run& run, checkpoint::Snapshot& snap) {
+  const RunComponents& c = run.components;
+  const DataParallel& parallel = *run.parallel;
+  if (parallel.data_group()->rank() != 0) return;
+  std::unordered_map<std::string, const ParameterSlice*> slice_of;
+  for (const ParameterSlice& s : c.fsdp->slices()) {
+    slice_of[s.model->name()] = &s;
+    snap.model.emplace_back(s.model->name(), s.piece->data(), s.model->shape(), s.begin, s.end);
+  }
+  const bool ranges = c.optimizer->elementwise();
+  auto add = [&](const std::string& name, const Tensor& t) {
+    const auto it = slice_of.find(name.substr(name.find('/') + 1));
+    if (ranges && it != slice_of.end())
+      snap.optimizer.emplace_back(name, t, it->second->model->shape(), it->second->begin, it->second->end);
+    else
+      snap.optimizer.emplace_back(name, t);
+  };
+  for (auto& [name, t] : c.optimizer->state()) add(name, t);
+  if (run.state.ema)
+    for (auto& [name, t] : run.state.ema->state()) add(name, t);
+}
+
+}  // namespace
+
 checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record) {
   const RunComponents& c = run.components;
   const DataParallel& parallel = *run.parallel;
@@ -116,6 +145,9 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
     snap.shards = parallel.size();
     snap.rank = parallel.rank();
   }
+  if (c.fsdp) {
+    fsdp_entries(run, snap);
+  } else {
   // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
   std::unordered_set<std::string> mine;
   for (const auto& p : c.saved_parameters())
@@ -131,6 +163,7 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
   if (run.state.ema)
     for (auto& [name, t] : run.state.ema->state())
       if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
+  }
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   if (parts && !parallel.is_primary()) return snap;
   snap.files.emplace_back("state.json", checkpoint::to_json(record));

@@ -129,7 +129,7 @@ class DataParallel {
   bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
   // Whether each rank writes its own part of a checkpoint (the ranks hold different state:
   // ZeRO-1's optimizer state; FSDP's shards), rather than rank 0 the whole of it.
-  bool writes_checkpoint_parts() const { return size_ > 1 && sharded_; }
+  bool writes_checkpoint_parts() const { return size_ > 1 && (sharded_ || fully_sharded()); }
   // The rank that writes `p` (its weights, its optimizer state and its weight average) into a
   // checkpoint of parts: its ZeRO-1 owner; rank 0 for a parameter that no rank updates.
   int checkpoint_writer_of(const Parameter* p) const {

@@ -457,7 +457,7 @@ double FullySharded::sum_over_shards(double value) {
   return value;
 }
 
-void FullySharded::after_step() {
+void FullySharded::owners_changed() {
   if (settings_.elementwise_optimizer) return;
   const std::int64_t shards = fsdp_->size(), rank = fsdp_->rank();
   for (auto& unit : units_) {
@@ -479,6 +479,16 @@ void FullySharded::after_step() {
     bytes_per_step_ += static_cast<std::int64_t>(full * sizeof(float));
     std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk, static_cast<std::size_t>(unit.chunk) * sizeof(float));
     core::rebind_host_storage(unit.home, 0);
+  }
+}
+
+void FullySharded::shards_changed() {
+  if (settings_.elementwise_optimizer) return;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    gather(u, true);
+    for (const Member& m : units_[u].members)
+      if (m.whole) m.whole->data().copy_from(m.parameter->data());
+    free_values(u);
   }
 }
 

@@ -87,8 +87,12 @@ class FullySharded {
   void finish_gradients();
   // The sum over the shards (not the replicas) of a per-rank figure: the squared gradient norm.
   double sum_over_shards(double value);
-  // After the optimizer's update: whole-matrix optimizers' owners hand every rank its shard.
-  void after_step();
+  // After the optimizer's update (or a swap of the weight average into the parameters it
+  // updates): whole-matrix optimizers' owners hand every rank its shard. Every rank calls it.
+  void owners_changed();
+  // After the shards were written from outside (a checkpoint loaded into slices()): whole-matrix
+  // optimizers' owners take their whole copies from the shards. Every rank calls it.
+  void shards_changed();
   // Frees every gathered unit (after an evaluation or samples).
   void release();
   // The whole value of every parameter, in the model's order (every rank calls it; the result is

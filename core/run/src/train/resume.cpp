@@ -246,33 +246,37 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
       if (const auto range = share.range(name)) return *range;
     return std::pair<std::int64_t, std::int64_t>{0, set.info(name).shape.numel()};
   };
-  auto check_size = [](const std::string& name, std::pair<std::int64_t, std::int64_t> range, const Tensor& live) {
-    if (range.second - range.first != live.numel())
+  auto check_size = [](const std::string& name, std::pair<std::int64_t, std::int64_t> range, std::int64_t numel) {
+    if (range.second - range.first != numel)
       throw InternalError("resume: elements [" + std::to_string(range.first) + ", " + std::to_string(range.second) +
-                          ") of '" + name + "' for a tensor of " + std::to_string(live.numel()));
+                          ") of '" + name + "' for a tensor of " + std::to_string(numel));
   };
-  // What this rank holds of entry `name`, shaped as `live`.
-  auto read_part = [&](const checkpoint::TensorSet& set, const std::string& name, const Tensor& live) {
+  // What this rank holds of entry `name`, in `shape`.
+  auto read_part = [&](const checkpoint::TensorSet& set, const std::string& name, const Shape& shape) {
     const auto range = range_of(set, name);
-    check_size(name, range, live);
-    Tensor part = Tensor::empty(live.shape(), set.info(name).dtype);
+    check_size(name, range, shape.numel());
+    Tensor part = Tensor::empty(shape, set.info(name).dtype);
     set.read_range_into(name, range.first, range.second, part);
     return part;
   };
+  // The parameters the weights load into, with their global shapes.
+  std::vector<std::pair<Parameter*, Shape>> targets = share.weights;
+  if (targets.empty())
+    for (const auto& p : c.saved_parameters()) targets.emplace_back(p.parameter, p.parameter->shape());
 
   // The model: every tensor by name and shape.
   const checkpoint::TensorSet model(point.dir, "model");
   std::vector<std::string> problems;
   std::set<std::string> names;
-  const std::vector<ModelParameter> saved_parameters = c.saved_parameters();
-  for (const auto& p : saved_parameters) {
-    const std::string& name = p.parameter->name();
+  // Every parameter by name and shape (only their shapes: under FSDP their values live in units).
+  for (const auto& mp : c.saved_parameters()) {
+    const std::string& name = mp.parameter->name();
+    const Shape& shape = mp.parameter->shape();
     names.insert(name);
     if (!model.contains(name))
       problems.push_back("'" + name + "' is not in the checkpoint");
-    else if (!(model.info(name).shape == p.parameter->shape()))
-      problems.push_back("'" + name + "' is " + model.info(name).shape.str() + " there and " +
-                         p.parameter->shape().str() + " now");
+    else if (!(model.info(name).shape == shape))
+      problems.push_back("'" + name + "' is " + model.info(name).shape.str() + " there and " + shape.str() + " now");
   }
   for (const auto& info : model.entries())
     if (!names.contains(info.name)) problems.push_back("'" + info.name + "' is in the checkpoint but not in the model");
@@ -320,27 +324,27 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
   // Every range's coverage is checked, and the optimizer state read, before anything is loaded;
   // the weights are read straight into the parameters.
   with_context("while reading " + model.describe(), [&] {
-    for (const auto& p : saved_parameters) {
-      const auto range = range_of(model, p.parameter->name());
-      check_size(p.parameter->name(), range, p.parameter->data());
-      model.check_covered(p.parameter->name(), range.first, range.second);
+    for (const auto& [p, shape] : targets) {
+      const auto range = range_of(model, p->name());
+      check_size(p->name(), range, p->shape().numel());
+      model.check_covered(p->name(), range.first, range.second);
     }
   });
   with_context("while reading " + optimizer.describe(), [&] {
-    for (const auto& [name, t] : live) saved.emplace_back(name, read_part(optimizer, name, t));
+    for (const auto& [name, t] : live) saved.emplace_back(name, read_part(optimizer, name, t.shape()));
     for (const auto& info : optimizer.entries())
-      if (info.name.starts_with("ema/")) {
-        const auto p = std::find_if(saved_parameters.begin(), saved_parameters.end(),
-                                    [&](const auto& q) { return "ema/" + q.parameter->name() == info.name; });
-        average.emplace_back(info.name, p == saved_parameters.end()
-                                            ? optimizer.read(info.name)
-                                            : read_part(optimizer, info.name, p->parameter->data()));
+      if (info.name.starts_with("ema/") && (!share.keeps_average || share.keeps_average(info.name))) {
+        // The whole average of a parameter, or this rank's range of it.
+        const auto range = share.range ? share.range(info.name) : std::nullopt;
+        average.emplace_back(info.name, read_part(optimizer, info.name,
+                                                  range ? Shape{range->second - range->first}
+                                                        : optimizer.info(info.name).shape));
       }
   });
   with_context("while loading " + model.describe(), [&] {
-    for (const auto& p : saved_parameters) {
-      const auto range = range_of(model, p.parameter->name());
-      model.read_range_into(p.parameter->name(), range.first, range.second, p.parameter->data());
+    for (const auto& [p, shape] : targets) {
+      const auto range = range_of(model, p->name());
+      model.read_range_into(p->name(), range.first, range.second, p->data());
     }
   });
   with_context("while loading " + optimizer.describe(), [&] { c.optimizer->load_state(saved); });

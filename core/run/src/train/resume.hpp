@@ -75,6 +75,11 @@ struct RankShare {
   // weight average "ema/<parameter>") when this rank holds that range of it rather than the whole
   // (FSDP); nullopt: the whole. The live tensor then has end - begin elements.
   std::function<std::optional<std::pair<std::int64_t, std::int64_t>>(const std::string&)> range;
+  // The weight average entries ("ema/<parameter>") this rank holds (every one when unset).
+  std::function<bool(const std::string&)> keeps_average;
+  // FSDP: the parameters the weights load into, with the global shape each is a range of (in
+  // place of the model's own parameters, whose values live in sharded units).
+  std::vector<std::pair<Parameter*, Shape>> weights;
 };
 
 // Once the components are built and the optimizer initialised: checks the tokenizer's vocabulary

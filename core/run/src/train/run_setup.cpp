@@ -95,16 +95,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   Mesh mesh;
   parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
   parallel.set_mesh(mesh);
-  if (mesh.size(MeshAxis::fsdp) > 1)
-    parallel.together([&] {
-      const Options checkpoint = trainer.object("checkpoint");
-      if (checkpoint.get<std::int64_t>("save_every_steps") > 0 || checkpoint.get<double>("save_every_minutes") > 0)
-        throw UserError("trainer.mesh (" + mesh.describe() +
-                        "): this build does not write checkpoints of a fully sharded run yet, and a run that "
-                        "would lose its checkpoints is refused. Set trainer.checkpoint.save_every_steps=0 and "
-                        "trainer.checkpoint.save_every_minutes=0 to train without them (the final weights are "
-                        "written), or train with trainer.mesh.fsdp: 1");
-    });
+
 
   RunComponents& c = run.components;
   parallel.together([&] {
@@ -230,11 +221,6 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
         throw UserError("trainer.mesh (" + parallel.mesh().describe() +
                         "): LoRA under fully sharded data parallelism is not available in this build; train the "
                         "adapters with data parallelism (trainer.mesh.fsdp: 1)");
-      if (resume)
-        throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): resuming a fully sharded run from " +
-                        resume->dir.string() +
-                        " is not available in this build (sharded checkpoints are not written yet); start afresh "
-                        "(trainer.resume=never) or resume with trainer.mesh.fsdp: 1");
     } else if (trainer.get<bool>("shard_optimizer_state")) {
       parallel.shard(c.parameters);
     } else {
@@ -285,7 +271,34 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
         const auto slash = entry.find('/');
         return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
       };
+      // FSDP: this rank's slices of the weights, and of the state and average of the slices it
+      // updates (elementwise optimizers) or the whole state of the parameters it owns; whatever
+      // mesh wrote the checkpoint.
+      std::unordered_map<std::string, const ParameterSlice*> slice_of;
+      std::unordered_set<std::string> updates;
+      if (c.fsdp) {
+        for (const ParameterSlice& sl : c.fsdp->slices()) {
+          slice_of[sl.model->name()] = &sl;
+          share.weights.emplace_back(sl.piece, sl.model->shape());
+        }
+        for (const auto& p : c.parameters) updates.insert(p.parameter->name());
+        const bool elementwise = c.optimizer->elementwise();
+        auto parameter_of = [](const std::string& entry) {
+          const auto slash = entry.find('/');
+          return slash == std::string::npos ? entry : entry.substr(slash + 1);
+        };
+        share.keeps = [&, parameter_of](const std::string& entry) { return updates.contains(parameter_of(entry)); };
+        share.keeps_average = share.keeps;
+        share.range = [&, elementwise, parameter_of](
+                          const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+          if (entry.find('/') != std::string::npos && !elementwise) return std::nullopt;
+          const auto it = slice_of.find(parameter_of(entry));
+          if (it == slice_of.end()) return std::nullopt;
+          return std::pair{it->second->begin, it->second->end};
+        };
+      }
       saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
+      if (c.fsdp) c.fsdp->shards_changed();
       with_context("while reading " + (resume->dir / "state.json").string(),
                    [&] { restore_state(run, resume->record); });
       run.resumed_from = resume->record.step;

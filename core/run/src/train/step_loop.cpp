@@ -78,10 +78,16 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                                     trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf"),
                                     trainer.get<float>("z_loss_weight")});
   // Evaluation and the final save see the weight average when there is one.
+  // (FSDP with a whole-matrix optimizer averages the owners' whole copies: the shards follow.)
+  auto swap_average = [&] {
+    if (!run.state.ema) return;
+    run.state.ema->swap();
+    if (c.fsdp) c.fsdp->owners_changed();
+  };
   auto with_average = [&](auto&& body) {
-    if (run.state.ema) run.state.ema->swap();
+    swap_average();
     auto result = body();
-    if (run.state.ema) run.state.ema->swap();
+    swap_average();
     return result;
   };
   // Evaluation and samples see the adapters (merged for the while: any code path of the model).
@@ -161,7 +167,6 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       for (const auto& r : writer->take_reports()) progress.say(describe_write(r));
   };
   auto save_checkpoint = [&](bool wait) {
-    if (c.fsdp) return;  // refused at set-up: sharded checkpoints are not written by this build
     last_saved = state.step;
     policy.saved(Clock::now());
     if (!writer) return;

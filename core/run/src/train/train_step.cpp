@@ -61,7 +61,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   clip_gradients(result.grad_norm, components_.max_grad_norm);
   components_.optimizer->step(result.lr, step - state.skipped_steps);
   parallel_.gather_parameters();
-  if (components_.fsdp) components_.fsdp->after_step();
+  if (components_.fsdp) components_.fsdp->owners_changed();
   ++state.step;
   return result;
 }
