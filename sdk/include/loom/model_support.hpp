@@ -182,6 +182,21 @@ class LayerKvCache final : public KvCache {
   }
   void advance(std::int64_t n) { length_ += n; }
 
+  // Puts positions [0, length) of `source`'s first sequence into every sequence of this cache,
+  // which then holds `length` positions: one context run once, continued by several sequences
+  // (`loom eval`'s multiple choice). Both caches come from the same model.
+  void fill_from(const LayerKvCache& source, std::int64_t length) {
+    if (length > source.length_ || length > max_len_ || keys_.size() != source.keys_.size())
+      throw InternalError("LayerKvCache::fill_from: " + std::to_string(length) + " positions of a cache holding " +
+                          std::to_string(source.length_) + " into one of at most " + std::to_string(max_len_));
+    for (std::size_t l = 0; l < keys_.size(); ++l)
+      for (std::int64_t b = 0; b < batch_; ++b) {
+        keys_[l].select(0, b).slice(0, 0, length).copy_from(source.keys_[l].select(0, 0).slice(0, 0, length));
+        values_[l].select(0, b).slice(0, 0, length).copy_from(source.values_[l].select(0, 0).slice(0, 0, length));
+      }
+    length_ = length;
+  }
+
  private:
   const void* owner_;
   std::int64_t batch_, max_len_;
@@ -284,6 +299,20 @@ class CausalLm : public Model {
       logits = ops.linear(x.select(1, x.size(1) - 1), head());
     }
     return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
+  }
+
+  // As next_logits, but the logits of every new position, [batch, new, vocab]: a continuation
+  // scored after a cached context (`loom eval`). Not virtual: callers reach it through a
+  // dynamic_cast to CausalLm, and a model that is not one is scored without a cache.
+  Tensor cached_logits(Ops& ops, const Tensor& tokens, KvCache& cache) {
+    require_built("cached_logits");
+    LayerKvCache& c = check_cache(cache, this, tokens, vocab_size(), label());
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      logits = ops.linear(forward(ops, tokens, Tensor(), &c), head());
+    }
+    return cap_logits(ops, logits);
   }
 
  protected:
