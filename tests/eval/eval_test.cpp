@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "../core/test_support.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/run/report.hpp"
 #include "loom/run/run_config.hpp"
 
 namespace fs = std::filesystem;
@@ -325,7 +329,16 @@ INSTANTIATE_TEST_SUITE_P(Models, EvalScorer,
                                            "initializer_range: 0.5}",
                                            "{type: llama, seq_len: 64, hidden_dim: 32, intermediate_dim: 64, "
                                            "num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: null, "
-                                           "initializer_range: 0.5}"));
+                                           "initializer_range: 0.5}",
+                                           // A mixture of experts (top-2 of 4).
+                                           "{type: llama, seq_len: 64, hidden_dim: 32, intermediate_dim: 48, "
+                                           "num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: null, "
+                                           "moe: {num_experts: 4, experts_per_token: 2}, initializer_range: 0.5}",
+                                           // Soft-capped logits, a sliding window shorter than the requests.
+                                           "{type: gemma, seq_len: 64, hidden_dim: 32, intermediate_dim: 64, "
+                                           "num_layers: 2, num_heads: 2, num_kv_heads: 1, head_dim: 16, "
+                                           "query_pre_attn_scalar: 16, attn_logit_softcapping: 50, "
+                                           "final_logit_softcapping: 30, sliding_window: 12, initializer_range: 0.5}"));
 
 TEST(EvalScorer, KvCacheRunsTheContextOnce) {
   test::TempDir dir;
@@ -359,6 +372,149 @@ TEST(EvalScorer, BadRequestsAreUserErrors) {
   EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, {}}}), UserError);
   EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, std::vector<std::int32_t>(17, 1)}}), UserError);
   EXPECT_THROW(Scorer(*lm.model, *lm.backend, ScorerOptions{0, true}), UserError);
+}
+
+// ---- The command, as a user runs it ----
+
+test::CommandResult loom(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{LOOM_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return test::run_command(argv);
+}
+
+void train(const fs::path& config, const fs::path& run_dir, std::vector<std::string> overrides = {}) {
+  std::vector<std::string> args{"train", config.string(), "trainer.run_dir=" + run_dir.string()};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  const auto r = loom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+nlohmann::json eval_json(const std::vector<std::string>& args, const fs::path& out) {
+  std::vector<std::string> all{"eval"};
+  all.insert(all.end(), args.begin(), args.end());
+  all.insert(all.end(), {"-o", out.string(), "--log-samples"});
+  const auto r = loom(all);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream f(out);
+  return nlohmann::json::parse(f);
+}
+
+const char* kTinyRun = R"(model: {type: gpt2, seq_len: 256, hidden_dim: 32, num_layers: 2, num_heads: 2}
+backend: {type: cpu, matmul_precision: f32}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+trainer: {num_train_steps: 4, train_batch_size: 4, log_every: 2, steps_per_eval: 0, max_eval_batches: 1,
+          sample_length: 0, trackers: [jsonl], peak_flops: 1.0e9}
+)";
+
+std::string example_tasks() {
+  const fs::path dir = fs::path(LOOM_SOURCE_DIR) / "configs/eval";
+  return (dir / "piqa.jsonl").string() + "," + (dir / "winogrande.jsonl").string() + "," +
+         (dir / "lambada.jsonl").string() + "," + (dir / "wikitext.txt").string();
+}
+
+std::vector<double> all_loglikelihoods(const nlohmann::json& results) {
+  std::vector<double> out;
+  for (const auto& [task, docs] : results["samples"].items())
+    for (const auto& doc : docs)
+      for (const auto& ll : doc["loglikelihoods"]) out.push_back(ll.get<double>());
+  return out;
+}
+
+// A LoRA run scores with its adapters: as its merged export, read back as a Hugging Face directory
+// into the base model's config, and not as its base model.
+TEST(EvalCommand, LoraRunAndHuggingFaceDirectoryScoreTheSameModel) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "base");
+  train(config, dir.path() / "lora",
+        {"trainer.init_from=" + (dir.path() / "base").string(), "lora.rank=4", "lora.alpha=8",
+         "optimizer.learning_rate=0.1"});
+  const auto r =
+      loom({"export", (dir.path() / "lora").string(), "--format", "hf", (dir.path() / "hf").string(), "--merge-lora"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto base = all_loglikelihoods(
+      eval_json({(dir.path() / "base").string(), "--tasks", example_tasks()}, dir.path() / "b.json"));
+  const auto lora = all_loglikelihoods(
+      eval_json({(dir.path() / "lora").string(), "--tasks", example_tasks()}, dir.path() / "l.json"));
+  const auto hf = all_loglikelihoods(
+      eval_json({(dir.path() / "hf").string(), config.string(), "--tasks", example_tasks()}, dir.path() / "h.json"));
+  ASSERT_EQ(lora.size(), hf.size());
+  ASSERT_EQ(lora.size(), base.size());
+  double moved = 0;
+  for (std::size_t i = 0; i < lora.size(); ++i) {
+    EXPECT_NEAR(lora[i], hf[i], 1e-4) << i;
+    moved = std::max(moved, std::abs(lora[i] - base[i]));
+  }
+  EXPECT_GT(moved, 1e-2);  // the adapters changed the scores
+}
+
+TEST(EvalCommand, BadInputIsOneErrorWithStatus2) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "run");
+  const std::string run = (dir.path() / "run").string();
+  auto expect_error = [&](const std::vector<std::string>& args, const std::string& text) {
+    const auto r = loom(args);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+  };
+  expect_error({"eval", run, "--tasks", "helaswag"}, "neither a task");
+  expect_error({"eval", run}, "no tasks given");
+  expect_error({"eval", (dir.path() / "nowhere").string(), "--tasks", example_tasks()}, "does not exist");
+  expect_error({"eval", run, "--tasks", example_tasks(), "--batch-size", "0"}, "--batch-size must be at least 1");
+  const fs::path bad = dir.write("piqa_bad.jsonl", "{\"goal\": \"g\"}\n");
+  expect_error({"eval", run, "--tasks", bad.string()}, "piqa_bad.jsonl:1: no \"sol1\" field");
+  fs::create_directories(dir.path() / "hf");
+  dir.write("hf/config.json", "{}");
+  expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()}, "give the config that describes");
+}
+
+// trainer.eval_tasks: scored every steps_per_task_eval steps and at the end, logged as
+// eval/<task>/<metric> and printed; the run's header.json is what `loom report` shows of it.
+TEST(EvalTraining, EvalTasksAreLoggedAndPrinted) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  const fs::path run = dir.path() / "run";
+  const fs::path examples = fs::path(LOOM_SOURCE_DIR) / "configs/eval";
+  const auto r = loom(
+      {"train", config.string(), "trainer.run_dir=" + run.string(),
+       "trainer.eval_tasks=[" + (examples / "piqa.jsonl").string() + "," + (examples / "lambada.jsonl").string() + "]",
+       "trainer.steps_per_task_eval=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("tasks at step 2: piqa acc "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tasks at step 4: piqa acc "), std::string::npos) << r.out;
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::map<std::int64_t, nlohmann::json> by_step;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("eval/piqa/acc")) by_step[row["step"].get<std::int64_t>()] = row;
+  }
+  ASSERT_EQ(by_step.size(), 2u);
+  EXPECT_TRUE(by_step.count(2) && by_step.count(4));
+  EXPECT_TRUE(by_step[4].contains("eval/piqa/acc_norm"));
+  EXPECT_TRUE(by_step[4].contains("eval/lambada/perplexity"));
+  // The same scores as `loom eval` of the final weights.
+  const auto final_eval =
+      eval_json({run.string(), "--tasks", (examples / "lambada.jsonl").string()}, dir.path() / "e.json");
+  EXPECT_NEAR(by_step[4]["eval/lambada/perplexity"].get<double>(),
+              final_eval["results"]["lambada"]["perplexity"].get<double>(),
+              1e-6 * final_eval["results"]["lambada"]["perplexity"].get<double>());
+
+  const RunRecord record = read_run(run);
+  EXPECT_NE(record.trainer_header.find("model: gpt2"), std::string::npos) << record.trainer_header;
+  EXPECT_TRUE(record.header.count("parameters"));
+  EXPECT_TRUE(record.header.count("memory estimate"));
+  EXPECT_NE(render_report_html({record}, ReportAxis::step).find("Evaluation: piqa"), std::string::npos);
+
+  // A bad task file stops the run before its first step.
+  const auto bad = loom({"train", config.string(), "trainer.run_dir=" + (dir.path() / "bad").string(),
+                         "trainer.eval_tasks=[nowhere.jsonl]"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("while reading trainer.eval_tasks"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out.find("step 2/4"), std::string::npos);
 }
 
 }  // namespace
