@@ -301,6 +301,27 @@ class CausalLm : public Model {
     return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
   }
 
+  // The logits of chosen positions of `tokens` [batch, seq] alone, [positions, vocab]: position p
+  // is row p / seq, column p % seq. `loom eval` scores continuations after long contexts without
+  // projecting every context position onto the vocabulary. Not virtual, as cached_logits.
+  Tensor logits_at(Ops& ops, const Tensor& tokens, std::span<const std::int64_t> positions) {
+    require_built("logits_at");
+    check_batch(tokens, Tensor(), Tensor(), vocab_size(), max_seq_len(), label(), false);
+    const Tensor x = hidden_states(ops, tokens);
+    const std::int64_t seq = x.size(1);
+    const Tensor picked =
+        Tensor::zeros(Shape{static_cast<std::int64_t>(positions.size()), x.size(2)}, x.dtype(), x.device());
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      picked.select(0, static_cast<std::int64_t>(i))
+          .copy_from(x.select(0, positions[i] / seq).select(0, positions[i] % seq));
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      logits = ops.linear(picked, head());
+    }
+    return cap_logits(ops, logits);
+  }
+
   // As next_logits, but the logits of every new position, [batch, new, vocab]: a continuation
   // scored after a cached context (`loom eval`). Not virtual: callers reach it through a
   // dynamic_cast to CausalLm, and a model that is not one is scored without a cache.
@@ -344,6 +365,10 @@ class CausalLm : public Model {
   }
 
  private:
+  Tensor hidden_states(Ops& ops, const Tensor& tokens) {
+    InferenceScope scope(ops);
+    return forward(ops, tokens, Tensor(), nullptr);
+  }
   Tensor cap_logits(Ops& ops, const Tensor& logits) const {
     const float cap = final_logit_softcap();
     return cap > 0.0f ? ops.softcap(logits, cap) : logits;

@@ -94,6 +94,7 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
   Ops ops(backend_, &tape);
   ops.set_training(false);
   const std::int64_t vocab = model_.vocab_size();
+  auto* causal = dynamic_cast<models::CausalLm*>(&model_);
   for (std::size_t begin = 0; begin < rows.size();) {
     const auto seq = static_cast<std::int64_t>(rows[begin]->first.size());
     const std::int64_t n = std::min<std::int64_t>(rows_in_budget(seq, vocab, options_.batch_size),
@@ -103,9 +104,33 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
       const auto& input = rows[begin + static_cast<std::size_t>(b)]->first;
       std::copy(input.begin(), input.end(), tokens.begin() + b * seq);
     }
-    const Tensor logits =
-        model_.logits(ops, Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, seq}), Tensor());
+    const Tensor input_tensor = Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, seq});
+    // Where the model can (CausalLm), the logits of the positions that predict a continuation's
+    // tokens alone: the output projection is most of a small model's work over a long context.
+    // row_of[b * seq + t]: the logits' row of position t of sequence b.
+    std::vector<std::int64_t> row_of;
+    Tensor logits;
+    if (causal) {
+      std::vector<std::int64_t> positions;
+      row_of.assign(static_cast<std::size_t>(n * seq), -1);
+      for (std::int64_t b = 0; b < n; ++b) {
+        const auto& [input, members] = *rows[begin + static_cast<std::size_t>(b)];
+        for (const std::size_t i : members)
+          for (auto t = static_cast<std::int64_t>(input.size() - requests[i].continuation.size());
+               t < static_cast<std::int64_t>(input.size()); ++t)
+            if (row_of[static_cast<std::size_t>(b * seq + t)] < 0) {
+              row_of[static_cast<std::size_t>(b * seq + t)] = static_cast<std::int64_t>(positions.size());
+              positions.push_back(b * seq + t);
+            }
+      }
+      logits = causal->logits_at(ops, input_tensor, positions);
+    } else {
+      logits = model_.logits(ops, input_tensor, Tensor());
+    }
     const HostLogits host(logits);
+    auto row = [&](std::int64_t position) {
+      return host.row(causal ? row_of[static_cast<std::size_t>(position)] : position);
+    };
     ++stats_.forward_passes;
     stats_.tokens_run += n * seq;
     for (std::int64_t b = 0; b < n; ++b) {
@@ -116,7 +141,7 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
         Scored s{0.0, true};
         for (std::size_t j = 0; j < cont.size(); ++j) {
           const auto [lp, greedy] =
-              token_logprob(host.row(b * seq + first + static_cast<std::int64_t>(j)), host.vocab, cont[j]);
+              token_logprob(row(b * seq + first + static_cast<std::int64_t>(j)), host.vocab, cont[j]);
           s.logprob += lp;
           s.greedy = s.greedy && greedy;
         }
