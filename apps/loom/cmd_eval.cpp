@@ -1,5 +1,5 @@
 // loom eval RUN_DIR_OR_CHECKPOINT_OR_HF_DIR [CONFIG] [a.b=c ...] --tasks NAMES_OR_FILES [--limit N]
-//           [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--no-kv-cache]
+//           [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--kv-cache auto|always|never]
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -38,7 +38,7 @@ int run_eval(const std::vector<std::string>& args) {
   std::string output, task_dir = "eval_data", weights = "ema";
   std::int64_t limit = 0;
   eval::EvalOptions options;
-  bool no_kv_cache = false;
+  std::string kv_cache = "auto";
   po::options_description described("options");
   add_common_options(described, common);
   described.add_options()("tasks", po::value(&tasks)->multitoken(),
@@ -51,9 +51,10 @@ int run_eval(const std::vector<std::string>& args) {
       "output,o", po::value(&output), "write the results as JSON to this file")(
       "log-samples", po::bool_switch(&options.log_samples),
       "with --output: each document's log-likelihoods, greedy flags and predictions too")(
-      "no-kv-cache", po::bool_switch(&no_kv_cache),
-      "score every choice as its own sequence, context included, as the harness does (default: the context runs "
-      "once, and each choice continues from its KV cache)")(
+      "kv-cache", po::value(&kv_cache)->default_value("auto"),
+      "multiple choice: run a context shared by the choices once into a KV cache that each choice continues "
+      "from: auto (where the context is long enough to pay off), always, or never (every choice its own "
+      "sequence, context included, as the harness does)")(
       "weights", po::value(&weights)->default_value("ema"),
       "of a run trained with trainer.ema_decay: ema (its weight average) or live");
   po::options_description hidden;
@@ -77,7 +78,7 @@ int run_eval(const std::vector<std::string>& args) {
   if (options.scorer.batch_size < 1)
     throw UserError("--batch-size must be at least 1, got " + std::to_string(options.scorer.batch_size));
   if (options.log_samples && output.empty()) throw UserError("--log-samples writes into --output: give -o FILE");
-  options.scorer.kv_cache = !no_kv_cache;
+  options.scorer.kv_cache = eval::parse_kv_cache_use(kv_cache, "--kv-cache");
   const WeightsChoice choice = parse_weights_choice(weights, "--weights");
   const fs::path target = positional.front();
   std::vector<std::string> rest(positional.begin() + 1, positional.end());

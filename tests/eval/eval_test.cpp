@@ -229,6 +229,22 @@ TEST(EvalMetrics, AccuracyNormalisationAndStandardErrors) {
   EXPECT_DOUBLE_EQ(metrics[1].value, 1.0 / 3);
   EXPECT_FALSE(mean_stderr(std::vector<double>{1.0}).has_value());
 
+  // LAMBADA's perplexity: its standard error is the harness's bootstrap (100000 resamples, drawn
+  // by Python's random.Random(i) per chunk of 1000): lm_eval.api.metrics.bootstrap_stderr(perplexity,
+  // xs, 100000) gives 3.8126131948643756 for these six log-likelihoods.
+  Task lambada;
+  lambada.spec.family = TaskFamily::lambada;
+  lambada.docs.resize(6);
+  std::vector<DocLog> six(6);
+  const double lls[] = {-1.0, -2.5, -0.3, -4.0, -2.0, -0.7};
+  for (std::size_t i = 0; i < 6; ++i) six[i].results = {{lls[i], i % 2 == 0}};
+  const auto l = task_metrics(lambada, six);
+  EXPECT_EQ(l[0].name, "perplexity");
+  EXPECT_DOUBLE_EQ(l[0].value, std::exp(10.5 / 6));
+  EXPECT_NEAR(*l[0].stderr_value, 3.8126131948643756, 1e-12);
+  EXPECT_EQ(l[1].name, "acc");
+  EXPECT_DOUBLE_EQ(l[1].value, 0.5);
+
   Task text;
   text.spec.family = TaskFamily::perplexity;
   TaskDoc d;
@@ -301,19 +317,20 @@ TEST_P(EvalScorer, AgreesWithTokenByTokenScoringInEveryMode) {
     for (const double x : lls) sum += x;
     expected.push_back(sum);
   }
-  for (const bool kv : {false, true})
+  for (const KvCacheUse kv : {KvCacheUse::never, KvCacheUse::always, KvCacheUse::automatic})
     for (const std::int64_t batch : {1, 3, 16}) {
       Scorer scorer(*lm.model, *lm.backend, ScorerOptions{batch, kv});
       const auto got = scorer.score_grouped(requests, groups);
       ASSERT_EQ(got.size(), requests.size());
       for (std::size_t i = 0; i < got.size(); ++i)
-        EXPECT_NEAR(got[i].logprob, expected[i], 1e-4) << "request " << i << ", batch " << batch << ", kv " << kv;
-      if (kv) {
+        EXPECT_NEAR(got[i].logprob, expected[i], 1e-4)
+            << "request " << i << ", batch " << batch << ", kv " << static_cast<int>(kv);
+      if (kv != KvCacheUse::never) {
         EXPECT_EQ(scorer.stats().requests, static_cast<std::int64_t>(requests.size()));
       }
     }
   // greedy: the argmax continuation is greedy, another token is not.
-  Scorer scorer(*lm.model, *lm.backend, ScorerOptions{4, false});
+  Scorer scorer(*lm.model, *lm.backend, ScorerOptions{4, KvCacheUse::never});
   const std::vector<std::int32_t> context = tokens(5);
   TokenStream stream(*lm.model, *lm.backend, boundary, ContextPolicy::stop);
   stream.start(context);
@@ -347,19 +364,19 @@ TEST(EvalScorer, KvCacheRunsTheContextOnce) {
   std::vector<TokenRequest> requests;
   for (int c = 0; c < 4; ++c) requests.push_back({context, {static_cast<std::int32_t>(c), 2, 1}});
   const std::vector<std::size_t> groups{4};
-  Scorer cached(*lm.model, *lm.backend, ScorerOptions{8, true});
+  Scorer cached(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::always});
   cached.score_grouped(requests, groups);
   // The context once, then the 4 choices' first two tokens after it.
   EXPECT_EQ(cached.stats().tokens_run, 40 + 4 * 2);
   EXPECT_EQ(cached.stats().forward_passes, 2);
   // The harness's way: each choice a row of context and choice (4 x 42).
-  Scorer plain(*lm.model, *lm.backend, ScorerOptions{8, false});
+  Scorer plain(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::never});
   plain.score_grouped(requests, groups);
   EXPECT_EQ(plain.stats().tokens_run, 4 * 42);
   // Choices that differ in their last token alone have one input: one row, with or without the cache.
   std::vector<TokenRequest> letters;
   for (int c = 0; c < 4; ++c) letters.push_back({context, {1, 2, static_cast<std::int32_t>(c)}});
-  Scorer once(*lm.model, *lm.backend, ScorerOptions{8, true});
+  Scorer once(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::always});
   once.score_grouped(letters, groups);
   EXPECT_EQ(once.stats().tokens_run, 42);
   EXPECT_EQ(once.stats().forward_passes, 1);
@@ -371,7 +388,7 @@ TEST(EvalScorer, BadRequestsAreUserErrors) {
   Scorer scorer(*lm.model, *lm.backend, ScorerOptions{});
   EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, {}}}), UserError);
   EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, std::vector<std::int32_t>(17, 1)}}), UserError);
-  EXPECT_THROW(Scorer(*lm.model, *lm.backend, ScorerOptions{0, true}), UserError);
+  EXPECT_THROW(Scorer(*lm.model, *lm.backend, ScorerOptions{0, KvCacheUse::always}), UserError);
 }
 
 // ---- The command, as a user runs it ----

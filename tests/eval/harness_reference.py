@@ -88,7 +88,7 @@ def main():
         for name in names:
             start = time.perf_counter()
             result = simple_evaluate(model=lm, tasks=[f"loom_{name}"], task_manager=manager, log_samples=True,
-                                     bootstrap_iters=0, num_fewshot=0)
+                                     bootstrap_iters=100000, num_fewshot=0)
             seconds = time.perf_counter() - start
             task = f"loom_{name}"
             metrics = {k.split(",")[0]: v for k, v in result["results"][task].items() if k != "alias"}

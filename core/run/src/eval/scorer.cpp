@@ -62,6 +62,13 @@ std::int64_t rows_in_budget(std::int64_t seq, std::int64_t vocab, std::int64_t b
 
 }  // namespace
 
+KvCacheUse parse_kv_cache_use(const std::string& text, const std::string& option) {
+  if (text == "auto") return KvCacheUse::automatic;
+  if (text == "always") return KvCacheUse::always;
+  if (text == "never") return KvCacheUse::never;
+  throw UserError(option + " '" + text + "': auto, always or never");
+}
+
 Scorer::Scorer(Model& model, Backend& backend, ScorerOptions options)
     : model_(model), backend_(backend), options_(options) {
   if (options_.batch_size < 1)
@@ -172,8 +179,19 @@ bool Scorer::score_with_cache(std::span<const TokenRequest> group, std::span<Sco
     return std::vector<std::int32_t>(r.continuation.begin(), r.continuation.end() - 1);
   };
   bool one_input = true;
-  for (const TokenRequest& r : group) one_input = one_input && input_tail(r) == input_tail(group.front());
+  std::size_t choice_tokens = 0;
+  for (const TokenRequest& r : group) {
+    one_input = one_input && input_tail(r) == input_tail(group.front());
+    choice_tokens += r.continuation.size();
+  }
   if (one_input) return false;
+  if (options_.kv_cache == KvCacheUse::automatic) {
+    // Each pass costs a fixed overhead beside its positions: on two cores the cache's two small
+    // passes per document pay off only for a long context that most of the rows' positions repeat.
+    const std::size_t rows = group.size() * context.size() + choice_tokens;
+    const std::size_t cached = context.size() + choice_tokens;
+    if (context.size() < 64 || 2 * cached > rows) return false;
+  }
 
   Tape tape;
   tape.set_enabled(false);
@@ -223,7 +241,7 @@ std::vector<Scored> Scorer::score_grouped(std::span<const TokenRequest> requests
                                           std::span<const std::size_t> group_sizes) {
   if (std::accumulate(group_sizes.begin(), group_sizes.end(), std::size_t{0}) != requests.size())
     throw InternalError("Scorer::score_grouped: the groups do not add up to the requests");
-  if (!options_.kv_cache) return score(requests);
+  if (options_.kv_cache == KvCacheUse::never) return score(requests);
   std::vector<Scored> out(requests.size());
   // What the cache cannot take (one choice, different contexts, truncation) goes through score().
   std::vector<TokenRequest> others;

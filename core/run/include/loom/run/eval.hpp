@@ -104,11 +104,23 @@ struct Scored {
   bool greedy = false;  // whether each continuation token is the argmax
 };
 
+// Multiple choice whose choices share a context: whether the context runs once into a KV cache that
+// each choice continues from (models built on CausalLm), or each choice is a row of its own, context
+// included, as in the harness.
+enum class KvCacheUse {
+  automatic,  // where it saves most of the work: a context of 64 tokens or more that is at least half
+              // of the positions the rows would run (on 2 cores, a shorter one costs more in passes
+              // than it saves)
+  always,     // every document of two choices or more
+  never,      // the harness's way
+};
+
+// "auto", "always" or "never"; UserError naming `option` otherwise.
+KvCacheUse parse_kv_cache_use(const std::string& text, const std::string& option);
+
 struct ScorerOptions {
   std::int64_t batch_size = 8;  // rows per forward pass
-  // Multiple choice whose choices share a context: the context runs once into a KV cache that each
-  // choice continues from (models built on CausalLm); false: each request is one row, as in the harness.
-  bool kv_cache = true;
+  KvCacheUse kv_cache = KvCacheUse::automatic;
 };
 
 // What the scorer did, for the log and the benchmark.
@@ -127,7 +139,7 @@ class Scorer {
   // model's context.
   std::vector<Scored> score(std::span<const TokenRequest> requests);
   // Requests grouped by document: each group's requests share their context (multiple choice).
-  // With kv_cache, the context runs once per group; otherwise as score() over all of them.
+  // Through the KV cache as options.kv_cache says; the rest as score() over all of them.
   std::vector<Scored> score_grouped(std::span<const TokenRequest> requests, std::span<const std::size_t> group_sizes);
   const ScorerStats& stats() const { return stats_; }
 
