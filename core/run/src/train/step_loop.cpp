@@ -18,6 +18,7 @@
 #include "train/prefetcher.hpp"
 #include "train/sampling.hpp"
 #include "train/stop_signals.hpp"
+#include "train/task_evaluation.hpp"
 #include "train/train_step.hpp"
 
 namespace loom::training {
@@ -86,6 +87,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // Evaluation and samples see the adapters (merged for the while: any code path of the model).
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
+  TaskEvaluation task_evaluation(c, trainer);
+  // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees.
+  auto evaluate_tasks_now = [&](std::int64_t step) {
+    if (!task_evaluation.enabled() || !parallel.is_primary()) return;
+    const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
+    for (auto& t : c.trackers) t->log_scalars(step, scalars);
+    progress.say("tasks at step " + std::to_string(step) + ": " + line);
+  };
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   const ObjectiveModels models{*c.model, c.reference.get()};
   const std::vector<std::string> metric_names = c.objective->metric_names();
@@ -250,6 +259,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
           if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
+      if (task_evaluation.due(step + 1) && !last) evaluate_tasks_now(step + 1);
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary()) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
@@ -311,6 +321,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!parts.empty()) progress.say("  per dataset: " + parts);
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
+  evaluate_tasks_now(num_steps);
   if (trainer.get<bool>("save_final") && parallel.is_primary())
     with_average([&] {
       if (c.lora)  // the adapters alone, in PEFT's layout
