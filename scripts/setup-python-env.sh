@@ -12,8 +12,9 @@ set -e
 here=$(cd "$(dirname "$0")" && pwd)
 env_dir=${LOOM_PYTHON_ENV:-$HOME/.cache/loom/python-env}
 requirements="$here/python-requirements.txt"
+eval_requirements="$here/python-eval-requirements.txt"
 stamp="$env_dir/.loom-requirements"
-if [ -x "$env_dir/bin/python" ] && [ -f "$stamp" ] && cmp -s "$requirements" "$stamp"; then
+if [ -x "$env_dir/bin/python" ] && [ -f "$stamp" ] && cat "$requirements" "$eval_requirements" | cmp -s - "$stamp"; then
   exit 0
 fi
 echo "setting up the Python reference environment in $env_dir"
@@ -24,4 +25,11 @@ echo "setting up the Python reference environment in $env_dir"
 # Debian's torch 1.13.0a0 (a pre-release to pip) with a wheel. accelerate is the one PEFT imports.
 "$env_dir/bin/pip" install -q --disable-pip-version-check --no-deps peft==0.13.2 accelerate==0.34.2 ||
   echo "peft was not installed: the LoRA test against PEFT will skip"
-cp "$requirements" "$stamp"
+# lm-evaluation-harness for `loom eval`'s agreement test (tests/eval/harness_test.cpp): lm-eval without
+# dependencies (it names torch), then its dependencies, pinned, none of which needs torch. It runs on
+# Debian's torch 1.13 with transformers 4.46.3.
+{ "$env_dir/bin/pip" install -q --disable-pip-version-check --no-deps lm-eval==0.4.5 &&
+  "$env_dir/bin/pip" install -q --disable-pip-version-check -r "$eval_requirements" &&
+  "$env_dir/bin/python" -c "import lm_eval.evaluator, lm_eval.models.huggingface"; } ||
+  echo "lm-eval was not installed: the agreement test of loom eval will skip"
+cat "$requirements" "$eval_requirements" >"$stamp"

@@ -11,6 +11,9 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"train", "train a model from a config", run_train},
       {"generate", "continue a prompt with a trained model", run_generate},
+      {"eval",
+       "score a model on benchmark tasks as lm-evaluation-harness does: `loom eval RUN_DIR --tasks hellaswag,...`",
+       run_eval},
       {"export", "write a run's weights in another layout: --format hf for Hugging Face transformers", run_export},
       {"checkpoints", "list a run's checkpoints: step, time, size, and whether each verifies", run_checkpoints},
       {"report", "a run's metrics as charts in one self-contained HTML file: `loom report RUN_DIR... -o report.html`",

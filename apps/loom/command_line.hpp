@@ -56,6 +56,7 @@ int run_bench(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
+int run_eval(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
 int run_checkpoints(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);

@@ -188,6 +188,21 @@ class LayerKvCache final : public KvCache {
   }
   void advance(std::int64_t n) { length_ += n; }
 
+  // Puts positions [0, length) of `source`'s first sequence into every sequence of this cache,
+  // which then holds `length` positions: one context run once, continued by several sequences
+  // (`loom eval`'s multiple choice). Both caches come from the same model.
+  void fill_from(const LayerKvCache& source, std::int64_t length) {
+    if (length > source.length_ || length > max_len_ || keys_.size() != source.keys_.size())
+      throw InternalError("LayerKvCache::fill_from: " + std::to_string(length) + " positions of a cache holding " +
+                          std::to_string(source.length_) + " into one of at most " + std::to_string(max_len_));
+    for (std::size_t l = 0; l < keys_.size(); ++l)
+      for (std::int64_t b = 0; b < batch_; ++b) {
+        keys_[l].select(0, b).slice(0, 0, length).copy_from(source.keys_[l].select(0, 0).slice(0, 0, length));
+        values_[l].select(0, b).slice(0, 0, length).copy_from(source.values_[l].select(0, 0).slice(0, 0, length));
+      }
+    length_ = length;
+  }
+
  private:
   const void* owner_;
   std::int64_t batch_, max_len_;
@@ -292,6 +307,41 @@ class CausalLm : public Model {
     return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
   }
 
+  // The logits of chosen positions of `tokens` [batch, seq] alone, [positions, vocab]: position p
+  // is row p / seq, column p % seq. `loom eval` scores continuations after long contexts without
+  // projecting every context position onto the vocabulary. Not virtual, as cached_logits.
+  Tensor logits_at(Ops& ops, const Tensor& tokens, std::span<const std::int64_t> positions) {
+    require_built("logits_at");
+    check_batch(tokens, Tensor(), Tensor(), vocab_size(), max_seq_len(), label(), false);
+    const Tensor x = hidden_states(ops, tokens);
+    const std::int64_t seq = x.size(1);
+    const Tensor picked =
+        Tensor::zeros(Shape{static_cast<std::int64_t>(positions.size()), x.size(2)}, x.dtype(), x.device());
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      picked.select(0, static_cast<std::int64_t>(i))
+          .copy_from(x.select(0, positions[i] / seq).select(0, positions[i] % seq));
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      logits = ops.linear(picked, head());
+    }
+    return cap_logits(ops, logits);
+  }
+
+  // As next_logits, but the logits of every new position, [batch, new, vocab]: a continuation
+  // scored after a cached context (`loom eval`). Not virtual: callers reach it through a
+  // dynamic_cast to CausalLm, and a model that is not one is scored without a cache.
+  Tensor cached_logits(Ops& ops, const Tensor& tokens, KvCache& cache) {
+    require_built("cached_logits");
+    LayerKvCache& c = check_cache(cache, this, tokens, vocab_size(), label());
+    Tensor logits;
+    {
+      InferenceScope scope(ops);
+      logits = ops.linear(forward(ops, tokens, Tensor(), &c), head());
+    }
+    return cap_logits(ops, logits);
+  }
+
  protected:
   struct CacheShape {
     std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
@@ -321,6 +371,10 @@ class CausalLm : public Model {
   }
 
  private:
+  Tensor hidden_states(Ops& ops, const Tensor& tokens) {
+    InferenceScope scope(ops);
+    return forward(ops, tokens, Tensor(), nullptr);
+  }
   Tensor cap_logits(Ops& ops, const Tensor& logits) const {
     const float cap = final_logit_softcap();
     return cap > 0.0f ? ops.softcap(logits, cap) : logits;

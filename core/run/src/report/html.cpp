@@ -40,7 +40,10 @@ std::string render_report_html(const std::vector<RunRecord>& runs, ReportAxis ax
     os << "<h2>Run " << html_escape(run.name) << "</h2>\n<h3>Header</h3>\n<table class=\"header\">\n";
     for (const auto& [key, value] : run.header)
       os << "<tr><th>" << html_escape(key) << "</th><td>" << html_escape(value) << "</td></tr>\n";
-    os << "</table>\n<h3>Checkpoints</h3>\n";
+    os << "</table>\n";
+    if (!run.trainer_header.empty())
+      os << "<pre class=\"trainer-header\">" << html_escape(run.trainer_header) << "</pre>\n";
+    os << "<h3>Checkpoints</h3>\n";
     if (!run.checkpoints || run.checkpoints->checkpoints.empty()) {
       os << "<p>none</p>\n";
     } else {

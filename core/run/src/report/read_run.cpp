@@ -101,6 +101,29 @@ RunRecord read_run(const fs::path& dir) {
     if (batch && batch->is_int() && seq && seq->is_int()) run.tokens_per_step = batch->as_int() * seq->as_int();
   }
   run.header["run directory"] = dir.string();
+  // What the trainer printed at start-up (header.json, written by runs since it existed): the
+  // parameters, the context, the data, the matmul precision, the mesh, the memory estimate.
+  if (fs::exists(dir / "header.json", ec)) {
+    const nlohmann::json header = nlohmann::json::parse(text_of(dir / "header.json"), nullptr, false);
+    if (header.is_object()) {
+      if (header.contains("text") && header["text"].is_string()) run.trainer_header = header["text"].get<std::string>();
+      auto number = [&](const char* key, const char* label, double scale, const char* unit) {
+        if (!header.contains(key) || !header[key].is_number()) return;
+        std::ostringstream os;
+        os.precision(4);
+        os << header[key].get<double>() / scale << unit;
+        run.header[label] = os.str();
+      };
+      number("parameters", "parameters", 1e6, "M");
+      number("flops_per_token", "FLOPs per token", 1e6, "M");
+      number("train_tokens", "training tokens", 1, "");
+      number("peak_flops", "peak FLOP/s", 1e9, "G");
+      for (const auto& [key, label] : std::vector<std::pair<std::string, std::string>>{
+               {"matmul_dtype", "matmuls in"}, {"mesh", "mesh"}, {"memory", "memory estimate"}})
+        if (header.contains(key) && header[key].is_string() && !header[key].get<std::string>().empty())
+          run.header[label] = header[key].get<std::string>();
+    }
+  }
   if (!run.rows.empty()) {
     const auto& last = run.rows.back();
     run.header["last logged step"] = std::to_string(last.step);

@@ -1,9 +1,13 @@
 #include "train/progress.hpp"
 
 #include <cmath>
+#include <fstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
+
+#include "loom/error.hpp"
 
 namespace loom::training {
 
@@ -41,7 +45,7 @@ void ProgressPrinter::say(const std::string& line) {
   out_ << line << "\n" << std::flush;
 }
 
-void ProgressPrinter::header(const RunHeader& run) {
+std::string header_text(const RunHeader& run) {
   std::ostringstream os;
   os << "run " << run.run_id << " -> " << run.run_dir << "\n"
      << "model: " << run.model_type << ", " << std::fixed << std::setprecision(2)
@@ -59,8 +63,6 @@ void ProgressPrinter::header(const RunHeader& run) {
   if (run.bf16_peak_flops > 0 && run.matmul_dtype != "bf16")
     os << "; bf16 GEMM roof " << run.bf16_peak_flops / 1e9 << " GFLOP/s";
   os << ")";
-  // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
-  if (run.ranks > 1) interactive_ = false;
   if (run.ranks > 1)
     os << "\ndata parallel: " << run.ranks << " ranks" << (run.mesh.empty() ? "" : ": " + run.mesh) << " ("
        << run.collective << "), " << run.batch_size / run.ranks << " sequences of each batch per rank; optimizer state "
@@ -68,7 +70,37 @@ void ProgressPrinter::header(const RunHeader& run) {
        << (run.sharded ? " (sharded, ZeRO-1)" : "")
        << (run.fully_sharded.empty() ? "" : "\nfully sharded (ZeRO-3): " + run.fully_sharded);
   if (!run.memory.empty()) os << "\n" << run.memory;
-  say(os.str());
+  return os.str();
+}
+
+void write_header_json(const std::filesystem::path& run_dir, const RunHeader& run) {
+  const nlohmann::json header{{"text", header_text(run)},
+                              {"run_id", run.run_id},
+                              {"model", run.model_type},
+                              {"parameters", run.num_parameters},
+                              {"vocab_size", run.vocab_size},
+                              {"seq_len", run.seq_len},
+                              {"flops_per_token", run.flops_per_token},
+                              {"train_tokens", run.train_tokens},
+                              {"validation_tokens", run.validation_tokens},
+                              {"batch_size", run.batch_size},
+                              {"micro_batch_size", run.micro_size},
+                              {"steps", run.num_steps},
+                              {"peak_flops", run.peak_flops},
+                              {"matmul_dtype", run.matmul_dtype},
+                              {"ranks", run.ranks},
+                              {"mesh", run.mesh},
+                              {"collective", run.collective},
+                              {"memory", run.memory}};
+  std::ofstream f(run_dir / "header.json");
+  f << header.dump(2) << "\n";
+  if (!f) throw UserError("cannot write '" + (run_dir / "header.json").string() + "'");
+}
+
+void ProgressPrinter::header(const RunHeader& run) {
+  // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
+  if (run.ranks > 1) interactive_ = false;
+  say(header_text(run));
 }
 
 void ProgressPrinter::step(const StepReport& r) {

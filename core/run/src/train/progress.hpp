@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <iosfwd>
 #include <string>
 
@@ -46,6 +47,12 @@ struct StepReport {
   int ranks = 1;                   // processes the step ran on (shown when more than one)
   std::string mesh;                // their layout, shown with them
 };
+
+// What the header says, as the terminal shows it (the lines ProgressPrinter::header prints).
+std::string header_text(const RunHeader& run);
+
+// RUN_DIR/header.json: the header's text ("text") and its fields, for `loom report`.
+void write_header_json(const std::filesystem::path& run_dir, const RunHeader& run);
 
 class ProgressPrinter {
  public:

@@ -386,6 +386,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   for (const auto& [name, tensor] : c.optimizer->state())
     header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   progress.header(header);
+  if (parallel.is_primary()) write_header_json(run.directory.path(), header);
   if (resume)
     progress.say("resumed from checkpoint " + resume->dir.string() + " at step " + std::to_string(resume->record.step) +
                  " of " + std::to_string(run.num_steps));

@@ -19,6 +19,7 @@
 #include "train/prefetcher.hpp"
 #include "train/sampling.hpp"
 #include "train/stop_signals.hpp"
+#include "train/task_evaluation.hpp"
 #include "train/train_step.hpp"
 
 namespace loom::training {
@@ -93,6 +94,23 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // Evaluation and samples see the adapters (merged for the while: any code path of the model).
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
+  TaskEvaluation task_evaluation(c, trainer);
+  if (c.fsdp && task_evaluation.enabled())
+    progress.say("note: trainer.eval_tasks is not run under fully sharded data parallelism in this build; score "
+                 "the final weights with `loom eval " +
+                 run.directory.path().string() + " --tasks ...`");
+  if (c.fsdp && sample_length > 0)
+    progress.say("note: samples (trainer.sample_length) are not drawn under fully sharded data parallelism in this "
+                 "build; `loom generate " +
+                 run.directory.path().string() + "` draws them from the final weights");
+  // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees.
+  auto evaluate_tasks_now = [&](std::int64_t step) {
+    // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
+    if (!task_evaluation.enabled() || !parallel.is_primary() || c.fsdp) return;
+    const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
+    for (auto& t : c.trackers) t->log_scalars(step, scalars);
+    progress.say("tasks at step " + std::to_string(step) + ": " + line);
+  };
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   const ObjectiveModels models{*c.model, c.reference.get()};
   const std::vector<std::string> metric_names = c.objective->metric_names();
@@ -262,6 +280,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
           if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
+      if (task_evaluation.due(step + 1) && !last) evaluate_tasks_now(step + 1);
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary() &&
           !c.fsdp) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
@@ -324,6 +343,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!parts.empty()) progress.say("  per dataset: " + parts);
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
+  evaluate_tasks_now(num_steps);
   if (trainer.get<bool>("save_final") && c.fsdp) {
     // Every rank gathers the units together; rank 0 writes the whole weights.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });

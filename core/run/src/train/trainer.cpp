@@ -26,6 +26,13 @@ OptionSchema trainer_schema() {
   s.integer("log_every", 10, "Steps between log lines, metrics records and progress updates.").min(1);
   s.integer("steps_per_eval", 1000, "Steps between evaluations on the validation split; 0: only at the end.").min(0);
   s.integer("max_eval_batches", 10, "Validation batches per evaluation (the same ones every time); 0: none.").min(0);
+  s.list("eval_tasks", OptionType::string, Value::List{},
+         "Benchmark tasks scored during training as `loom eval --tasks` scores them (docs/evaluation.md): a family's "
+         "name (reads eval_data/NAME.jsonl), FAMILY:FILE or a task file, relative to the current directory; logged "
+         "as eval/<task>/<metric> (acc, acc_norm, perplexity...). Empty: none.");
+  s.integer("steps_per_task_eval", 0, "Steps between scorings of eval_tasks; 0: only at the end.").min(0);
+  s.integer("eval_task_limit", 0, "Documents of each of eval_tasks scored (the first ones); 0: all.").min(0);
+  s.integer("eval_task_batch_size", 8, "Sequences per forward pass when scoring eval_tasks.").min(1);
   s.integer("sample_every", 0, "Steps between text samples printed during training; 0: only at the end.").min(0);
   s.integer("sample_length", 200, "Tokens per sample; 0: no samples.").min(0);
   s.string("sample_prompt", "",

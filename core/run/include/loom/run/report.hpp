@@ -26,6 +26,7 @@ struct RunRecord {
   std::vector<MetricsRow> rows;                  // metrics.jsonl, in file order
   std::string config_yaml;                       // config.yaml's text (empty when absent)
   std::map<std::string, std::string> header;     // what the run's header line says: model, batch, steps...
+  std::string trainer_header;                    // the trainer's start-up lines (header.json; empty when absent)
   std::int64_t tokens_per_step = 0;              // train_batch_size x seq_len; 0: unknown
   std::optional<CheckpointsReport> checkpoints;  // none when the run saved none
 };

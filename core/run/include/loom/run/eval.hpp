@@ -1,0 +1,218 @@
+// `loom eval`: benchmark tasks scored as EleutherAI's lm-evaluation-harness (v0.4) scores them,
+// from local files (docs/evaluation.md):
+//   * multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa, winogrande,
+//     mmlu, and a generic {"context", "choices", "label"} JSONL): acc and acc_norm (the choice's
+//     log-likelihood divided by its length in characters), with the harness's prompt formats and
+//     target delimiters;
+//   * lambada: the last word's log-likelihood and whether greedy decoding gives it, whole;
+//   * perplexity: a text's rolling log-likelihood over windows of the model's full context
+//     (the harness's loglikelihood_rolling), as word, byte and token perplexity and bits per byte.
+//
+// Requests are scored as the harness's HFLM scores them: the pair (context, continuation) is
+// encoded as encode(context + continuation) split after encode(context)'s length (trailing
+// spaces of the context move to the continuation); an empty context is the document separator;
+// a request longer than the context keeps its last tokens.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/core/runtime.hpp"
+#include "loom/kinds/backend.hpp"
+#include "loom/kinds/model.hpp"
+#include "loom/kinds/tokenizer.hpp"
+#include "loom/run/generate.hpp"
+
+namespace loom::eval {
+
+enum class TaskFamily {
+  hellaswag,
+  arc_easy,
+  arc_challenge,
+  piqa,
+  winogrande,
+  mmlu,
+  lambada,
+  perplexity,
+  multiple_choice
+};
+
+// "hellaswag", ... "multiple_choice".
+std::string family_name(TaskFamily family);
+// The family of a name; nullopt for an unknown one.
+std::optional<TaskFamily> family_of(const std::string& name);
+
+// One entry of --tasks or trainer.eval_tasks: which family, from which file, under which name.
+struct TaskSpec {
+  std::string name;  // the family's name, or a generic or perplexity file's stem
+  TaskFamily family = TaskFamily::multiple_choice;
+  std::filesystem::path file;
+};
+
+// Parses "NAME_OR_FILE[,NAME_OR_FILE...]" (commas, or one entry per list element):
+//   FAMILY:PATH      the file PATH in FAMILY's format;
+//   FAMILY           task_dir/FAMILY.jsonl;
+//   PATH             a file whose name starts with a family's name (hellaswag_val.jsonl), a .txt
+//                    file (perplexity) or any other JSONL (generic multiple choice, named by its stem).
+// UserError for an unknown family, a missing file, or two tasks of one name.
+std::vector<TaskSpec> parse_task_specs(const std::vector<std::string>& entries, const std::filesystem::path& task_dir);
+
+// A log-likelihood request in text: the harness's (context, continuation).
+struct TextRequest {
+  std::string context, continuation;
+};
+
+// One document of a task.
+struct TaskDoc {
+  std::vector<TextRequest> requests;   // multiple choice: one per choice; lambada: one
+  std::vector<double> choice_lengths;  // characters of each choice (acc_norm)
+  std::int64_t gold = -1;              // the correct choice
+  std::string text;                    // perplexity: the document
+  std::string group;                   // mmlu: the subject
+};
+
+struct Task {
+  TaskSpec spec;
+  std::vector<TaskDoc> docs;
+};
+
+// Reads spec.file (its first `limit` documents; 0: all). UserError naming file and line for a
+// line that is not JSON, lacks a field of the family's format or has a label out of range.
+Task load_task(const TaskSpec& spec, std::int64_t limit = 0);
+
+// A request in tokens.
+struct TokenRequest {
+  std::vector<std::int32_t> context, continuation;
+};
+
+// The harness's _encode_pair (see above); `prefix` stands for an empty context.
+TokenRequest encode_request(const Tokenizer& tokenizer, const TextRequest& request, std::int32_t prefix);
+
+// The harness's rolling windows (get_rolling_token_windows with context_len 1, made disjoint):
+// every token of `tokens` predicted once, each window with up to max_len tokens of context.
+std::vector<TokenRequest> rolling_windows(std::span<const std::int32_t> tokens, std::int32_t prefix,
+                                          std::int64_t max_len);
+
+struct Scored {
+  double logprob = 0;   // sum of the continuation's log-probabilities
+  bool greedy = false;  // whether each continuation token is the argmax
+};
+
+// Multiple choice whose choices share a context: whether the context runs once into a KV cache that
+// each choice continues from (models built on CausalLm), or each choice is a row of its own, context
+// included, as in the harness.
+enum class KvCacheUse {
+  automatic,  // where it saves most of the work: a context of 64 tokens or more that is at least half
+              // of the positions the rows would run (on 2 cores, a shorter one costs more in passes
+              // than it saves)
+  always,     // every document of two choices or more
+  never,      // the harness's way
+};
+
+// "auto", "always" or "never"; UserError naming `option` otherwise.
+KvCacheUse parse_kv_cache_use(const std::string& text, const std::string& option);
+
+struct ScorerOptions {
+  std::int64_t batch_size = 8;  // rows per forward pass
+  KvCacheUse kv_cache = KvCacheUse::automatic;
+};
+
+// What the scorer did, for the log and the benchmark.
+struct ScorerStats {
+  std::int64_t requests = 0;
+  std::int64_t forward_passes = 0;
+  std::int64_t tokens_run = 0;  // positions through the model, padding included
+};
+
+// Scores log-likelihood requests: identical inputs once, rows sorted longest first (the
+// harness's order), batch_size rows per forward pass, padded on the right.
+class Scorer {
+ public:
+  Scorer(Model& model, Backend& backend, ScorerOptions options);
+  // Each request's result, in order. UserError for an empty continuation or one longer than the
+  // model's context.
+  std::vector<Scored> score(std::span<const TokenRequest> requests);
+  // Requests grouped by document: each group's requests share their context (multiple choice).
+  // Through the KV cache as options.kv_cache says; the rest as score() over all of them.
+  std::vector<Scored> score_grouped(std::span<const TokenRequest> requests, std::span<const std::size_t> group_sizes);
+  const ScorerStats& stats() const { return stats_; }
+
+ private:
+  bool score_with_cache(std::span<const TokenRequest> group, std::span<Scored> out);
+  Model& model_;
+  Backend& backend_;
+  ScorerOptions options_;
+  ScorerStats stats_;
+};
+
+// A metric as the harness reports it: value and standard error (none where the harness has none
+// or fewer than two documents).
+struct Metric {
+  std::string name;
+  double value = 0;
+  std::optional<double> stderr_value;
+};
+
+// One document's outcome, for --log-samples.
+struct DocLog {
+  std::int64_t index = 0;
+  std::vector<Scored> results;
+  std::int64_t gold = -1;
+  std::int64_t pred = -1, pred_norm = -1;
+  std::int64_t tokens = 0;  // perplexity: tokens of the document
+};
+
+struct TaskResult {
+  std::string name;
+  TaskFamily family = TaskFamily::multiple_choice;
+  std::int64_t docs = 0;
+  std::vector<Metric> metrics;
+  std::vector<DocLog> samples;
+  double seconds = 0;
+};
+
+struct EvalOptions {
+  ScorerOptions scorer;
+  bool log_samples = false;
+};
+
+// Scores every task. `prefix` is the token that stands for an empty context (the end-of-text
+// token, or the document separator).
+std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tokenizer& tokenizer, std::int32_t prefix,
+                                       const std::vector<Task>& tasks, const EvalOptions& options,
+                                       ScorerStats* stats = nullptr);
+
+// The metrics of a task from its documents' results (exposed for tests): acc, acc_norm
+// (multiple choice), perplexity and acc (lambada), word_perplexity, byte_perplexity,
+// bits_per_byte and token_perplexity (perplexity).
+std::vector<Metric> task_metrics(const Task& task, std::span<const DocLog> docs);
+
+// The harness's standard error of a mean: the sample standard deviation over sqrt(n).
+std::optional<double> mean_stderr(std::span<const double> values);
+
+// The model `loom eval` scores.
+struct EvalModel {
+  Handle<Backend> backend;
+  Handle<Tokenizer> tokenizer;
+  Handle<Model> model;
+  std::int32_t prefix = 0;  // what stands for an empty context: the end-of-text token or the document separator
+  std::string description;  // which weights, for the log
+  std::shared_ptr<LoraAdapters> lora;
+};
+
+// A loom run directory, checkpoint or weights file (its own config; a LoRA run's adapters merged
+// into its base model), or a Hugging Face model directory (config.json and safetensors) read
+// through trainer.init_from's loader into the model that runtime's config describes.
+EvalModel load_eval_model(Runtime& runtime, const std::filesystem::path& target, WeightsChoice choice);
+
+// The results as JSON: {"results": {task: {metric: value, metric_stderr: value or null, "docs": n,
+// "seconds": s}}, "samples": {task: [per document]} when logged}.
+std::string results_json(const std::vector<TaskResult>& results, const std::string& model_description);
+
+}  // namespace loom::eval

@@ -1,0 +1,101 @@
+// The model `loom eval` scores, and its results as JSON: see loom/run/eval.hpp.
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loom/error.hpp"
+#include "loom/run/eval.hpp"
+#include "loom/run/hf_interop.hpp"
+#include "loom/run/run_config.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::eval {
+
+EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoice choice) {
+  EvalModel out;
+  std::error_code ec;
+  if (fs::is_directory(target, ec) && is_hf_model_dir(target)) {
+    const Value config = resolved_run_config(runtime);
+    auto create = [&](const char* section, std::string_view kind) {
+      const Value* node = config.find(section);
+      if (!node || node->is_null())
+        throw UserError("scoring a Hugging Face directory needs a config whose `" + std::string(section) +
+                        "` section describes it (loom eval HF_DIR CONFIG, as trainer.init_from)");
+      return runtime.registry().create(kind, ComponentRef{std::string(kind), "", *node, section});
+    };
+    out.backend = std::static_pointer_cast<Backend>(create("backend", Backend::kind));
+    out.tokenizer = std::static_pointer_cast<Tokenizer>(create("tokenizer", Tokenizer::kind));
+    if (out.tokenizer->needs_fit())
+      throw UserError(
+          "the config's tokenizer learns its vocabulary from training data; a Hugging Face directory "
+          "needs one that is complete (gpt2-bpe, sentencepiece, byte)");
+    out.model = std::static_pointer_cast<Model>(create("model", Model::kind));
+    out.model->build(ModelSetup{out.tokenizer->vocab_size()});
+    const std::vector<std::string> notes = load_initial_weights(*out.model, target, choice);
+    out.description = "the Hugging Face model " + target.string();
+    const DocumentBoundary documents = document_boundary(*out.tokenizer, false);
+    out.prefix = documents.separator.back();
+    return out;
+  }
+  const RunFiles files = resolve_run_or_checkpoint(target, choice);
+  LoadedRun run = load_run(runtime, files, /*merge_lora=*/true);
+  out.backend = run.backend;
+  out.tokenizer = run.tokenizer;
+  out.model = run.model;
+  out.lora = run.lora;
+  out.prefix = run.documents.separator.back();
+  out.description = files.description.empty() ? files.weights.string() : files.description;
+  if (run.lora) out.description += ", with its LoRA adapters merged";
+  return out;
+}
+
+namespace {
+
+nlohmann::json number_or_null(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+std::string results_json(const std::vector<TaskResult>& results, const std::string& model_description) {
+  nlohmann::json out;
+  out["model"] = model_description;
+  out["results"] = nlohmann::json::object();
+  for (const TaskResult& r : results) {
+    nlohmann::json task;
+    task["task"] = family_name(r.family);
+    task["docs"] = r.docs;
+    task["seconds"] = r.seconds;
+    for (const Metric& m : r.metrics) {
+      task[m.name] = number_or_null(m.value);
+      task[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
+    }
+    out["results"][r.name] = task;
+    if (r.samples.empty()) continue;
+    nlohmann::json samples = nlohmann::json::array();
+    for (const DocLog& d : r.samples) {
+      nlohmann::json s;
+      s["doc"] = d.index;
+      nlohmann::json lls = nlohmann::json::array(), greedy = nlohmann::json::array();
+      for (const Scored& x : d.results) {
+        lls.push_back(x.logprob);
+        greedy.push_back(x.greedy);
+      }
+      s["loglikelihoods"] = lls;
+      s["greedy"] = greedy;
+      if (r.family == TaskFamily::perplexity) {
+        s["tokens"] = d.tokens;
+      } else if (r.family != TaskFamily::lambada) {
+        s["gold"] = d.gold;
+        s["pred"] = d.pred;
+        s["pred_norm"] = d.pred_norm;
+      }
+      samples.push_back(s);
+    }
+    out["samples"][r.name] = samples;
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace loom::eval

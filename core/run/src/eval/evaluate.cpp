@@ -1,0 +1,308 @@
+// Requests in tokens, tasks scored, and their metrics with the harness's standard errors: see
+// loom/run/eval.hpp.
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "loom/error.hpp"
+#include "loom/run/eval.hpp"
+
+namespace loom::eval {
+
+namespace {
+
+bool is_space(unsigned char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
+
+// The harness's count_words: len(re.split(r"\s+", text)), one more than the runs of whitespace.
+double count_words(const std::string& text) {
+  double words = 1;
+  for (std::size_t i = 0; i < text.size();) {
+    if (is_space(static_cast<unsigned char>(text[i]))) {
+      ++words;
+      while (i < text.size() && is_space(static_cast<unsigned char>(text[i]))) ++i;
+    } else {
+      ++i;
+    }
+  }
+  return words;
+}
+
+double mean(std::span<const double> xs) {
+  return xs.empty() ? 0.0 : std::accumulate(xs.begin(), xs.end(), 0.0) / static_cast<double>(xs.size());
+}
+
+// The harness's pooled_sample_stderr: a group's standard error from its tasks' (mmlu's subjects).
+double pooled_stderr(const std::vector<double>& stderrs, const std::vector<double>& sizes) {
+  double var = 0, total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    var += (sizes[i] - 1) * stderrs[i] * stderrs[i] * sizes[i];
+    total += sizes[i];
+  }
+  var /= total - static_cast<double>(sizes.size());
+  return std::sqrt(var / total);
+}
+
+// CPython's random.Random: MT19937 seeded as Random(seed) seeds it (init_by_array over the seed's
+// 32-bit words), and random() from two draws. The harness's bootstrap resamples with it.
+class PythonRandom {
+ public:
+  explicit PythonRandom(std::uint32_t seed) {
+    mt_[0] = 19650218u;
+    for (std::uint32_t i = 1; i < kN; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
+    std::uint32_t i = 1;
+    for (std::uint32_t k = kN; k; --k) {  // one key word: the seed
+      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1664525u)) + seed;
+      if (++i >= kN) {
+        mt_[0] = mt_[kN - 1];
+        i = 1;
+      }
+    }
+    for (std::uint32_t k = kN - 1; k; --k) {
+      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - i;
+      if (++i >= kN) {
+        mt_[0] = mt_[kN - 1];
+        i = 1;
+      }
+    }
+    mt_[0] = 0x80000000u;
+  }
+  double random() {
+    const std::uint32_t a = next() >> 5, b = next() >> 6;
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
+  }
+
+ private:
+  static constexpr std::uint32_t kN = 624, kM = 397;
+  std::uint32_t next() {
+    if (index_ >= kN) {
+      for (std::uint32_t k = 0; k < kN; ++k) {
+        const std::uint32_t y = (mt_[k] & 0x80000000u) | (mt_[(k + 1) % kN] & 0x7fffffffu);
+        mt_[k] = mt_[(k + kM) % kN] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+      }
+      index_ = 0;
+    }
+    std::uint32_t y = mt_[index_++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+  }
+  std::uint32_t mt_[kN];
+  std::uint32_t index_ = kN;
+};
+
+// The harness's bootstrap_stderr of its perplexity metric, draw for draw: 100000 resamples in
+// chunks of 1000, chunk i drawn by random.Random(i).choices(xs, k=len(xs)); the sample standard
+// deviation of their exp(-mean).
+double bootstrap_perplexity_stderr(const std::vector<double>& xs) {
+  const std::size_t iters = 100000, chunk = 1000;
+  const auto n = static_cast<double>(xs.size());
+  std::vector<double> res;
+  res.reserve(iters);
+  for (std::uint32_t i = 0; i < iters / chunk; ++i) {
+    PythonRandom rnd(i);
+    for (std::size_t c = 0; c < chunk; ++c) {
+      double sum = 0;
+      for (std::size_t k = 0; k < xs.size(); ++k) sum += xs[static_cast<std::size_t>(std::floor(rnd.random() * n))];
+      res.push_back(std::exp(-(sum / n)));
+    }
+  }
+  double mu = 0;
+  for (const double r : res) mu += r;
+  mu /= static_cast<double>(res.size());
+  double ss = 0;
+  for (const double r : res) ss += (r - mu) * (r - mu);
+  return std::sqrt(ss / static_cast<double>(res.size() - 1));
+}
+
+}  // namespace
+
+std::optional<double> mean_stderr(std::span<const double> values) {
+  if (values.size() < 2) return std::nullopt;
+  const double mu = mean(values);
+  double ss = 0;
+  for (const double v : values) ss += (v - mu) * (v - mu);
+  const auto n = static_cast<double>(values.size());
+  return std::sqrt(ss / (n - 1)) / std::sqrt(n);
+}
+
+TokenRequest encode_request(const Tokenizer& tokenizer, const TextRequest& request, std::int32_t prefix) {
+  TokenRequest out;
+  if (request.context.empty()) {
+    out.context = {prefix};
+    out.continuation = tokenizer.encode(request.continuation);
+    return out;
+  }
+  // Trailing whitespace of the context belongs to the continuation (Python's rstrip()).
+  std::string context = request.context, continuation = request.continuation;
+  std::size_t end = context.size();
+  while (end > 0 && is_space(static_cast<unsigned char>(context[end - 1]))) --end;
+  if (end < context.size()) {
+    continuation = context.substr(end) + continuation;
+    context.resize(end);
+  }
+  const std::vector<std::int32_t> whole = tokenizer.encode(context + continuation);
+  out.context = tokenizer.encode(context);
+  const std::size_t split = std::min(out.context.size(), whole.size());
+  out.continuation.assign(whole.begin() + static_cast<std::ptrdiff_t>(split), whole.end());
+  // An empty context after rstrip: the harness scores it as it stands (no prefix); the model needs
+  // one position of input, which the prefix token gives.
+  if (out.context.empty()) out.context = {prefix};
+  return out;
+}
+
+std::vector<TokenRequest> rolling_windows(std::span<const std::int32_t> tokens, std::int32_t prefix,
+                                          std::int64_t max_len) {
+  std::vector<TokenRequest> out;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0) return out;
+  auto range = [&](std::int64_t b, std::int64_t e) {
+    return std::vector<std::int32_t>(tokens.begin() + b, tokens.begin() + e);
+  };
+  const std::int64_t first = std::min(max_len, n);
+  out.push_back({{prefix}, range(0, first)});
+  for (std::int64_t predicted = first; predicted < n;) {
+    const std::int64_t length = std::min(n - predicted, max_len);
+    const std::int64_t end = predicted + length;
+    out.push_back({range(end - max_len - 1, end - length), range(end - length, end)});
+    predicted += length;
+  }
+  return out;
+}
+
+std::vector<Metric> task_metrics(const Task& task, std::span<const DocLog> docs) {
+  std::vector<Metric> metrics;
+  auto add_mean = [&](const std::string& name, const std::vector<double>& values) {
+    metrics.push_back({name, mean(values), mean_stderr(values)});
+  };
+  switch (task.spec.family) {
+    case TaskFamily::lambada: {
+      std::vector<double> ll, acc;
+      for (const DocLog& d : docs) {
+        ll.push_back(d.results.at(0).logprob);
+        acc.push_back(d.results.at(0).greedy ? 1.0 : 0.0);
+      }
+      // Perplexity's standard error is the harness's bootstrap, replayed with its random streams.
+      metrics.push_back({"perplexity", std::exp(-mean(ll)),
+                         ll.size() < 2 ? std::nullopt : std::optional<double>(bootstrap_perplexity_stderr(ll))});
+      add_mean("acc", acc);
+      break;
+    }
+    case TaskFamily::perplexity: {
+      double ll = 0, words = 0, bytes = 0, tokens = 0;
+      for (std::size_t i = 0; i < docs.size(); ++i) {
+        ll += docs[i].results.empty() ? 0.0 : docs[i].results[0].logprob;
+        words += count_words(task.docs[static_cast<std::size_t>(docs[i].index)].text);
+        bytes += static_cast<double>(task.docs[static_cast<std::size_t>(docs[i].index)].text.size());
+        tokens += static_cast<double>(docs[i].tokens);
+      }
+      // Weighted perplexities have no standard error in the harness.
+      metrics.push_back({"word_perplexity", std::exp(-ll / words), std::nullopt});
+      metrics.push_back({"byte_perplexity", std::exp(-ll / bytes), std::nullopt});
+      metrics.push_back({"bits_per_byte", -ll / bytes / std::log(2.0), std::nullopt});
+      metrics.push_back({"token_perplexity", std::exp(-ll / std::max(tokens, 1.0)), std::nullopt});
+      break;
+    }
+    default: {
+      std::vector<double> acc, acc_norm;
+      std::map<std::string, std::vector<double>> by_group;
+      for (const DocLog& d : docs) {
+        acc.push_back(d.pred == d.gold ? 1.0 : 0.0);
+        acc_norm.push_back(d.pred_norm == d.gold ? 1.0 : 0.0);
+        by_group[task.docs[static_cast<std::size_t>(d.index)].group].push_back(acc.back());
+      }
+      add_mean("acc", acc);
+      if (task.spec.family == TaskFamily::mmlu && by_group.size() > 1) {
+        // The harness's mmlu is a group of one task per subject: its acc is the mean over every
+        // question (weighted by size), its stderr pooled from the subjects'.
+        std::vector<double> stderrs, sizes;
+        bool all = true;
+        for (const auto& [group, values] : by_group) {
+          const auto se = mean_stderr(values);
+          all = all && se.has_value();
+          stderrs.push_back(se.value_or(0.0));
+          sizes.push_back(static_cast<double>(values.size()));
+        }
+        metrics.back().stderr_value = all ? std::optional<double>(pooled_stderr(stderrs, sizes)) : std::nullopt;
+      }
+      // Winogrande and mmlu report acc alone, as the harness's tasks do.
+      if (task.spec.family != TaskFamily::winogrande && task.spec.family != TaskFamily::mmlu)
+        add_mean("acc_norm", acc_norm);
+      break;
+    }
+  }
+  return metrics;
+}
+
+std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tokenizer& tokenizer, std::int32_t prefix,
+                                       const std::vector<Task>& tasks, const EvalOptions& options, ScorerStats* stats) {
+  Scorer scorer(model, backend, options.scorer);
+  std::vector<TaskResult> results;
+  for (const Task& task : tasks) {
+    const auto start = std::chrono::steady_clock::now();
+    TaskResult result;
+    result.name = task.spec.name;
+    result.family = task.spec.family;
+    result.docs = static_cast<std::int64_t>(task.docs.size());
+    std::vector<DocLog> logs(task.docs.size());
+    std::vector<TokenRequest> requests;
+    std::vector<std::size_t> sizes;
+    for (std::size_t d = 0; d < task.docs.size(); ++d) {
+      const TaskDoc& doc = task.docs[d];
+      logs[d].index = static_cast<std::int64_t>(d);
+      logs[d].gold = doc.gold;
+      if (task.spec.family == TaskFamily::perplexity) {
+        const std::vector<std::int32_t> tokens = tokenizer.encode(doc.text);
+        logs[d].tokens = static_cast<std::int64_t>(tokens.size());
+        std::vector<TokenRequest> windows = rolling_windows(tokens, prefix, model.max_seq_len());
+        sizes.push_back(windows.size());
+        for (auto& w : windows) requests.push_back(std::move(w));
+      } else {
+        for (const TextRequest& r : doc.requests) requests.push_back(encode_request(tokenizer, r, prefix));
+        sizes.push_back(doc.requests.size());
+      }
+    }
+    const std::vector<Scored> scored =
+        task.spec.family == TaskFamily::perplexity ? scorer.score(requests) : scorer.score_grouped(requests, sizes);
+    std::size_t at = 0;
+    for (std::size_t d = 0; d < task.docs.size(); ++d) {
+      DocLog& log = logs[d];
+      if (task.spec.family == TaskFamily::perplexity) {
+        Scored total{0.0, true};
+        for (std::size_t i = 0; i < sizes[d]; ++i) {
+          total.logprob += scored[at + i].logprob;
+          total.greedy = total.greedy && scored[at + i].greedy;
+        }
+        log.results = {total};
+      } else {
+        log.results.assign(scored.begin() + static_cast<std::ptrdiff_t>(at),
+                           scored.begin() + static_cast<std::ptrdiff_t>(at + sizes[d]));
+        // np.argmax: the first of equal maxima.
+        const std::vector<double>& lengths = task.docs[d].choice_lengths;
+        for (std::size_t c = 0; c < log.results.size(); ++c) {
+          if (log.pred < 0 || log.results[c].logprob > log.results[static_cast<std::size_t>(log.pred)].logprob)
+            log.pred = static_cast<std::int64_t>(c);
+          if (c < lengths.size()) {
+            const double norm = log.results[c].logprob / lengths[c];
+            if (log.pred_norm < 0 || norm > log.results[static_cast<std::size_t>(log.pred_norm)].logprob /
+                                                lengths[static_cast<std::size_t>(log.pred_norm)])
+              log.pred_norm = static_cast<std::int64_t>(c);
+          }
+        }
+      }
+      at += sizes[d];
+    }
+    result.metrics = task_metrics(task, logs);
+    if (options.log_samples) result.samples = std::move(logs);
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    results.push_back(std::move(result));
+  }
+  if (stats) *stats = scorer.stats();
+  return results;
+}
+
+}  // namespace loom::eval

@@ -1,0 +1,374 @@
+// Task files and their requests, as lm-evaluation-harness (v0.4) builds them: see
+// loom/run/eval.hpp and docs/evaluation.md.
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "loom/error.hpp"
+#include "loom/run/eval.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::eval {
+
+namespace {
+
+const std::vector<std::pair<std::string, TaskFamily>>& families() {
+  static const std::vector<std::pair<std::string, TaskFamily>> all{{"hellaswag", TaskFamily::hellaswag},
+                                                                   {"arc_easy", TaskFamily::arc_easy},
+                                                                   {"arc_challenge", TaskFamily::arc_challenge},
+                                                                   {"piqa", TaskFamily::piqa},
+                                                                   {"winogrande", TaskFamily::winogrande},
+                                                                   {"mmlu", TaskFamily::mmlu},
+                                                                   {"lambada", TaskFamily::lambada},
+                                                                   {"perplexity", TaskFamily::perplexity},
+                                                                   {"multiple_choice", TaskFamily::multiple_choice}};
+  return all;
+}
+
+std::string family_list() {
+  std::string out;
+  for (const auto& [name, family] : families()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// Python's str.isspace() for the ASCII range (what str.strip() and re's \s remove there).
+bool is_space(unsigned char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
+
+std::string strip(const std::string& s) {
+  std::size_t b = 0, e = s.size();
+  while (b < e && is_space(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && is_space(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  std::string out;
+  std::size_t pos = 0;
+  for (std::size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size())
+    out += s.substr(pos, hit - pos) + to;
+  return out + s.substr(pos);
+}
+
+// Python's len() of a str: code points of the UTF-8 text.
+double characters(const std::string& s) {
+  double n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// The harness's hellaswag preprocess(): strip, " [title]" -> ". ", drop "[...]" (within a line),
+// "  " -> " ".
+std::string hellaswag_preprocess(const std::string& text) {
+  std::string s = replace_all(strip(text), " [title]", ". ");
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '[') {
+      const std::size_t close = s.find_first_of("]\n", i + 1);
+      if (close != std::string::npos && s[close] == ']') {
+        i = close;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return replace_all(out, "  ", " ");
+}
+
+// Python's str.capitalize() (ASCII letters; other characters are left as they are).
+std::string capitalize(std::string s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) continue;
+    s[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
+  }
+  return s;
+}
+
+struct Line {
+  const nlohmann::json& doc;
+  std::string where;  // file:line
+
+  [[noreturn]] void fail(const std::string& what, const std::string& format) const {
+    throw UserError(where + ": " + what + " (" + format + ")");
+  }
+  const nlohmann::json& field(const char* name, const std::string& format) const {
+    if (!doc.contains(name)) fail(std::string("no \"") + name + "\" field", format);
+    return doc[name];
+  }
+  std::string string(const char* name, const std::string& format) const {
+    const nlohmann::json& v = field(name, format);
+    if (!v.is_string()) fail(std::string("\"") + name + "\" is not a string", format);
+    return v.get<std::string>();
+  }
+  std::vector<std::string> strings(const nlohmann::json& v, const char* name, const std::string& format) const {
+    if (!v.is_array() || v.empty()) fail(std::string("\"") + name + "\" is not a non-empty list of strings", format);
+    std::vector<std::string> out;
+    for (const auto& x : v) {
+      if (!x.is_string()) fail(std::string("\"") + name + "\" is not a non-empty list of strings", format);
+      out.push_back(x.get<std::string>());
+    }
+    return out;
+  }
+  // An integer, or a string of digits (the harness's datasets store labels either way).
+  std::int64_t index(const char* name, const std::string& format) const {
+    const nlohmann::json& v = field(name, format);
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      if (!s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::stoll(s);
+    }
+    fail(std::string("\"") + name + "\" is not an integer", format);
+  }
+};
+
+void add_choices(TaskDoc& doc, const std::string& context, const std::vector<std::string>& choices,
+                 const std::string& delimiter = " ") {
+  for (const auto& c : choices) {
+    doc.requests.push_back({context, delimiter + c});
+    doc.choice_lengths.push_back(characters(c));
+  }
+}
+
+void check_gold(const Line& line, const TaskDoc& doc, const std::string& format) {
+  if (doc.gold < 0 || doc.gold >= static_cast<std::int64_t>(doc.requests.size()))
+    line.fail("the answer " + std::to_string(doc.gold) + " is not one of the " + std::to_string(doc.requests.size()) +
+                  " choices (counted from 0)",
+              format);
+}
+
+const char* format_of(TaskFamily family) {
+  switch (family) {
+    case TaskFamily::hellaswag:
+      return "hellaswag: {\"activity_label\", \"ctx_a\", \"ctx_b\", \"endings\": [4 strings], \"label\"}";
+    case TaskFamily::arc_easy:
+    case TaskFamily::arc_challenge:
+      return "arc: {\"question\", \"choices\": {\"text\": [...], \"label\": [\"A\", ...]}, \"answerKey\"}";
+    case TaskFamily::piqa:
+      return "piqa: {\"goal\", \"sol1\", \"sol2\", \"label\": 0 or 1}";
+    case TaskFamily::winogrande:
+      return "winogrande: {\"sentence\" with one \"_\", \"option1\", \"option2\", \"answer\": \"1\" or \"2\"}";
+    case TaskFamily::mmlu:
+      return "mmlu: {\"question\", \"subject\", \"choices\": [4 strings], \"answer\": 0-3 or \"A\"-\"D\"}";
+    case TaskFamily::lambada:
+      return "lambada: {\"text\"}, the last word (after the last space) is the target";
+    case TaskFamily::perplexity:
+      return "perplexity: a .txt file (one document), or JSON lines with \"text\" (or \"page\"), one document each";
+    case TaskFamily::multiple_choice:
+      return "multiple choice: {\"context\", \"choices\": [strings], \"label\": index of the right one}";
+  }
+  return "";
+}
+
+TaskDoc make_doc(TaskFamily family, const Line& line) {
+  const std::string format = format_of(family);
+  TaskDoc doc;
+  switch (family) {
+    case TaskFamily::hellaswag: {
+      const std::string ctx = line.string("ctx_a", format) + " " + capitalize(line.string("ctx_b", format));
+      const std::string query = hellaswag_preprocess(line.string("activity_label", format) + ": " + ctx);
+      std::vector<std::string> endings = line.strings(line.field("endings", format), "endings", format);
+      for (auto& e : endings) e = hellaswag_preprocess(e);
+      add_choices(doc, query, endings);
+      doc.gold = line.index("label", format);
+      break;
+    }
+    case TaskFamily::arc_easy:
+    case TaskFamily::arc_challenge: {
+      const nlohmann::json& choices = line.field("choices", format);
+      if (!choices.is_object() || !choices.contains("text") || !choices.contains("label"))
+        line.fail("\"choices\" is not {\"text\": [...], \"label\": [...]}", format);
+      const auto text = line.strings(choices["text"], "choices.text", format);
+      const auto labels = line.strings(choices["label"], "choices.label", format);
+      if (labels.size() != text.size()) line.fail("\"choices.text\" and \"choices.label\" differ in length", format);
+      add_choices(doc, "Question: " + line.string("question", format) + "\nAnswer:", text);
+      const std::string key = line.string("answerKey", format);
+      const auto it = std::find(labels.begin(), labels.end(), key);
+      if (it == labels.end()) line.fail("the answerKey \"" + key + "\" is not among choices.label", format);
+      doc.gold = it - labels.begin();
+      break;
+    }
+    case TaskFamily::piqa:
+      add_choices(doc, "Question: " + line.string("goal", format) + "\nAnswer:",
+                  {line.string("sol1", format), line.string("sol2", format)});
+      doc.gold = line.index("label", format);
+      break;
+    case TaskFamily::winogrande: {
+      // Partial scoring (Trinh & Le): each option completes the sentence up to the blank, and the
+      // rest of the sentence is the continuation scored.
+      const std::string sentence = line.string("sentence", format);
+      const std::size_t blank = sentence.find('_');
+      if (blank == std::string::npos) line.fail("the sentence has no \"_\"", format);
+      const std::string target = " " + strip(sentence.substr(blank + 1));
+      for (const char* option : {"option1", "option2"}) {
+        const std::string context = sentence.substr(0, blank) + line.string(option, format);
+        doc.requests.push_back({context, target});
+        doc.choice_lengths.push_back(characters(context));
+      }
+      const std::string answer = line.doc.contains("answer") && line.doc["answer"].is_number_integer()
+                                     ? std::to_string(line.doc["answer"].get<int>())
+                                     : line.string("answer", format);
+      if (answer != "1" && answer != "2") line.fail("\"answer\" is not \"1\" or \"2\"", format);
+      doc.gold = answer == "1" ? 0 : 1;
+      break;
+    }
+    case TaskFamily::mmlu: {
+      const auto choices = line.strings(line.field("choices", format), "choices", format);
+      if (choices.size() != 4) line.fail("\"choices\" does not hold 4 strings", format);
+      std::string subject =
+          line.doc.contains("subject") && line.doc["subject"].is_string() ? line.doc["subject"].get<std::string>() : "";
+      doc.group = subject;
+      std::replace(subject.begin(), subject.end(), '_', ' ');
+      const std::string description =
+          subject.empty() ? ""
+                          : "The following are multiple choice questions (with answers) about " + subject + ".\n\n";
+      const std::string context = description + strip(line.string("question", format)) + "\nA. " + choices[0] +
+                                  "\nB. " + choices[1] + "\nC. " + choices[2] + "\nD. " + choices[3] + "\nAnswer:";
+      add_choices(doc, context, {"A", "B", "C", "D"});
+      const nlohmann::json& answer = line.field("answer", format);
+      if (answer.is_string() && answer.get<std::string>().size() == 1 && answer.get<std::string>()[0] >= 'A' &&
+          answer.get<std::string>()[0] <= 'D')
+        doc.gold = answer.get<std::string>()[0] - 'A';
+      else
+        doc.gold = line.index("answer", format);
+      break;
+    }
+    case TaskFamily::lambada: {
+      const std::string text = line.string("text", format);
+      const std::size_t space = text.rfind(' ');
+      const std::string context = space == std::string::npos ? "" : text.substr(0, space);
+      const std::string word = space == std::string::npos ? text : text.substr(space + 1);
+      doc.requests.push_back({context, " " + word});
+      doc.gold = 0;
+      return doc;
+    }
+    case TaskFamily::perplexity:
+      if (line.doc.contains("text") && line.doc["text"].is_string())
+        doc.text = line.doc["text"].get<std::string>();
+      else
+        doc.text = line.string("page", format);
+      return doc;
+    case TaskFamily::multiple_choice: {
+      std::string delimiter = " ";
+      if (line.doc.contains("target_delimiter")) delimiter = line.string("target_delimiter", format);
+      add_choices(doc, line.string("context", format), line.strings(line.field("choices", format), "choices", format),
+                  delimiter);
+      doc.gold = line.index("label", format);
+      break;
+    }
+  }
+  check_gold(line, doc, format);
+  return doc;
+}
+
+}  // namespace
+
+std::string family_name(TaskFamily family) {
+  for (const auto& [name, f] : families())
+    if (f == family) return name;
+  return "?";
+}
+
+std::optional<TaskFamily> family_of(const std::string& name) {
+  for (const auto& [n, f] : families())
+    if (n == name) return f;
+  return std::nullopt;
+}
+
+std::vector<TaskSpec> parse_task_specs(const std::vector<std::string>& entries, const fs::path& task_dir) {
+  std::vector<std::string> items;
+  for (const auto& entry : entries) {
+    std::stringstream ss(entry);
+    for (std::string item; std::getline(ss, item, ',');) {
+      item = strip(item);
+      if (!item.empty()) items.push_back(item);
+    }
+  }
+  if (items.empty())
+    throw UserError("no tasks given: name them (" + family_list() + ") or give task files (docs/evaluation.md)");
+  std::vector<TaskSpec> specs;
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& item : items) {
+    TaskSpec spec;
+    const std::size_t colon = item.find(':');
+    if (colon != std::string::npos && family_of(item.substr(0, colon))) {
+      spec.family = *family_of(item.substr(0, colon));
+      spec.file = item.substr(colon + 1);
+      spec.name = spec.family == TaskFamily::multiple_choice || spec.family == TaskFamily::perplexity
+                      ? spec.file.stem().string()
+                      : family_name(spec.family);
+    } else if (const auto family = family_of(item); family && item.find('/') == std::string::npos) {
+      spec.family = *family;
+      spec.name = item;
+      spec.file = task_dir / (item + (spec.family == TaskFamily::perplexity ? ".txt" : ".jsonl"));
+    } else {
+      spec.file = item;
+      const std::string stem = spec.file.stem().string();
+      std::optional<TaskFamily> by_name;
+      std::size_t longest = 0;
+      for (const auto& [name, f] : families()) {
+        if (f == TaskFamily::multiple_choice || f == TaskFamily::perplexity) continue;
+        if (stem.rfind(name, 0) == 0 && name.size() > longest) {
+          by_name = f;
+          longest = name.size();
+        }
+      }
+      if (by_name) {
+        spec.family = *by_name;
+        spec.name = family_name(*by_name);
+      } else {
+        spec.family = spec.file.extension() == ".txt" ? TaskFamily::perplexity : TaskFamily::multiple_choice;
+        spec.name = stem;
+      }
+    }
+    if (!fs::is_regular_file(spec.file, ec)) {
+      if (item.find('/') == std::string::npos && item.find('.') == std::string::npos && !family_of(item))
+        throw UserError("--tasks: '" + item + "' is neither a task (" + family_list() + ") nor a file");
+      throw UserError("--tasks: the task file '" + spec.file.string() + "' of " + spec.name +
+                      " does not exist (a task's name reads <task dir>/<name>.jsonl; give FAMILY:PATH for a file "
+                      "elsewhere)");
+    }
+    if (!names.insert(spec.name).second)
+      throw UserError("--tasks: two tasks are named '" + spec.name +
+                      "'; rename one of the files (a generic or perplexity task is named by its file)");
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+Task load_task(const TaskSpec& spec, std::int64_t limit) {
+  Task task;
+  task.spec = spec;
+  std::ifstream in(spec.file, std::ios::binary);
+  if (!in) throw UserError("cannot read the task file '" + spec.file.string() + "'");
+  if (spec.family == TaskFamily::perplexity && spec.file.extension() == ".txt") {
+    std::ostringstream os;
+    os << in.rdbuf();
+    TaskDoc doc;
+    doc.text = os.str();
+    task.docs.push_back(std::move(doc));
+    return task;
+  }
+  std::string text;
+  for (std::size_t number = 1; std::getline(in, text); ++number) {
+    if (limit > 0 && static_cast<std::int64_t>(task.docs.size()) >= limit) break;
+    if (strip(text).empty()) continue;
+    const std::string where = spec.file.string() + ":" + std::to_string(number);
+    nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object())
+      throw UserError(where + ": not a JSON object (each line of a " + spec.name +
+                      " task file is one: " + format_of(spec.family) + ")");
+    task.docs.push_back(make_doc(spec.family, Line{doc, where}));
+  }
+  if (task.docs.empty())
+    throw UserError("the task file '" + spec.file.string() + "' holds no documents (" + format_of(spec.family) + ")");
+  return task;
+}
+
+}  // namespace loom::eval

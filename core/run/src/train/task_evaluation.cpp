@@ -1,0 +1,39 @@
+#include "train/task_evaluation.hpp"
+
+#include <iomanip>
+#include <sstream>
+
+#include "loom/error.hpp"
+
+namespace loom::training {
+
+TaskEvaluation::TaskEvaluation(const RunComponents& components, const Options& trainer)
+    : components_(components), every_(trainer.get<std::int64_t>("steps_per_task_eval")) {
+  const auto entries = trainer.get<std::vector<std::string>>("eval_tasks");
+  if (entries.empty()) return;
+  options_.scorer.batch_size = trainer.get<std::int64_t>("eval_task_batch_size");
+  with_context("while reading trainer.eval_tasks", [&] {
+    for (const auto& spec : eval::parse_task_specs(entries, "eval_data"))
+      tasks_.push_back(eval::load_task(spec, trainer.get<std::int64_t>("eval_task_limit")));
+  });
+}
+
+std::pair<std::vector<std::pair<std::string, double>>, std::string> TaskEvaluation::run() {
+  const DocumentBoundary documents =
+      document_boundary(*components_.tokenizer, components_.dataset->separator_ends_documents());
+  const auto results = eval::evaluate_tasks(*components_.model, *components_.backend, *components_.tokenizer,
+                                            documents.separator.back(), tasks_, options_);
+  std::vector<std::pair<std::string, double>> scalars;
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(4);
+  for (const auto& r : results) {
+    line << (line.tellp() > 0 ? ", " : "") << r.name;
+    for (const auto& m : r.metrics) {
+      scalars.emplace_back("eval/" + r.name + "/" + m.name, m.value);
+      line << " " << m.name << " " << m.value;
+    }
+  }
+  return {scalars, line.str()};
+}
+
+}  // namespace loom::training

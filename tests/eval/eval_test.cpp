@@ -1,0 +1,538 @@
+// `loom eval` (docs/evaluation.md): each task family's requests are the strings lm-evaluation-
+// harness builds, requests are encoded and windowed as its HFLM does, the metrics and standard
+// errors are its formulas, and the scorer's log-likelihoods (batched, deduplicated, through a
+// shared KV cache or not) are the model's, as TokenStream scores them one token at a time.
+#include "loom/run/eval.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "../core/test_support.hpp"
+#include "loom/core/runtime.hpp"
+#include "loom/error.hpp"
+#include "loom/run/report.hpp"
+#include "loom/run/run_config.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom::eval {
+namespace {
+
+Task task_from(const test::TempDir& dir, const std::string& family, const std::string& name, const std::string& lines) {
+  const fs::path file = dir.write(name, lines);
+  return load_task(parse_task_specs({family + ":" + file.string()}, dir.path()).front());
+}
+
+TEST(EvalTasks, HellaswagIsPreprocessedAsTheHarnessDoes) {
+  test::TempDir dir;
+  const Task t =
+      task_from(dir, "hellaswag", "h.jsonl",
+                R"({"activity_label": "Home and Garden", "ctx_a": "[header] How to plant [title] Dig a hole.",)"
+                R"( "ctx_b": "then YOU", "endings": [" [step] Water it.  Wait. ", "Sing [x] loud"], "label": "1"})"
+                "\n");
+  ASSERT_EQ(t.docs.size(), 1u);
+  const TaskDoc& d = t.docs[0];
+  // ctx_a + " " + ctx_b.capitalize(), then strip, " [title]" -> ". ", "[...]" dropped, "  " -> " "
+  // (the strings the harness's hellaswag/utils.py gives for this document).
+  EXPECT_EQ(d.requests[0].context, "Home and Garden: How to plant. Dig a hole. Then you");
+  EXPECT_EQ(d.requests[0].continuation, "  Water it. Wait.");
+  EXPECT_EQ(d.requests[1].continuation, " Sing loud");
+  EXPECT_EQ(d.choice_lengths, (std::vector<double>{16, 9}));
+  EXPECT_EQ(d.gold, 1);
+}
+
+TEST(EvalTasks, ArcPiqaMmluLambadaAndGenericPrompts) {
+  test::TempDir dir;
+  const Task arc =
+      task_from(dir, "arc_easy", "a.jsonl",
+                R"({"question": "Why?", "choices": {"text": ["x", "yé"], "label": ["1", "2"]}, "answerKey": "2"})"
+                "\n");
+  EXPECT_EQ(arc.docs[0].requests[1].context, "Question: Why?\nAnswer:");
+  EXPECT_EQ(arc.docs[0].requests[1].continuation, " yé");
+  EXPECT_EQ(arc.docs[0].choice_lengths[1], 2);  // characters, not bytes
+  EXPECT_EQ(arc.docs[0].gold, 1);
+  const Task piqa = task_from(dir, "piqa", "p.jsonl",
+                              R"({"goal": "Open a jar", "sol1": "twist", "sol2": "pull", "label": 1})"
+                              "\n");
+  EXPECT_EQ(piqa.docs[0].requests[0].context, "Question: Open a jar\nAnswer:");
+  EXPECT_EQ(piqa.docs[0].requests[1].continuation, " pull");
+  const Task mmlu = task_from(
+      dir, "mmlu", "m.jsonl",
+      R"({"question": " What? ", "subject": "high_school_physics", "choices": ["a", "b", "c", "d"], "answer": 2})"
+      "\n");
+  EXPECT_EQ(mmlu.docs[0].requests[0].context,
+            "The following are multiple choice questions (with answers) about high school physics.\n\n"
+            "What?\nA. a\nB. b\nC. c\nD. d\nAnswer:");
+  EXPECT_EQ(mmlu.docs[0].requests[3].continuation, " D");
+  EXPECT_EQ(mmlu.docs[0].gold, 2);
+  const Task lambada = task_from(dir, "lambada", "l.jsonl",
+                                 R"({"text": "he said  hello there"})"
+                                 "\n");
+  EXPECT_EQ(lambada.docs[0].requests[0].context, "he said  hello");
+  EXPECT_EQ(lambada.docs[0].requests[0].continuation, " there");
+  const Task generic = task_from(dir, "multiple_choice", "g.jsonl",
+                                 R"({"context": "1+1=", "choices": ["2", "3"], "label": 0})"
+                                 "\n");
+  EXPECT_EQ(generic.spec.name, "g");
+  EXPECT_EQ(generic.docs[0].requests[0].continuation, " 2");
+}
+
+TEST(EvalTasks, WinograndeScoresTheSentenceAfterTheBlank) {
+  test::TempDir dir;
+  const Task t = task_from(
+      dir, "winogrande", "w.jsonl",
+      R"({"sentence": "The cup fell because the _ was  slippery. ", "option1": "cup", "option2": "table", "answer": "2"})"
+      "\n");
+  const TaskDoc& d = t.docs[0];
+  EXPECT_EQ(d.requests[0].context, "The cup fell because the cup");
+  EXPECT_EQ(d.requests[1].context, "The cup fell because the table");
+  EXPECT_EQ(d.requests[0].continuation, " was  slippery.");
+  EXPECT_EQ(d.requests[1].continuation, d.requests[0].continuation);
+  EXPECT_EQ(d.gold, 1);
+}
+
+TEST(EvalTasks, TaskNamesFilesAndErrors) {
+  test::TempDir dir;
+  dir.write("data/hellaswag.jsonl", "{}\n");
+  dir.write("data/piqa_validation.jsonl", "{}\n");
+  dir.write("data/corpus.txt", "text");
+  dir.write("data/mine.jsonl", "{}\n");
+  const auto specs = parse_task_specs(
+      {"hellaswag",
+       (dir.path() / "data/piqa_validation.jsonl").string() + "," + (dir.path() / "data/corpus.txt").string(),
+       (dir.path() / "data/mine.jsonl").string()},
+      dir.path() / "data");
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[0].family, TaskFamily::hellaswag);
+  EXPECT_EQ(specs[1].name, "piqa");
+  EXPECT_EQ(specs[2].family, TaskFamily::perplexity);
+  EXPECT_EQ(specs[2].name, "corpus");
+  EXPECT_EQ(specs[3].family, TaskFamily::multiple_choice);
+  EXPECT_EQ(specs[3].name, "mine");
+  EXPECT_THROW(parse_task_specs({"helaswag"}, dir.path()), UserError);
+  EXPECT_THROW(parse_task_specs({"piqa"}, dir.path()), UserError);  // no data/piqa.jsonl in task dir
+  EXPECT_THROW(parse_task_specs({"hellaswag,hellaswag"}, dir.path() / "data"), UserError);
+
+  auto message = [&](const std::string& family, const std::string& text) {
+    try {
+      task_from(dir, family, "bad.jsonl", text);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("piqa", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 2}\n")
+                .find("bad.jsonl:1: the answer 2"),
+            std::string::npos);
+  EXPECT_NE(message("arc_easy", "\n{\"question\": 1, \"choices\": {\"text\": [\"a\"], \"label\": [\"A\"]}}\n")
+                .find("bad.jsonl:2: \"question\" is not a string"),
+            std::string::npos);
+  EXPECT_NE(message("hellaswag", "not json\n").find("bad.jsonl:1: not a JSON object"), std::string::npos);
+  EXPECT_NE(message("winogrande", R"({"sentence": "no blank", "option1": "a", "option2": "b", "answer": "1"})"
+                                  "\n")
+                .find("has no \"_\""),
+            std::string::npos);
+}
+
+TEST(EvalTasks, LimitKeepsTheFirstDocuments) {
+  test::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 5; ++i) lines += R"({"text": "a b )" + std::to_string(i) + "\"}\n";
+  const fs::path file = dir.write("lambada.jsonl", lines);
+  const Task t = load_task(parse_task_specs({file.string()}, dir.path()).front(), 3);
+  ASSERT_EQ(t.docs.size(), 3u);
+  EXPECT_EQ(t.docs[2].requests[0].continuation, " 2");
+}
+
+// Words as ids (a space joins with the word after it, as in GPT-2's BPE): "a b" -> ["a", " b"].
+class WordTokenizer final : public Tokenizer {
+ public:
+  std::int64_t vocab_size() const override { return 64; }
+  std::vector<std::int32_t> encode(std::string_view text) const override {
+    std::vector<std::int32_t> ids;
+    std::size_t i = 0;
+    while (i < text.size()) {
+      std::size_t j = i + 1;
+      while (j < text.size() && text[j] != ' ') ++j;
+      std::uint32_t h = 2166136261u;
+      for (std::size_t k = i; k < j; ++k) h = (h ^ static_cast<unsigned char>(text[k])) * 16777619u;
+      ids.push_back(static_cast<std::int32_t>(h % 63));
+      i = j;
+    }
+    return ids;
+  }
+  std::string decode(std::span<const std::int32_t>) const override { return ""; }
+  std::optional<std::int32_t> end_of_text() const override { return 63; }
+};
+
+TEST(EvalRequests, EncodedAsTheHarnessEncodesPairs) {
+  const WordTokenizer tok;
+  // Trailing spaces of the context move to the continuation; the continuation is what the whole
+  // encodes to past the context's tokens.
+  const TokenRequest r = encode_request(tok, {"the cat ", "sat"}, 63);
+  EXPECT_EQ(r.context, tok.encode("the cat"));
+  EXPECT_EQ(r.continuation, tok.encode(" sat"));
+  const TokenRequest empty = encode_request(tok, {"", " sat down"}, 63);
+  EXPECT_EQ(empty.context, std::vector<std::int32_t>{63});
+  EXPECT_EQ(empty.continuation, tok.encode(" sat down"));
+}
+
+TEST(EvalRequests, RollingWindowsPredictEveryTokenOnce) {
+  std::vector<std::int32_t> tokens(23);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i);
+  const auto windows = rolling_windows(tokens, 99, 8);
+  std::vector<std::int32_t> predicted;
+  for (const auto& w : windows) {
+    // The input (context + continuation without its last token) fills the context when it can.
+    EXPECT_LE(w.context.size() + w.continuation.size() - 1, 8u);
+    predicted.insert(predicted.end(), w.continuation.begin(), w.continuation.end());
+  }
+  EXPECT_EQ(predicted, tokens);
+  ASSERT_EQ(windows.size(), 3u);
+  EXPECT_EQ(windows[0].context, std::vector<std::int32_t>{99});
+  EXPECT_EQ(windows[1].context.size() + windows[1].continuation.size(), 9u);  // a full context
+  EXPECT_EQ(windows[2].continuation, (std::vector<std::int32_t>{16, 17, 18, 19, 20, 21, 22}));
+  EXPECT_EQ(windows[2].context, (std::vector<std::int32_t>{14, 15}));
+  EXPECT_TRUE(rolling_windows({}, 99, 8).empty());
+}
+
+TEST(EvalMetrics, AccuracyNormalisationAndStandardErrors) {
+  Task task;
+  task.spec.family = TaskFamily::hellaswag;
+  TaskDoc doc;
+  doc.choice_lengths = {1, 10};
+  task.docs = {doc, doc, doc};
+  // acc picks the highest log-likelihood (the first of equal ones); acc_norm divides by length.
+  std::vector<DocLog> logs(3);
+  for (int i = 0; i < 3; ++i) logs[static_cast<std::size_t>(i)].index = i;
+  logs[0].results = {{-2.0, false}, {-5.0, false}};
+  logs[0].gold = 0;
+  logs[0].pred = 0;
+  logs[0].pred_norm = 1;
+  logs[1] = logs[0];
+  logs[1].index = 1;
+  logs[1].gold = 1;
+  logs[2] = logs[0];
+  logs[2].index = 2;
+  const auto metrics = task_metrics(task, logs);
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_EQ(metrics[0].name, "acc");
+  EXPECT_DOUBLE_EQ(metrics[0].value, 2.0 / 3);
+  // The sample standard deviation (n - 1) over sqrt(n).
+  EXPECT_NEAR(*metrics[0].stderr_value, std::sqrt((2 * (1.0 / 9) + 4.0 / 9) / 2) / std::sqrt(3.0), 1e-12);
+  EXPECT_EQ(metrics[1].name, "acc_norm");
+  EXPECT_DOUBLE_EQ(metrics[1].value, 1.0 / 3);
+  EXPECT_FALSE(mean_stderr(std::vector<double>{1.0}).has_value());
+
+  // LAMBADA's perplexity: its standard error is the harness's bootstrap (100000 resamples, drawn
+  // by Python's random.Random(i) per chunk of 1000): lm_eval.api.metrics.bootstrap_stderr(perplexity,
+  // xs, 100000) gives 3.8126131948643756 for these six log-likelihoods.
+  Task lambada;
+  lambada.spec.family = TaskFamily::lambada;
+  lambada.docs.resize(6);
+  std::vector<DocLog> six(6);
+  const double lls[] = {-1.0, -2.5, -0.3, -4.0, -2.0, -0.7};
+  for (std::size_t i = 0; i < 6; ++i) six[i].results = {{lls[i], i % 2 == 0}};
+  const auto l = task_metrics(lambada, six);
+  EXPECT_EQ(l[0].name, "perplexity");
+  EXPECT_DOUBLE_EQ(l[0].value, std::exp(10.5 / 6));
+  EXPECT_NEAR(*l[0].stderr_value, 3.8126131948643756, 1e-12);
+  EXPECT_EQ(l[1].name, "acc");
+  EXPECT_DOUBLE_EQ(l[1].value, 0.5);
+
+  Task text;
+  text.spec.family = TaskFamily::perplexity;
+  TaskDoc d;
+  d.text = "one two\n three";  // 3 words, 14 bytes
+  text.docs = {d};
+  std::vector<DocLog> one(1);
+  one[0].results = {{-6.0, false}};
+  one[0].tokens = 4;
+  const auto p = task_metrics(text, one);
+  EXPECT_DOUBLE_EQ(p[0].value, std::exp(6.0 / 3));
+  EXPECT_DOUBLE_EQ(p[1].value, std::exp(6.0 / 14));
+  EXPECT_DOUBLE_EQ(p[2].value, 6.0 / 14 / std::log(2.0));
+  EXPECT_DOUBLE_EQ(p[3].value, std::exp(6.0 / 4));
+}
+
+// A random gpt2 or llama of the build's plugins.
+struct Lm {
+  std::unique_ptr<Runtime> runtime;
+  Handle<Backend> backend;
+  Handle<Model> model;
+};
+
+Lm make_lm(const test::TempDir& dir, const std::string& model_yaml) {
+  const auto file = dir.write("model.yaml", "model: " + model_yaml + "\nbackend: {type: cpu, matmul_precision: f32}\n");
+  RuntimeOptions options;
+  options.config = file;
+  Lm lm;
+  lm.runtime = std::make_unique<Runtime>(options);
+  const Value config = resolved_run_config(*lm.runtime);
+  lm.backend = lm.runtime->registry().create<Backend>(ComponentRef{"backend", "", *config.find("backend"), "backend"});
+  lm.model = lm.runtime->registry().create<Model>(ComponentRef{"model", "", *config.find("model"), "model"});
+  lm.model->build(ModelSetup{64});
+  lm.model->initialize(3);
+  return lm;
+}
+
+class EvalScorer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EvalScorer, AgreesWithTokenByTokenScoringInEveryMode) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, GetParam());
+  std::mt19937 rng(5);
+  auto tokens = [&](std::size_t n) {
+    std::vector<std::int32_t> t(n);
+    for (auto& x : t) x = static_cast<std::int32_t>(rng() % 64);
+    return t;
+  };
+  // Documents of 4 choices after one context (multi-token and single-token continuations), a
+  // duplicate, and a request longer than the context (kept to its last tokens).
+  std::vector<TokenRequest> requests;
+  std::vector<std::size_t> groups;
+  for (std::size_t doc = 0; doc < 5; ++doc) {
+    const auto context = tokens(3 + doc * 4);
+    for (std::size_t c = 0; c < 4; ++c) requests.push_back({context, tokens(doc == 2 ? 1 : 1 + (c + doc) % 5)});
+    groups.push_back(4);
+  }
+  requests.push_back(requests[1]);
+  requests.push_back({tokens(70), tokens(6)});
+  groups.push_back(1);
+  groups.push_back(1);
+
+  DocumentBoundary boundary{{63}, true};
+  std::vector<double> expected;
+  for (const auto& r : requests) {
+    std::vector<std::int32_t> context = r.context;
+    const std::size_t keep = 64 + 1 - r.continuation.size();
+    if (context.size() > keep) context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
+    const auto lls = log_likelihoods(*lm.model, *lm.backend, boundary, context, r.continuation, ContextPolicy::stop);
+    double sum = 0;
+    for (const double x : lls) sum += x;
+    expected.push_back(sum);
+  }
+  for (const KvCacheUse kv : {KvCacheUse::never, KvCacheUse::always, KvCacheUse::automatic})
+    for (const std::int64_t batch : {1, 3, 16}) {
+      Scorer scorer(*lm.model, *lm.backend, ScorerOptions{batch, kv});
+      const auto got = scorer.score_grouped(requests, groups);
+      ASSERT_EQ(got.size(), requests.size());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i].logprob, expected[i], 1e-4)
+            << "request " << i << ", batch " << batch << ", kv " << static_cast<int>(kv);
+      if (kv != KvCacheUse::never) {
+        EXPECT_EQ(scorer.stats().requests, static_cast<std::int64_t>(requests.size()));
+      }
+    }
+  // greedy: the argmax continuation is greedy, another token is not.
+  Scorer scorer(*lm.model, *lm.backend, ScorerOptions{4, KvCacheUse::never});
+  const std::vector<std::int32_t> context = tokens(5);
+  TokenStream stream(*lm.model, *lm.backend, boundary, ContextPolicy::stop);
+  stream.start(context);
+  const auto& logits = stream.logits();
+  const auto best = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const auto got = scorer.score(std::vector<TokenRequest>{{context, {best}}, {context, {(best + 1) % 64}}});
+  EXPECT_TRUE(got[0].greedy);
+  EXPECT_FALSE(got[1].greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EvalScorer,
+                         ::testing::Values("{type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 2, num_heads: 2, "
+                                           "initializer_range: 0.5}",
+                                           "{type: llama, seq_len: 64, hidden_dim: 32, intermediate_dim: 64, "
+                                           "num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: null, "
+                                           "initializer_range: 0.5}",
+                                           // A mixture of experts (top-2 of 4).
+                                           "{type: llama, seq_len: 64, hidden_dim: 32, intermediate_dim: 48, "
+                                           "num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: null, "
+                                           "moe: {num_experts: 4, experts_per_token: 2}, initializer_range: 0.5}",
+                                           // Soft-capped logits, a sliding window shorter than the requests.
+                                           "{type: gemma, seq_len: 64, hidden_dim: 32, intermediate_dim: 64, "
+                                           "num_layers: 2, num_heads: 2, num_kv_heads: 1, head_dim: 16, "
+                                           "query_pre_attn_scalar: 16, attn_logit_softcapping: 50, "
+                                           "final_logit_softcapping: 30, sliding_window: 12, initializer_range: 0.5}"));
+
+TEST(EvalScorer, KvCacheRunsTheContextOnce) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 2, num_heads: 2}");
+  const std::vector<std::int32_t> context(40, 7);
+  std::vector<TokenRequest> requests;
+  for (int c = 0; c < 4; ++c) requests.push_back({context, {static_cast<std::int32_t>(c), 2, 1}});
+  const std::vector<std::size_t> groups{4};
+  Scorer cached(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::always});
+  cached.score_grouped(requests, groups);
+  // The context once, then the 4 choices' first two tokens after it.
+  EXPECT_EQ(cached.stats().tokens_run, 40 + 4 * 2);
+  EXPECT_EQ(cached.stats().forward_passes, 2);
+  // The harness's way: each choice a row of context and choice (4 x 42).
+  Scorer plain(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::never});
+  plain.score_grouped(requests, groups);
+  EXPECT_EQ(plain.stats().tokens_run, 4 * 42);
+  // Choices that differ in their last token alone have one input: one row, with or without the cache.
+  std::vector<TokenRequest> letters;
+  for (int c = 0; c < 4; ++c) letters.push_back({context, {1, 2, static_cast<std::int32_t>(c)}});
+  Scorer once(*lm.model, *lm.backend, ScorerOptions{8, KvCacheUse::always});
+  once.score_grouped(letters, groups);
+  EXPECT_EQ(once.stats().tokens_run, 42);
+  EXPECT_EQ(once.stats().forward_passes, 1);
+}
+
+TEST(EvalScorer, BadRequestsAreUserErrors) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
+  Scorer scorer(*lm.model, *lm.backend, ScorerOptions{});
+  EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, {}}}), UserError);
+  EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, std::vector<std::int32_t>(17, 1)}}), UserError);
+  EXPECT_THROW(Scorer(*lm.model, *lm.backend, ScorerOptions{0, KvCacheUse::always}), UserError);
+}
+
+// ---- The command, as a user runs it ----
+
+test::CommandResult loom(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{LOOM_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return test::run_command(argv);
+}
+
+void train(const fs::path& config, const fs::path& run_dir, std::vector<std::string> overrides = {}) {
+  std::vector<std::string> args{"train", config.string(), "trainer.run_dir=" + run_dir.string()};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  const auto r = loom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+nlohmann::json eval_json(const std::vector<std::string>& args, const fs::path& out) {
+  std::vector<std::string> all{"eval"};
+  all.insert(all.end(), args.begin(), args.end());
+  all.insert(all.end(), {"-o", out.string(), "--log-samples"});
+  const auto r = loom(all);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream f(out);
+  return nlohmann::json::parse(f);
+}
+
+const char* kTinyRun = R"(model: {type: gpt2, seq_len: 256, hidden_dim: 32, num_layers: 2, num_heads: 2}
+backend: {type: cpu, matmul_precision: f32}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+trainer: {num_train_steps: 4, train_batch_size: 4, log_every: 2, steps_per_eval: 0, max_eval_batches: 1,
+          sample_length: 0, trackers: [jsonl], peak_flops: 1.0e9}
+)";
+
+std::string example_tasks() {
+  const fs::path dir = fs::path(LOOM_SOURCE_DIR) / "configs/eval";
+  return (dir / "piqa.jsonl").string() + "," + (dir / "winogrande.jsonl").string() + "," +
+         (dir / "lambada.jsonl").string() + "," + (dir / "wikitext.txt").string();
+}
+
+std::vector<double> all_loglikelihoods(const nlohmann::json& results) {
+  std::vector<double> out;
+  for (const auto& [task, docs] : results["samples"].items())
+    for (const auto& doc : docs)
+      for (const auto& ll : doc["loglikelihoods"]) out.push_back(ll.get<double>());
+  return out;
+}
+
+// A LoRA run scores with its adapters: as its merged export, read back as a Hugging Face directory
+// into the base model's config, and not as its base model.
+TEST(EvalCommand, LoraRunAndHuggingFaceDirectoryScoreTheSameModel) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "base");
+  train(config, dir.path() / "lora",
+        {"trainer.init_from=" + (dir.path() / "base").string(), "lora.rank=4", "lora.alpha=8",
+         "optimizer.learning_rate=0.1"});
+  const auto r =
+      loom({"export", (dir.path() / "lora").string(), "--format", "hf", (dir.path() / "hf").string(), "--merge-lora"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto base = all_loglikelihoods(
+      eval_json({(dir.path() / "base").string(), "--tasks", example_tasks()}, dir.path() / "b.json"));
+  const auto lora = all_loglikelihoods(
+      eval_json({(dir.path() / "lora").string(), "--tasks", example_tasks()}, dir.path() / "l.json"));
+  const auto hf = all_loglikelihoods(
+      eval_json({(dir.path() / "hf").string(), config.string(), "--tasks", example_tasks()}, dir.path() / "h.json"));
+  ASSERT_EQ(lora.size(), hf.size());
+  ASSERT_EQ(lora.size(), base.size());
+  double moved = 0;
+  for (std::size_t i = 0; i < lora.size(); ++i) {
+    EXPECT_NEAR(lora[i], hf[i], 1e-4) << i;
+    moved = std::max(moved, std::abs(lora[i] - base[i]));
+  }
+  EXPECT_GT(moved, 1e-2);  // the adapters changed the scores
+}
+
+TEST(EvalCommand, BadInputIsOneErrorWithStatus2) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "run");
+  const std::string run = (dir.path() / "run").string();
+  auto expect_error = [&](const std::vector<std::string>& args, const std::string& text) {
+    const auto r = loom(args);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+  };
+  expect_error({"eval", run, "--tasks", "helaswag"}, "neither a task");
+  expect_error({"eval", run}, "no tasks given");
+  expect_error({"eval", (dir.path() / "nowhere").string(), "--tasks", example_tasks()}, "does not exist");
+  expect_error({"eval", run, "--tasks", example_tasks(), "--batch-size", "0"}, "--batch-size must be at least 1");
+  const fs::path bad = dir.write("piqa_bad.jsonl", "{\"goal\": \"g\"}\n");
+  expect_error({"eval", run, "--tasks", bad.string()}, "piqa_bad.jsonl:1: no \"sol1\" field");
+  fs::create_directories(dir.path() / "hf");
+  dir.write("hf/config.json", "{}");
+  expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()}, "give the config that describes");
+}
+
+// trainer.eval_tasks: scored every steps_per_task_eval steps and at the end, logged as
+// eval/<task>/<metric> and printed; the run's header.json is what `loom report` shows of it.
+TEST(EvalTraining, EvalTasksAreLoggedAndPrinted) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  const fs::path run = dir.path() / "run";
+  const fs::path examples = fs::path(LOOM_SOURCE_DIR) / "configs/eval";
+  const auto r = loom(
+      {"train", config.string(), "trainer.run_dir=" + run.string(),
+       "trainer.eval_tasks=[" + (examples / "piqa.jsonl").string() + "," + (examples / "lambada.jsonl").string() + "]",
+       "trainer.steps_per_task_eval=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("tasks at step 2: piqa acc "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tasks at step 4: piqa acc "), std::string::npos) << r.out;
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::map<std::int64_t, nlohmann::json> by_step;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("eval/piqa/acc")) by_step[row["step"].get<std::int64_t>()] = row;
+  }
+  ASSERT_EQ(by_step.size(), 2u);
+  EXPECT_TRUE(by_step.count(2) && by_step.count(4));
+  EXPECT_TRUE(by_step[4].contains("eval/piqa/acc_norm"));
+  EXPECT_TRUE(by_step[4].contains("eval/lambada/perplexity"));
+  // The same scores as `loom eval` of the final weights.
+  const auto final_eval =
+      eval_json({run.string(), "--tasks", (examples / "lambada.jsonl").string()}, dir.path() / "e.json");
+  EXPECT_NEAR(by_step[4]["eval/lambada/perplexity"].get<double>(),
+              final_eval["results"]["lambada"]["perplexity"].get<double>(),
+              1e-6 * final_eval["results"]["lambada"]["perplexity"].get<double>());
+
+  const RunRecord record = read_run(run);
+  EXPECT_NE(record.trainer_header.find("model: gpt2"), std::string::npos) << record.trainer_header;
+  EXPECT_TRUE(record.header.count("parameters"));
+  EXPECT_TRUE(record.header.count("memory estimate"));
+  EXPECT_NE(render_report_html({record}, ReportAxis::step).find("Evaluation: piqa"), std::string::npos);
+
+  // A bad task file stops the run before its first step.
+  const auto bad = loom({"train", config.string(), "trainer.run_dir=" + (dir.path() / "bad").string(),
+                         "trainer.eval_tasks=[nowhere.jsonl]"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("while reading trainer.eval_tasks"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out.find("step 2/4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom::eval
