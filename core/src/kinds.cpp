@@ -48,13 +48,13 @@ class Done final : public CollectiveGroup::Pending {
 }  // namespace
 
 std::unique_ptr<CollectiveGroup::Pending> CollectiveGroup::start_all_gather(std::span<const float> in,
-                                                                           std::span<float> out) {
+                                                                            std::span<float> out) {
   all_gather(in, out);
   return std::make_unique<Done>();
 }
 
 std::unique_ptr<CollectiveGroup::Pending> CollectiveGroup::start_reduce_scatter(std::span<const float> in,
-                                                                               std::span<float> out) {
+                                                                                std::span<float> out) {
   reduce_scatter(in, out);
   return std::make_unique<Done>();
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../core/test_support.hpp"
+#include "distributed_test_support.hpp"
 #include "loom/safetensors.hpp"
 
 namespace {
@@ -25,88 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using loom::test::CommandResult;
 using loom::test::run_command;
-
-const std::vector<std::string> kMpiEnv{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                       "OMPI_MCA_rmaps_base_oversubscribe=1", "LOOM_NUM_THREADS=1"};
-
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("loom-dp-test-" + std::to_string(::getpid())) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir.parent_path());
-  return dir;
-}
-
-// The tests that compare runs whose float sums associate differently hold them to a float32
-// rounding bound: they train with float32 products (the cpu backend's default computes them in
-// bf16 where the CPU has AVX512-BF16, which turns a last-bit difference of an operand into a
-// bf16 rounding step). The bit-for-bit ones run on the default.
-const char* const kFloat32Products = "backend.matmul_precision=f32";
-
-std::vector<std::string> train_args(const fs::path& run_dir, std::int64_t micro) {
-  return {LOOM_BINARY,
-          "train",
-          std::string(LOOM_SOURCE_DIR) + "/configs/quickstart.yaml",
-          "trainer.run_dir=" + run_dir.string(),
-          "trainer.num_train_steps=20",
-          "trainer.log_every=1",
-          "trainer.train_batch_size=8",
-          "trainer.microbatch_size=" + std::to_string(micro),
-          "trainer.steps_per_eval=0",
-          "trainer.max_eval_batches=2",
-          "trainer.sample_length=0",
-          "trainer.peak_flops=1e11",
-          "trainer.trackers=[jsonl]",
-          "model.num_layers=2"};
-}
-
-CommandResult mpirun(int ranks, std::vector<std::string> args, std::vector<std::string> env = kMpiEnv) {
-  args.insert(args.begin(), {LOOM_MPIRUN, "--oversubscribe", "-np", std::to_string(ranks)});
-  return run_command(args, env);
-}
-
-std::vector<double> losses(const fs::path& run_dir) {
-  std::vector<double> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("train/loss")) out.push_back(j["train/loss"].get<double>());
-  }
-  return out;
-}
-
-std::string file_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The tensors' bytes, without the header (whose metadata names the run).
-std::vector<std::pair<std::string, std::vector<float>>> weights(const fs::path& file) {
-  std::vector<std::pair<std::string, std::vector<float>>> out;
-  loom::safetensors::Reader reader(file);
-  for (const auto& info : reader.tensors()) {
-    const loom::Tensor t = reader.read(info.name);
-    out.emplace_back(info.name, std::vector<float>(t.data<float>(), t.data<float>() + t.numel()));
-  }
-  return out;
-}
-
-double max_relative_difference(const fs::path& a, const fs::path& b) {
-  const auto wa = weights(a), wb = weights(b);
-  EXPECT_EQ(wa.size(), wb.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < wa.size() && i < wb.size(); ++i) {
-    EXPECT_EQ(wa[i].first, wb[i].first);
-    double scale = 1e-30, diff = 0;
-    for (std::size_t k = 0; k < wa[i].second.size(); ++k) {
-      scale = std::max(scale, std::abs(static_cast<double>(wa[i].second[k])));
-      diff = std::max(diff, std::abs(static_cast<double>(wa[i].second[k]) - wb[i].second[k]));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
+using namespace loom::test::distributed;
 
 TEST(DataParallel, TwoRanksOfOneMicroBatchEqualOneProcessOfTwoBitForBit) {
   const fs::path one = scratch("one"), two = scratch("two");
@@ -493,15 +413,18 @@ TEST(DataParallel, TheMeshIsShownAndAMeshThatDoesNotFitIsRefusedFirst) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"trainer.mesh.data=3", "trainer.mesh {data: 3, fsdp: 1} has 3 ranks but the run has 2 ranks"},
       {"trainer.mesh={data: -1, fsdp: 3}", "trainer.mesh {data: -1, fsdp: 3} does not divide the 2 ranks of this run"},
-      {"trainer.mesh={data: 1, fsdp: 2}",
-       "trainer.mesh (data 1 x fsdp 2): fully sharded data parallelism (fsdp > 1, ZeRO-3) is not available in this "
-       "loom yet; every rank holds the whole model. Use data parallelism, trainer.mesh: {data: -1, fsdp: 1} (the "
-       "default), and trainer.shard_optimizer_state: true to split the optimizer state across the ranks (ZeRO-1)"},
+      {"trainer.mesh={data: 1, fsdp: 2} trainer.shard_optimizer_state=true",
+       "trainer.mesh (data 1 x fsdp 2) shards the optimizer state along its fsdp axis already (ZeRO-3); "
+       "trainer.shard_optimizer_state (ZeRO-1) is for the data axis of a mesh without one"},
   };
   for (const auto& [override_, message] : refused) {
     const fs::path dir = scratch("mesh-refused");
     auto refused_args = train_args(dir, 4);
-    refused_args.push_back(override_);
+    for (std::size_t at = 0; at <= override_.size();) {  // one override, or two separated by a space
+      const std::size_t space = override_.find(" trainer.", at);
+      refused_args.push_back(override_.substr(at, space == std::string::npos ? std::string::npos : space - at));
+      at = space == std::string::npos ? override_.size() + 1 : space + 1;
+    }
     r = mpirun(2, refused_args);
     EXPECT_NE(r.exit_code, 0) << override_;
     EXPECT_NE((r.out + r.err).find(message), std::string::npos) << override_ << "\n" << r.out << r.err;

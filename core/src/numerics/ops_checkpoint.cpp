@@ -17,7 +17,7 @@ struct CheckpointNode final : Node {
   std::vector<Tensor> saved;        // save_dots: the matrix products' outputs, in call order
   bool training = true;
   std::uint64_t dropout_seed = 0, dropout_step = 0, dropout_calls = 0;
-  const LinearAdapters* adapters = nullptr;  // the first run's low-rank adapters
+  const LinearAdapters* adapters = nullptr;            // the first run's low-rank adapters
   std::function<void(Parameter&)> parameter_observer;  // the first run's
 
   void backward(BackwardPass& pass) override {

@@ -238,8 +238,7 @@ void TapeState::note_inputs(std::span<const Tensor* const> inputs) {
     if (p && on_parameter_needed) uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
     // Frozen parameters have no gradient; they are announced when their last user is past only
     // to the tape's owner that tracks uses (on_parameter_needed): FSDP frees their unit then.
-    if (!p || (!p->requires_grad() && !on_parameter_needed) || TensorAccess::param_noted_epoch(*p) == epoch_)
-      continue;
+    if (!p || (!p->requires_grad() && !on_parameter_needed) || TensorAccess::param_noted_epoch(*p) == epoch_) continue;
     TensorAccess::param_noted_epoch(*p) = epoch_;
     first_uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
   }

@@ -253,8 +253,8 @@ class MpiCommunicator : public Interface {
     if (in.size() != out.size() * static_cast<std::size_t>(size()))
       throw loom::InternalError("mpi: reduce_scatter of " + std::to_string(in.size()) + " floats into " +
                                 std::to_string(out.size()) + " per rank on " + std::to_string(size()) + " ranks");
-    return std::make_unique<PendingReduce>(process_->post(
-        [this, in, out] { scatter_reduce(in.data(), out.data(), out.size(), loom::ReduceOp::sum); }));
+    return std::make_unique<PendingReduce>(
+        process_->post([this, in, out] { scatter_reduce(in.data(), out.data(), out.size(), loom::ReduceOp::sum); }));
   }
 
  protected:

@@ -148,21 +148,21 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
   if (c.fsdp) {
     fsdp_entries(run, snap);
   } else {
-  // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
-  std::unordered_set<std::string> mine;
-  for (const auto& p : c.saved_parameters())
-    if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
-      snap.model.emplace_back(p.parameter->name(), p.parameter->data());
-      mine.insert(p.parameter->name());
-    }
-  snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
-  // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
-  for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, t);
-  // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
-  // rank holds all of it; each writes the average of the parameters it writes.
-  if (run.state.ema)
-    for (auto& [name, t] : run.state.ema->state())
-      if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
+    // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
+    std::unordered_set<std::string> mine;
+    for (const auto& p : c.saved_parameters())
+      if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
+        snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+        mine.insert(p.parameter->name());
+      }
+    snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
+    // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
+    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, t);
+    // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
+    // rank holds all of it; each writes the average of the parameters it writes.
+    if (run.state.ema)
+      for (auto& [name, t] : run.state.ema->state())
+        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
   }
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   if (parts && !parallel.is_primary()) return snap;

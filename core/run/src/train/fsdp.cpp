@@ -48,8 +48,10 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
   for (const auto& u : declared)
     for (Parameter* p : u.parameters) {
       if (!role.contains(p))
-        throw InternalError("sharding unit '" + u.name + "' of the model lists a parameter that is not among its "
-                            "parameters(): '" + (p ? p->name() : std::string("null")) + "'");
+        throw InternalError("sharding unit '" + u.name +
+                            "' of the model lists a parameter that is not among its "
+                            "parameters(): '" +
+                            (p ? p->name() : std::string("null")) + "'");
       if (!seen.insert(p).second)
         throw InternalError("parameter '" + p->name() + "' is in two of the model's sharding units");
       if (&p->tensor().buffer_type() != &host_buffer_type())
@@ -111,7 +113,8 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
       old_values.push_back(m.parameter->tensor().detach());
     }
     unit.shard = Tensor::empty(Shape{unit.chunk});
-    std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk, static_cast<std::size_t>(unit.chunk) * sizeof(float));
+    std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk,
+                static_cast<std::size_t>(unit.chunk) * sizeof(float));
     unit.shard_grad = Tensor::zeros(Shape{unit.chunk});
     unit.grad_home = Tensor::empty(Shape{full});
     for (Member& m : unit.members) {
@@ -120,7 +123,8 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
       m.parameter->zero_grad();
       m.parameter->set_grad_buffer(unit.grad_home.slice(0, m.offset, m.offset + m.numel).view(shape));
       // This rank's range of the parameter: at most one contiguous piece.
-      const std::int64_t lo = std::max(m.offset, rank * unit.chunk), hi = std::min(m.offset + m.numel, (rank + 1) * unit.chunk);
+      const std::int64_t lo = std::max(m.offset, rank * unit.chunk),
+                         hi = std::min(m.offset + m.numel, (rank + 1) * unit.chunk);
       if (hi > lo) {
         const std::int64_t at = lo - rank * unit.chunk;
         Parameter& piece = pieces_.emplace_back(m.parameter->name(), unit.shard.slice(0, at, at + hi - lo));
@@ -139,9 +143,8 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
   // Slices and trained parameters in the model's order.
   std::unordered_map<const Parameter*, std::size_t> position;
   for (std::size_t i = 0; i < all.size(); ++i) position[all[i].parameter] = i;
-  std::sort(slices_.begin(), slices_.end(), [&](const ParameterSlice& a, const ParameterSlice& b) {
-    return position[a.model] < position[b.model];
-  });
+  std::sort(slices_.begin(), slices_.end(),
+            [&](const ParameterSlice& a, const ParameterSlice& b) { return position[a.model] < position[b.model]; });
   for (const auto& p : all) {
     if (!trains.contains(p.parameter)) continue;
     const auto [u, i] = where_.at(p.parameter);
@@ -363,8 +366,9 @@ void FullySharded::start_reduce(std::size_t u) {
     unit.reducing.push_back(
         world_.start_reduce_scatter(std::span<const float>(permuted, static_cast<std::size_t>(full)),
                                     std::span<float>(mine + d * slice, static_cast<std::size_t>(slice))));
-    unit.reducing.push_back(data_->start_all_gather(std::span<const float>(mine + d * slice, static_cast<std::size_t>(slice)),
-                                                    std::span<float>(mine, static_cast<std::size_t>(unit.chunk))));
+    unit.reducing.push_back(
+        data_->start_all_gather(std::span<const float>(mine + d * slice, static_cast<std::size_t>(slice)),
+                                std::span<float>(mine, static_cast<std::size_t>(unit.chunk))));
   }
   reducing_.push_back(u);
   free_values(u);
@@ -467,17 +471,20 @@ void FullySharded::owners_changed() {
     std::memset(home, 0, full * sizeof(float));
     // Each element from exactly one rank: a trained parameter from its owner, the rest (frozen
     // parameters, padding) from the rank whose chunk it is.
-    std::memcpy(home + rank * unit.chunk, unit.shard.data<float>(), static_cast<std::size_t>(unit.chunk) * sizeof(float));
+    std::memcpy(home + rank * unit.chunk, unit.shard.data<float>(),
+                static_cast<std::size_t>(unit.chunk) * sizeof(float));
     for (const Member& m : unit.members) {
       if (!m.trained) continue;
-      const std::int64_t lo = std::max(m.offset, rank * unit.chunk), hi = std::min(m.offset + m.numel, (rank + 1) * unit.chunk);
+      const std::int64_t lo = std::max(m.offset, rank * unit.chunk),
+                         hi = std::min(m.offset + m.numel, (rank + 1) * unit.chunk);
       if (hi > lo) std::memset(home + lo, 0, static_cast<std::size_t>(hi - lo) * sizeof(float));
       if (m.whole)
         std::memcpy(home + m.offset, m.whole->data().data<float>(), static_cast<std::size_t>(m.numel) * sizeof(float));
     }
     fsdp_->all_reduce(std::span<float>(home, full));
     bytes_per_step_ += static_cast<std::int64_t>(full * sizeof(float));
-    std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk, static_cast<std::size_t>(unit.chunk) * sizeof(float));
+    std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk,
+                static_cast<std::size_t>(unit.chunk) * sizeof(float));
     core::rebind_host_storage(unit.home, 0);
   }
 }

@@ -125,7 +125,7 @@ class FullySharded {
     bool gathered = false, grad_live = false, grad_started = false;
     std::unique_ptr<CollectiveGroup::Pending> gathering;
     std::vector<std::unique_ptr<CollectiveGroup::Pending>> reducing;  // in order; the last ends last
-    Tensor scratch;  // data x fsdp: the gradients in world-slice order, while reducing
+    Tensor scratch;                             // data x fsdp: the gradients in world-slice order, while reducing
     int used = 0, used_trained = 0, ready = 0;  // members this micro-batch took, trained ones, done
   };
 
@@ -147,10 +147,10 @@ class FullySharded {
   FsdpSettings settings_;
   std::vector<Unit> units_;
   std::unordered_map<const Parameter*, std::pair<std::size_t, std::size_t>> where_;  // unit, member
-  std::deque<Parameter> pieces_;  // stable addresses
+  std::deque<Parameter> pieces_;                                                     // stable addresses
   std::vector<ModelParameter> trained_;
   std::vector<ParameterSlice> slices_;
-  std::vector<Parameter*> order_;  // the model's parameters, in its order
+  std::vector<Parameter*> order_;      // the model's parameters, in its order
   std::vector<std::size_t> reducing_;  // units whose reduction is under way, in start order
   bool in_backward_ = false;
   std::size_t current_ = static_cast<std::size_t>(-1);

@@ -336,9 +336,9 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
       if (info.name.starts_with("ema/") && (!share.keeps_average || share.keeps_average(info.name))) {
         // The whole average of a parameter, or this rank's range of it.
         const auto range = share.range ? share.range(info.name) : std::nullopt;
-        average.emplace_back(info.name, read_part(optimizer, info.name,
-                                                  range ? Shape{range->second - range->first}
-                                                        : optimizer.info(info.name).shape));
+        average.emplace_back(info.name,
+                             read_part(optimizer, info.name,
+                                       range ? Shape{range->second - range->first} : optimizer.info(info.name).shape));
       }
   });
   with_context("while loading " + model.describe(), [&] {

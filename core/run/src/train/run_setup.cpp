@@ -96,7 +96,6 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
   parallel.set_mesh(mesh);
 
-
   RunComponents& c = run.components;
   parallel.together([&] {
     run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
@@ -230,14 +229,15 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       // Every rank starts from the same weights before each keeps its shard of them.
       parallel.check_same_parameters(c.parameters);
       const Options fsdp = trainer.object("fsdp");
-      c.fsdp = std::make_shared<FullySharded>(
-          parallel.collective(), parallel.fsdp_group(), parallel.data_group(), *c.model, c.parameters,
-          FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
+      c.fsdp = std::make_shared<FullySharded>(parallel.collective(), parallel.fsdp_group(), parallel.data_group(),
+                                              *c.model, c.parameters,
+                                              FsdpSettings{fsdp.get<bool>("reshard_after_forward"),
+                                                           fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
       c.parameters = c.fsdp->trained();
     };
-    for (const auto& note : initialize_parameters(c, trainer, run.seed, /*init_from=*/base_from_init,
-                                                  [&](const Parameter* p) { return parallel.owns(p); },
-                                                  fully_sharded ? std::function<void()>(shard) : std::function<void()>()))
+    for (const auto& note : initialize_parameters(
+             c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },
+             fully_sharded ? std::function<void()>(shard) : std::function<void()>()))
       progress.say("init_from: " + note);
     // QLoRA: the frozen base weights, now holding their values, in lora.base_dtype.
     if (c.lora)
@@ -289,8 +289,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
         };
         share.keeps = [&, parameter_of](const std::string& entry) { return updates.contains(parameter_of(entry)); };
         share.keeps_average = share.keeps;
-        share.range = [&, elementwise, parameter_of](
-                          const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+        share.range = [&, elementwise,
+                       parameter_of](const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
           if (entry.find('/') != std::string::npos && !elementwise) return std::nullopt;
           const auto it = slice_of.find(parameter_of(entry));
           if (it == slice_of.end()) return std::nullopt;

@@ -3,8 +3,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <deque>
 #include <cmath>
+#include <deque>
 #include <iomanip>
 #include <memory>
 #include <sstream>
@@ -96,13 +96,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   Sampler sampler(c, trainer, run.seed);
   TaskEvaluation task_evaluation(c, trainer);
   if (c.fsdp && task_evaluation.enabled())
-    progress.say("note: trainer.eval_tasks is not run under fully sharded data parallelism in this build; score "
-                 "the final weights with `loom eval " +
-                 run.directory.path().string() + " --tasks ...`");
+    progress.say(
+        "note: trainer.eval_tasks is not run under fully sharded data parallelism in this build; score "
+        "the final weights with `loom eval " +
+        run.directory.path().string() + " --tasks ...`");
   if (c.fsdp && sample_length > 0)
-    progress.say("note: samples (trainer.sample_length) are not drawn under fully sharded data parallelism in this "
-                 "build; `loom generate " +
-                 run.directory.path().string() + "` draws them from the final weights");
+    progress.say(
+        "note: samples (trainer.sample_length) are not drawn under fully sharded data parallelism in this "
+        "build; `loom generate " +
+        run.directory.path().string() + "` draws them from the final weights");
   // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees.
   auto evaluate_tasks_now = [&](std::int64_t step) {
     // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
@@ -122,9 +124,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!parallel.is_primary() && !c.fsdp) return Evaluation{};
     Evaluation e = with_average([&] {
       return with_adapters([&] {
-        return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts,
-                        c.fsdp ? std::function<void(Ops&)>([&](Ops& ops) { c.fsdp->attach(ops); })
-                               : std::function<void(Ops&)>());
+        return evaluate(
+            *c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts,
+            c.fsdp ? std::function<void(Ops&)>([&](Ops& ops) { c.fsdp->attach(ops); }) : std::function<void(Ops&)>());
       });
     });
     if (c.fsdp) c.fsdp->release();
