@@ -189,14 +189,27 @@ INSTANTIATE_TEST_SUITE_P(
                       Reshard{"data2_to_data2_fsdp2", 2, {}, 4, kData2Fsdp2, {"optimizer.type=muon"}}),
     [](const ::testing::TestParamInfo<Reshard>& info) { return info.param.name; });
 
-TEST(Fsdp, LoraIsRefusedOnceWithWhatToDoInstead) {
-  const fs::path dir = scratch("lora");
-  const auto r =
-      mpirun(2, fsdp_args(dir, config("quickstart.yaml"), 4, kGpt2 + kFsdp2 + std::vector<std::string>{"lora.rank=4"}));
+// LoRA: the frozen base sharded in units, the adapters replicated (their gradients summed over
+// every rank): the same adapters as one process.
+TEST(Fsdp, LoraAdaptersTrainOnAShardedBaseAsInOneProcess) {
+  const fs::path one = scratch("lora-one"), two = scratch("lora-fsdp");
+  const std::vector<std::string> lora = kGpt2 + std::vector<std::string>{"lora.rank=4"};
+  const auto single = run_command(fsdp_args(one, config("quickstart.yaml"), 4, lora), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(2, fsdp_args(two, config("quickstart.yaml"), 4, lora + kFsdp2));
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  const auto l1 = losses(one), l2 = losses(two);
+  ASSERT_EQ(l1.size(), 20u);
+  for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l2[i], l1[i], 1e-12 * std::abs(l1[i])) << "step " << i + 1;
+  EXPECT_EQ(max_relative_difference(one / "adapter_model.safetensors", two / "adapter_model.safetensors"), 0.0);
+  // A quantized base is stored whole on every rank: refused with the fsdp axis, once.
+  const fs::path refused = scratch("lora-nf4");
+  const auto r = mpirun(2, fsdp_args(refused, config("quickstart.yaml"), 4,
+                                     lora + kFsdp2 + std::vector<std::string>{"lora.base_dtype=nf4"}));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   const std::string all = r.out + r.err;
-  EXPECT_NE(all.find("LoRA under fully sharded data parallelism"), std::string::npos) << all;
-  EXPECT_EQ(all.find("LoRA under fully"), all.rfind("LoRA under fully")) << all;  // printed once
+  EXPECT_NE(all.find("lora.base_dtype nf4 stores the frozen base whole on every rank"), std::string::npos) << all;
+  EXPECT_EQ(all.find("lora.base_dtype nf4 stores"), all.rfind("lora.base_dtype nf4 stores")) << all;
 }
 
 }  // namespace

@@ -378,7 +378,7 @@ void DataParallel::start_ready_buckets() {
     for (auto& [p, offset] : b.parameters)
       if (!p->has_grad())
         std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
-    pending_.push_back(data_group_->start_all_reduce(
+    pending_.push_back(replicated_group().start_all_reduce(
         std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
   }
 }
@@ -398,7 +398,7 @@ void DataParallel::reduce_gradients() {
   // Which parameters any rank's micro-batches reached: those get the sum; the others stay
   // without a gradient, as on one process.
   for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
-  data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
+  replicated_group().all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   for (auto& p : pending_) p->wait();
   pending_.clear();
   for (auto& b : buckets_) b.ready = 0;

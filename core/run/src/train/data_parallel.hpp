@@ -171,6 +171,10 @@ class DataParallel {
   // The ranks that sum their gradients: along the data axis (released before collective_).
   std::shared_ptr<CollectiveGroup> data_group_;
   std::shared_ptr<CollectiveGroup> fsdp_group_;  // the ranks that share one set of shards
+  // Where the buckets' gradients (parameters every rank holds whole) are summed: the data axis,
+  // which is every rank without an fsdp axis; with one, every rank (LoRA's adapters beside FSDP's
+  // units).
+  CollectiveGroup& replicated_group() { return fully_sharded() ? static_cast<CollectiveGroup&>(*collective_) : *data_group_; }
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
   std::vector<PeerProcess> same_host_peers_;

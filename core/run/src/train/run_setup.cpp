@@ -216,10 +216,17 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     // units' storage, once the weights are loaded.
     const bool fully_sharded = parallel.fully_sharded();
     if (fully_sharded) {
-      if (c.lora)
-        throw UserError("trainer.mesh (" + parallel.mesh().describe() +
-                        "): LoRA under fully sharded data parallelism is not available in this build; train the "
-                        "adapters with data parallelism (trainer.mesh.fsdp: 1)");
+      if (c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32)
+        throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): lora.base_dtype " +
+                        quant::storage_format_name(c.lora->settings().base_dtype) +
+                        " stores the frozen base whole on every rank, where fully sharded data parallelism shards "
+                        "it; use one or the other (lora.base_dtype: f32 with trainer.mesh.fsdp > 1, or fsdp 1)");
+      // The base is sharded in units like any frozen weight; the adapters are replicated, their
+      // gradients summed over every rank in buckets (the adapters are small).
+      if (c.lora) {
+        parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
+        c.lora->evaluate_through_table();
+      }
     } else if (trainer.get<bool>("shard_optimizer_state")) {
       parallel.shard(c.parameters);
     } else {
@@ -229,11 +236,17 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       // Every rank starts from the same weights before each keeps its shard of them.
       parallel.check_same_parameters(c.parameters);
       const Options fsdp = trainer.object("fsdp");
+      // The model's trained parameters go into units; others (LoRA's adapters) stay whole.
+      std::vector<ModelParameter> model_trained, replicated;
+      std::unordered_set<const Parameter*> of_model;
+      for (const auto& p : c.model->parameters()) of_model.insert(p.parameter);
+      for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
       c.fsdp = std::make_shared<FullySharded>(parallel.collective(), parallel.fsdp_group(), parallel.data_group(),
-                                              *c.model, c.parameters,
+                                              *c.model, model_trained,
                                               FsdpSettings{fsdp.get<bool>("reshard_after_forward"),
                                                            fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
       c.parameters = c.fsdp->trained();
+      c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
     };
     for (const auto& note : initialize_parameters(
              c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },

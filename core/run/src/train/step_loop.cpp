@@ -346,7 +346,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
   evaluate_tasks_now(num_steps);
-  if (trainer.get<bool>("save_final") && c.fsdp) {
+  if (trainer.get<bool>("save_final") && c.fsdp && !c.lora) {
     // Every rank gathers the units together; rank 0 writes the whole weights.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });
     if (parallel.is_primary()) {

@@ -40,10 +40,13 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   // the same norm, takes the same skip decision and applies the same update.
   result.loss = parallel_.sum(accumulate_gradients(batch, step, result.metrics));
   for (double& m : result.metrics) m = parallel_.sum(m);
-  if (components_.fsdp)
+  if (components_.fsdp) {
     components_.fsdp->finish_gradients();
-  else
+    // Parameters outside the units (LoRA's adapters): summed over every rank in buckets.
+    if (components_.parameters.size() > components_.fsdp->trained().size()) parallel_.reduce_gradients();
+  } else {
     parallel_.reduce_gradients();
+  }
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
@@ -184,7 +187,13 @@ double TrainStep::global_grad_norm() const {
   // sums its shard's squares and then the ranks'.
   std::vector<NormChunk>& chunks = norm_chunks_;
   chunks.clear();
-  for (const auto& p : components_.parameters) {
+  // FSDP: the slices (or owned wholes) first, then the parameters every rank holds whole (LoRA's
+  // adapters), whose squares are not summed over the shards.
+  const std::size_t sharded = components_.fsdp ? components_.fsdp->trained().size() : components_.parameters.size();
+  std::size_t sharded_chunks = 0;
+  for (std::size_t i = 0; i < components_.parameters.size(); ++i) {
+    if (i == sharded) sharded_chunks = chunks.size();
+    const ModelParameter& p = components_.parameters[i];
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
     const float* d = g.data<float>();
@@ -198,13 +207,14 @@ double TrainStep::global_grad_norm() const {
                                              for (std::int64_t c = first; c < last; ++c)
                                                partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
                                            });
-  double sum_squares = 0;
-  for (const double s : partial) sum_squares += s;
+  if (sharded == components_.parameters.size()) sharded_chunks = chunks.size();
+  double sum_squares = 0, replicated = 0;
+  for (std::size_t c = 0; c < partial.size(); ++c) (c < sharded_chunks ? sum_squares : replicated) += partial[c];
   if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
   // FSDP: each rank holds its slices (or its whole parameters) once along the fsdp axis; the
   // replicas along the data axis hold the same.
   if (components_.fsdp) sum_squares = components_.fsdp->sum_over_shards(sum_squares);
-  return std::sqrt(sum_squares);
+  return std::sqrt(sum_squares + replicated);
 }
 
 void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) const {

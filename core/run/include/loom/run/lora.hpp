@@ -112,9 +112,12 @@ class LoraAdapters {
   void merge_into_weights(Backend& backend);
   // Runs `body` with the adapters merged into the base weights, then puts the base weights back
   // exactly (from copies): evaluation and sampling see the adapted model through any code path.
+  // Makes with_merged give its body the adapters' table instead of merging: the base weights are
+  // not this process's to write (fully sharded data parallelism keeps them in units).
+  void evaluate_through_table() { through_table_ = true; }
   template <class F>
   auto with_merged(Backend& backend, F&& body) {
-    if (base_stored_) {
+    if (base_stored_ || through_table_) {
       const LinearAdaptersScope scope(&table_);
       return body();
     }
@@ -136,6 +139,7 @@ class LoraAdapters {
   LoraSettings settings_;
   std::vector<Parameter*> storable_;  // the weights store_base may store, in the model's order
   bool base_stored_ = false;
+  bool through_table_ = false;
 };
 
 // Applies trainer.trainable and trainer.frozen (and, under LoRA, freezes every base weight) to
