@@ -516,6 +516,12 @@ std::vector<std::pair<std::string, Tensor>> FullySharded::gather_full() {
   return out;
 }
 
+std::int64_t FullySharded::take_bytes_moved() {
+  const std::int64_t b = bytes_per_step_;
+  bytes_per_step_ = 0;
+  return b;
+}
+
 double FullySharded::take_communication_seconds() {
   const double s = communication_seconds_;
   communication_seconds_ = 0;

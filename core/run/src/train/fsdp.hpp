@@ -98,9 +98,10 @@ class FullySharded {
   // The whole value of every parameter, in the model's order (every rank calls it; the result is
   // complete on every rank). For the final weights.
   std::vector<std::pair<std::string, Tensor>> gather_full();
-  // Seconds spent waiting on gathers and reductions since the last call; bytes moved.
+  // Seconds spent waiting on gathers and reductions since the last call; the bytes this rank's
+  // gathers and reductions handled since the last call (each unit's whole size per operation).
   double take_communication_seconds();
-  std::int64_t bytes_moved_per_step() const { return bytes_per_step_; }
+  std::int64_t take_bytes_moved();
 
  private:
   struct Member {

@@ -260,8 +260,14 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
         if (parallel.size() > 1) {
           scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
-          scalars.emplace_back("throughput/communication_share",
-                               parallel.take_communication_seconds() / interval.seconds);
+          const double waiting =
+              parallel.take_communication_seconds() + (c.fsdp ? c.fsdp->take_communication_seconds() : 0.0);
+          scalars.emplace_back("throughput/communication_share", waiting / interval.seconds);
+          // FSDP: the bytes this rank's gathers and reductions moved per step since the last line.
+          if (c.fsdp)
+            scalars.emplace_back("throughput/fsdp_bytes_per_step",
+                                 static_cast<double>(c.fsdp->take_bytes_moved()) /
+                                     static_cast<double>(std::max<std::int64_t>(1, interval.steps)));
         }
         // The model's own scalars (a mixture of experts' router losses and expert loads).
         for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);
