@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -432,14 +433,10 @@ TEST(DataParallel, TheMeshIsShownAndAMeshThatDoesNotFitIsRefusedFirst) {
   }
 }
 
-TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
-  const fs::path dir = scratch("killed");
-  auto args = train_args(dir, 4);
-  args[4] = "trainer.num_train_steps=100000";
+// `mpirun -np 2` of `args` in its own process group, its output in `log`; the launcher's pid.
+pid_t launch(std::vector<std::string> args, const fs::path& log) {
   args.insert(args.begin(), {LOOM_MPIRUN, "--oversubscribe", "-np", "2"});
-  const fs::path log = dir.parent_path() / "killed.log";
   const pid_t launcher = fork();
-  ASSERT_GE(launcher, 0);
   if (launcher == 0) {
     for (const auto& e : kMpiEnv) putenv(const_cast<char*>(e.c_str()));
     FILE* f = std::freopen(log.c_str(), "w", stdout);
@@ -452,10 +449,19 @@ TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
     execv(argv[0], argv.data());
     _exit(127);
   }
-  // Wait until training runs (metrics appear), then SIGKILL rank 1 (a child of mpirun with
-  // OMPI_COMM_WORLD_RANK=1).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir / "metrics.jsonl") && std::chrono::steady_clock::now() < deadline)
+  return launcher;
+}
+
+// Trains on 2 ranks until metrics appear (and `ready` holds), SIGKILLs rank 1 (a child of mpirun
+// with OMPI_COMM_WORLD_RANK=1) and checks that the run ends within 30 s naming it.
+void kill_rank_one(
+    const fs::path& dir, const std::vector<std::string>& args,
+    const std::function<bool()>& ready = [] { return true; }) {
+  const fs::path log = dir.parent_path() / (dir.filename().string() + ".log");
+  const pid_t launcher = launch(args, log);
+  ASSERT_GE(launcher, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!(fs::exists(dir / "metrics.jsonl") && ready()) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_TRUE(fs::exists(dir / "metrics.jsonl")) << file_bytes(log);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -492,6 +498,36 @@ TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
   EXPECT_EQ(file_bytes(log).find("saving a checkpoint"), std::string::npos) << file_bytes(log);
   // No final weights of a run that did not finish.
   EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+}
+
+TEST(DataParallel, ARankThatDiesEndsTheRunWithinThirtySecondsNamingIt) {
+  const fs::path dir = scratch("killed");
+  auto args = train_args(dir, 4);
+  args[4] = "trainer.num_train_steps=100000";
+  kill_rank_one(dir, args);
+}
+
+// Under fully sharded data parallelism a rank dies inside a gather or a reduce-scatter: the other
+// ends within 30 s naming it, and the same mpirun command resumes from the last checkpoint.
+TEST(DataParallel, ARankThatDiesUnderFsdpEndsTheRunAndTheSameCommandResumes) {
+  const fs::path dir = scratch("killed-fsdp");
+  auto args = train_args(dir, 4);
+  args[4] = "trainer.num_train_steps=100000";
+  args.insert(args.end(),
+              {"trainer.mesh.fsdp=2", "trainer.checkpoint.save_every_steps=5", "trainer.checkpoint.async=false"});
+  kill_rank_one(dir, args, [&] { return fs::exists(dir / "checkpoints" / "step-10"); });
+  if (HasFatalFailure()) return;
+  // The same command again: it resumes from the last committed checkpoint, and trains on.
+  const fs::path log = dir.parent_path() / "killed-fsdp-again.log";
+  const pid_t again = launch(args, log);
+  ASSERT_GE(again, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (file_bytes(log).find("step ") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(-again, SIGKILL);
+  int status = 0;
+  waitpid(again, &status, 0);
+  EXPECT_NE(file_bytes(log).find("resumed from checkpoint"), std::string::npos) << file_bytes(log);
 }
 
 }  // namespace
