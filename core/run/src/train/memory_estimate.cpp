@@ -128,6 +128,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     const std::int64_t whole = in.elementwise_optimizer ? 0 : e.trained_values * 8 / f;
     e.setup = in.parameter_bytes + in.parameter_bytes / f * 2 + kProcessOverheadBytes;
     e.parameters /= f;
+    e.matmul_copies /= f;  // of the slices' weights: the gathered units' are counted below
     e.gradients /= f;
     e.optimizer_state = static_cast<std::int64_t>(state / static_cast<double>(f)) + whole;
     e.ema /= f;
