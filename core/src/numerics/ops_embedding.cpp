@@ -87,6 +87,7 @@ Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
     node->vocab = vocab;
     node->dim = dim;
     rec->add_output(*node, out);
+    rec->values_not_needed(table);  // the backward pass scatters into the table's gradient
   }
   return out;
 }

@@ -437,6 +437,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     node->dx = std::move(dx);
     node->dweight = std::move(dweight);
     rec->add_output(*node, loss);
+    rec->values_not_needed(weight);  // the gradients were computed above
   }
   return loss;
 }

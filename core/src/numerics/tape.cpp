@@ -207,8 +207,8 @@ void TapeState::backward(std::span<const Tensor> roots, std::span<Tensor> seeds,
     for (std::size_t i = nodes_.size(); i-- > 0;) {
       Node* node = nodes_[i];
       // Parameters whose last use is node i (or a later node, which took no gradient).
-      for (; needed > 0 && uses_[needed - 1].first >= i; --needed)
-        if (on_parameter_needed) on_parameter_needed(*uses_[needed - 1].second);
+      for (; needed > 0 && uses_[needed - 1].node >= i; --needed)
+        if (on_parameter_needed) on_parameter_needed(*uses_[needed - 1].parameter, uses_[needed - 1].values);
       bool reached = false;
       for (std::uint32_t o = 0; o < node->num_outputs; ++o) reached |= vars_[node->first_output + o].grad.defined();
       if (reached) {
@@ -235,13 +235,21 @@ void TapeState::note_inputs(std::span<const Tensor* const> inputs) {
   for (const Tensor* t : inputs) {
     if (!t || !t->defined()) continue;
     Parameter* p = TensorAccess::param(*t);
-    if (p && on_parameter_needed) uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
+    if (p && on_parameter_needed) uses_.push_back({static_cast<std::uint32_t>(nodes_.size()), p, true});
     // Frozen parameters have no gradient; they are announced when their last user is past only
     // to the tape's owner that tracks uses (on_parameter_needed): FSDP frees their unit then.
     if (!p || (!p->requires_grad() && !on_parameter_needed) || TensorAccess::param_noted_epoch(*p) == epoch_) continue;
     TensorAccess::param_noted_epoch(*p) = epoch_;
     first_uses_.emplace_back(static_cast<std::uint32_t>(nodes_.size()), p);
   }
+}
+
+void TapeState::values_not_needed(const Tensor& t) {
+  Parameter* p = t.defined() ? TensorAccess::param(t) : nullptr;
+  if (!p || nodes_.empty()) return;
+  const auto node = static_cast<std::uint32_t>(nodes_.size() - 1);
+  for (auto it = uses_.rbegin(); it != uses_.rend() && it->node >= node; ++it)
+    if (it->parameter == p && it->node == node) it->values = false;
 }
 
 void TapeState::clear() {
@@ -407,7 +415,7 @@ void Tape::clear() {
 void Tape::on_gradient_ready(std::function<void(Parameter&)> callback) {
   state_->on_gradient_ready = std::move(callback);
 }
-void Tape::on_parameter_needed(std::function<void(Parameter&)> callback) {
+void Tape::on_parameter_needed(std::function<void(Parameter&, bool)> callback) {
   state_->on_parameter_needed = std::move(callback);
 }
 std::size_t Tape::size() const {

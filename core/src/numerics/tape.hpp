@@ -131,7 +131,10 @@ class TapeState {
   void note_inputs(std::span<const Tensor* const> inputs);
   std::function<void(Parameter&)> on_gradient_ready;
   // While set, every parameter an operation takes is noted in uses_ (Tape::on_parameter_needed).
-  std::function<void(Parameter&)> on_parameter_needed;
+  std::function<void(Parameter&, bool)> on_parameter_needed;
+  // After recording a node: its backward pass does not read `t`'s values (a gradient computed in
+  // the forward pass, an embedding's scatter-add), only writes its gradient.
+  void values_not_needed(const Tensor& t);
   // While set (by Ops::checkpoint, with recording disabled), the parameters that operations
   // take (frozen ones too) are collected here instead of recorded: the checkpoint's node is
   // their first use and their last.
@@ -140,7 +143,12 @@ class TapeState {
  private:
   std::uint32_t epoch_;
   std::vector<std::pair<std::uint32_t, Parameter*>> first_uses_;  // in recording order
-  std::vector<std::pair<std::uint32_t, Parameter*>> uses_;        // every use, in recording order
+  struct Use {
+    std::uint32_t node;
+    Parameter* parameter;
+    bool values;  // whether the node's backward reads the parameter's values
+  };
+  std::vector<Use> uses_;  // every use, in recording order
   Arena arena_;
   std::vector<Node*> nodes_;
   std::vector<Variable> vars_;  // index 0 unused

@@ -142,11 +142,14 @@ class Tape {
   // left in the pass takes them).
   void on_gradient_ready(std::function<void(Parameter&)> callback);
   // Called during the next backward() for each parameter a recorded operation took (frozen ones
-  // included), before the backward of the last operation, in recording order, that took it: the
-  // run layer's fully sharded data parallelism gathers a unit's weights again just before its
-  // backward pass needs them. Set it before the forward pass: the uses are noted while recording
-  // only when it is set. Called on the thread running backward(); cleared with the tape.
-  void on_parameter_needed(std::function<void(Parameter&)> callback);
+  // included), before the backward of each operation that took it, latest first, with whether
+  // that operation's backward reads the parameter's values (false: it only writes the gradient,
+  // as linear_cross_entropy's, which computed it in the forward pass, and embedding's): the run
+  // layer's fully sharded data parallelism gathers a unit's weights again just before a backward
+  // pass reads them, and gives its gradients memory. Set it before the forward pass: the uses
+  // are noted while recording only when it is set. Called on the thread running backward();
+  // cleared with the tape.
+  void on_parameter_needed(std::function<void(Parameter& parameter, bool values)> callback);
   // Drops the recorded graph (and the activations it kept) without a backward pass. Tensors
   // recorded before a clear lose their identity: using one in a recorded operation afterwards
   // is an error.

@@ -205,7 +205,7 @@ void FullySharded::attach(Tape& tape) {
     u.used = u.used_trained = u.ready = 0;
     for (auto& m : u.members) m.parameter->zero_grad();
   }
-  tape.on_parameter_needed([this](Parameter& p) { needed(p); });
+  tape.on_parameter_needed([this](Parameter& p, bool values) { needed(p, values); });
   tape.on_gradient_ready([this](Parameter& p) { gradient_ready(p); });
 }
 
@@ -251,25 +251,32 @@ void FullySharded::prefetch_after(std::vector<std::size_t>& sequence, std::size_
   if (position < sequence.size() && !units_[sequence[position]].gathered) gather(sequence[position], false);
 }
 
-void FullySharded::needed(Parameter& p) {
+void FullySharded::needed(Parameter& p, bool values) {
   const auto it = where_.find(&p);
   if (it == where_.end()) return;
   const std::size_t u = it->second.first;
   Unit& unit = units_[u];
-  if (!in_backward_) {  // the backward pass starts
+  if (!in_backward_) {
+    // The backward pass starts: it gathers what its operations read, so the forward pass's units
+    // go (a unit no backward operation reads, as tied embeddings', is not gathered again).
     in_backward_ = true;
     current_ = static_cast<std::size_t>(-1);
+    if (settings_.reshard_after_forward)
+      for (std::size_t v = 0; v < units_.size(); ++v)
+        if (units_[v].gathered && !units_[v].gathering) free_values(v);
   }
-  if (!unit.gathered)
-    gather(u, true);
-  else
-    wait_gather(unit);
+  if (values) {
+    if (!unit.gathered)
+      gather(u, true);
+    else
+      wait_gather(unit);
+    if (current_ != u) {
+      current_ = u;
+      if (!orders_recorded_) backward_order_.push_back(u);
+      prefetch_after(backward_order_, backward_at_, u, !orders_recorded_);
+    }
+  }
   if (unit.used_trained > 0) ensure_grad(unit);
-  if (current_ != u) {
-    current_ = u;
-    if (!orders_recorded_) backward_order_.push_back(u);
-    prefetch_after(backward_order_, backward_at_, u, !orders_recorded_);
-  }
 }
 
 void FullySharded::gradient_ready(Parameter& p) {

@@ -132,7 +132,7 @@ class FullySharded {
 
   Unit& unit_of(Parameter& p);
   void use_forward(Parameter& p);
-  void needed(Parameter& p);
+  void needed(Parameter& p, bool values);
   void gradient_ready(Parameter& p);
   void gather(std::size_t u, bool wait);
   void wait_gather(Unit& unit);
