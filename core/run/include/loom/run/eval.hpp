@@ -175,6 +175,10 @@ struct TaskResult {
   std::vector<Metric> metrics;
   std::vector<DocLog> samples;
   double seconds = 0;
+  // mmlu: its categories and subjects as the harness reports them (mmlu_stem, mmlu_anatomy, ...),
+  // each category followed by its subjects; `group` names the result each is part of.
+  std::vector<TaskResult> subtasks;
+  std::string group;
 };
 
 struct EvalOptions {
@@ -192,6 +196,12 @@ std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tok
 // (multiple choice), perplexity and acc (lambada), word_perplexity, byte_perplexity,
 // bits_per_byte and token_perplexity (perplexity).
 std::vector<Metric> task_metrics(const Task& task, std::span<const DocLog> docs);
+
+// mmlu's per-category and per-subject results (TaskResult::subtasks) from its documents' results
+// (exposed for tests): the categories of lm-evaluation-harness 0.4.5 (humanities, other,
+// social_sciences, stem), each the size-weighted mean of its subjects with their pooled standard
+// error; a subject the harness does not know belongs to none.
+std::vector<TaskResult> mmlu_subtasks(const Task& task, std::span<const DocLog> docs);
 
 // The harness's standard error of a mean: the sample standard deviation over sqrt(n).
 std::optional<double> mean_stderr(std::span<const double> values);
