@@ -1,5 +1,6 @@
 // loom eval RUN_DIR_OR_CHECKPOINT_OR_HF_DIR [HF_DIR's CONFIG] [a.b=c ...] --tasks NAMES_OR_FILES [--limit N]
-//           [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--kv-cache auto|always|never]
+//           [--num-fewshot K] [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--kv-cache
+//           auto|always|never]
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -45,6 +46,7 @@ int run_eval(const std::vector<std::string>& args) {
   std::string output, task_dir = "eval_data", weights = "ema";
   std::int64_t limit = 0;
   eval::EvalOptions options;
+  eval::FewShotOptions fewshot;
   std::string kv_cache = "auto";
   po::options_description described("options");
   add_common_options(described, common);
@@ -54,8 +56,11 @@ int run_eval(const std::vector<std::string>& args) {
                           "is generic multiple choice)")("task-dir", po::value(&task_dir)->default_value("eval_data"),
                                                          "where a task given by name is read from")(
       "limit", po::value(&limit)->default_value(0), "score the first N documents of each task (0: all)")(
-      "batch-size", po::value(&options.scorer.batch_size)->default_value(8), "sequences per forward pass")(
-      "output,o", po::value(&output), "write the results as JSON to this file")(
+      "num-fewshot", po::value(&fewshot.num_fewshot)->default_value(0),
+      "examples before each document, drawn from the task's file as the harness draws them (mmlu: the first K; "
+      "others: at random, seed 1234)")("batch-size", po::value(&options.scorer.batch_size)->default_value(8),
+                                       "sequences per forward pass")("output,o", po::value(&output),
+                                                                     "write the results as JSON to this file")(
       "log-samples", po::bool_switch(&options.log_samples),
       "with --output: each document's log-likelihoods, greedy flags and predictions too")(
       "kv-cache", po::value(&kv_cache)->default_value("auto"),
@@ -84,6 +89,8 @@ int run_eval(const std::vector<std::string>& args) {
     return 0;
   if (positional.empty()) throw UserError("no model given: `loom eval RUN_DIR --tasks hellaswag`");
   if (limit < 0) throw UserError("--limit must be at least 0 (0: every document), got " + std::to_string(limit));
+  if (fewshot.num_fewshot < 0)
+    throw UserError("--num-fewshot must be at least 0 (0: zero-shot), got " + std::to_string(fewshot.num_fewshot));
   if (options.scorer.batch_size < 1)
     throw UserError("--batch-size must be at least 1, got " + std::to_string(options.scorer.batch_size));
   if (options.log_samples && output.empty()) throw UserError("--log-samples writes into --output: give -o FILE");
@@ -95,7 +102,7 @@ int run_eval(const std::vector<std::string>& args) {
   // The tasks first: a typo costs no model load.
   const std::vector<eval::TaskSpec> specs = eval::parse_task_specs(tasks, task_dir);
   std::vector<eval::Task> loaded;
-  for (const auto& spec : specs) loaded.push_back(eval::load_task(spec, limit));
+  for (const auto& spec : specs) loaded.push_back(eval::load_task(spec, limit, fewshot));
 
   std::error_code ec;
   const bool hf = fs::is_directory(target, ec) && is_hf_model_dir(target);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "../../core/run/src/eval/python_random.hpp"
 #include "../core/test_support.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
@@ -172,6 +173,66 @@ class WordTokenizer final : public Tokenizer {
   std::string decode(std::span<const std::int32_t>) const override { return ""; }
   std::optional<std::int32_t> end_of_text() const override { return 63; }
 };
+
+// Few-shot prompts (--num-fewshot): the harness's examples, drawn as its samplers draw them. The
+// indices are CPython 3.11's random.Random(1234).sample(range(n), k), one draw per document.
+TEST(EvalFewShot, ExamplesAreDrawnAsTheHarnessDrawsThem) {
+  PythonRandom small(1234);
+  EXPECT_EQ(small.sample(10, 3), (std::vector<std::size_t>{7, 1, 0}));  // a pool: n <= setsize
+  EXPECT_EQ(small.sample(10, 3), (std::vector<std::size_t>{1, 0, 9}));
+  PythonRandom big(1234);
+  EXPECT_EQ(big.sample(100, 8), (std::vector<std::size_t>{99, 56, 14, 0, 11, 74, 4, 85}));  // k > 5: a larger set
+  EXPECT_EQ(big.sample(100, 8), (std::vector<std::size_t>{88, 10, 12, 98, 45, 30, 2, 3}));
+
+  test::TempDir dir;
+  std::string generic, piqa, mmlu;
+  for (int i = 0; i < 30; ++i) {
+    const std::string n = std::to_string(i);
+    generic += R"({"context": "q)" + n + R"(", "choices": ["a)" + n + R"(", "b)" + n + R"("], "label": 0})" + "\n";
+    piqa += R"({"goal": "g)" + n + R"(", "sol1": "s)" + n + R"(", "sol2": "t)" + n + R"(", "label": 1})" + "\n";
+    mmlu +=
+        R"({"question": "m)" + n + R"(", "subject": "anatomy", "choices": ["w", "x", "y", "z"], "answer": 2})" + "\n";
+  }
+  auto load = [&](const std::string& family, const std::string& lines, std::int64_t k) {
+    const fs::path file = dir.write(family + ".jsonl", lines);
+    return load_task(parse_task_specs({family + ":" + file.string()}, dir.path()).front(), 3, FewShotOptions{k});
+  };
+  // Generic (and arc, lambada): K draws, the document itself left out (document 2 drew [2, 29]).
+  const Task g = load("multiple_choice", generic, 2);
+  ASSERT_EQ(g.docs.size(), 3u);
+  EXPECT_EQ(g.docs[0].requests[1].context, "q24 a24\n\nq14 a14\n\nq0");
+  EXPECT_EQ(g.docs[0].requests[1].continuation, " b0");
+  EXPECT_EQ(g.docs[1].requests[0].context, "q3 a3\n\nq0 a0\n\nq1");
+  EXPECT_EQ(g.docs[2].requests[0].context, "q29 a29\n\nq2");
+  // piqa (and hellaswag, winogrande): K + 1 draws, the first K that are not the document.
+  const Task p = load("piqa", piqa, 2);
+  EXPECT_EQ(p.docs[0].requests[0].context,
+            "Question: g24\nAnswer: t24\n\nQuestion: g14\nAnswer: t14\n\nQuestion: g0\nAnswer:");
+  EXPECT_EQ(p.docs[1].requests[0].context,
+            "Question: g0\nAnswer: t0\n\nQuestion: g2\nAnswer: t2\n\nQuestion: g1\nAnswer:");
+  EXPECT_EQ(p.docs[2].requests[1].context,
+            "Question: g25\nAnswer: t25\n\nQuestion: g18\nAnswer: t18\n\nQuestion: g2\nAnswer:");
+  // mmlu: the first K (less the document itself), after the description.
+  const Task m = load("mmlu", mmlu, 2);
+  const std::string description = "The following are multiple choice questions (with answers) about anatomy.\n\n";
+  const std::string choices = "\nA. w\nB. x\nC. y\nD. z\nAnswer:";
+  EXPECT_EQ(m.docs[0].requests[0].context, description + "m1" + choices + " C\n\nm0" + choices);
+  EXPECT_EQ(m.docs[2].requests[3].context, description + "m0" + choices + " C\n\nm1" + choices + " C\n\nm2" + choices);
+  // Zero-shot is unchanged, description included; --limit keeps the first documents' examples.
+  EXPECT_EQ(load("mmlu", mmlu, 0).docs[1].requests[0].context, description + "m1" + choices);
+  EXPECT_EQ(
+      load_task(
+          parse_task_specs({"multiple_choice:" + (dir.path() / "multiple_choice.jsonl").string()}, dir.path()).front(),
+          0, FewShotOptions{2})
+          .docs[1]
+          .requests[0]
+          .context,
+      g.docs[1].requests[0].context);
+  // Refusals: more draws than documents, and a perplexity task.
+  EXPECT_THROW(load("piqa", piqa, 30), UserError);
+  const fs::path text = dir.write("text.txt", "one two three");
+  EXPECT_THROW(load_task(parse_task_specs({text.string()}, dir.path()).front(), 0, FewShotOptions{1}), UserError);
+}
 
 TEST(EvalRequests, EncodedAsTheHarnessEncodesPairs) {
   const WordTokenizer tok;

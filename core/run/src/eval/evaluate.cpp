@@ -7,6 +7,7 @@
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
+#include "python_random.hpp"
 
 namespace loom::eval {
 
@@ -44,56 +45,6 @@ double pooled_stderr(const std::vector<double>& stderrs, const std::vector<doubl
   var /= total - static_cast<double>(sizes.size());
   return std::sqrt(var / total);
 }
-
-// CPython's random.Random: MT19937 seeded as Random(seed) seeds it (init_by_array over the seed's
-// 32-bit words), and random() from two draws. The harness's bootstrap resamples with it.
-class PythonRandom {
- public:
-  explicit PythonRandom(std::uint32_t seed) {
-    mt_[0] = 19650218u;
-    for (std::uint32_t i = 1; i < kN; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
-    std::uint32_t i = 1;
-    for (std::uint32_t k = kN; k; --k) {  // one key word: the seed
-      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1664525u)) + seed;
-      if (++i >= kN) {
-        mt_[0] = mt_[kN - 1];
-        i = 1;
-      }
-    }
-    for (std::uint32_t k = kN - 1; k; --k) {
-      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - i;
-      if (++i >= kN) {
-        mt_[0] = mt_[kN - 1];
-        i = 1;
-      }
-    }
-    mt_[0] = 0x80000000u;
-  }
-  double random() {
-    const std::uint32_t a = next() >> 5, b = next() >> 6;
-    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-  }
-
- private:
-  static constexpr std::uint32_t kN = 624, kM = 397;
-  std::uint32_t next() {
-    if (index_ >= kN) {
-      for (std::uint32_t k = 0; k < kN; ++k) {
-        const std::uint32_t y = (mt_[k] & 0x80000000u) | (mt_[(k + 1) % kN] & 0x7fffffffu);
-        mt_[k] = mt_[(k + kM) % kN] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
-      }
-      index_ = 0;
-    }
-    std::uint32_t y = mt_[index_++];
-    y ^= y >> 11;
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    y ^= y >> 18;
-    return y;
-  }
-  std::uint32_t mt_[kN];
-  std::uint32_t index_ = kN;
-};
 
 // The harness's bootstrap_stderr of its perplexity metric, draw for draw: 100000 resamples in
 // chunks of 1000, chunk i drawn by random.Random(i).choices(xs, k=len(xs)); the sample standard
