@@ -1,5 +1,6 @@
-// loom eval RUN_DIR_OR_CHECKPOINT_OR_HF_DIR [CONFIG] [a.b=c ...] --tasks NAMES_OR_FILES [--limit N]
-//           [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--kv-cache auto|always|never]
+// loom eval RUN_DIR_OR_CHECKPOINT_OR_HF_DIR [HF_DIR's CONFIG] [a.b=c ...] --tasks NAMES_OR_FILES [--limit N]
+//           [--num-fewshot K] [--batch-size B] [--output results.json] [--log-samples] [--task-dir DIR] [--kv-cache
+//           auto|always|never]
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -15,18 +16,25 @@ namespace loom::app {
 
 namespace {
 
+void print_rows(const eval::TaskResult& r, const std::string& indent) {
+  for (const auto& m : r.metrics) {
+    std::cout << "| " << indent << r.name << " | " << r.docs << " | " << m.name << " | " << std::fixed
+              << std::setprecision(4) << m.value << " | ";
+    if (m.stderr_value)
+      std::cout << *m.stderr_value;
+    else
+      std::cout << "-";
+    std::cout << " |\n";
+  }
+}
+
 void print_table(const std::vector<eval::TaskResult>& results) {
   std::cout << "| task | docs | metric | value | stderr |\n|---|---:|---|---:|---:|\n";
-  for (const auto& r : results)
-    for (const auto& m : r.metrics) {
-      std::cout << "| " << r.name << " | " << r.docs << " | " << m.name << " | " << std::fixed << std::setprecision(4)
-                << m.value << " | ";
-      if (m.stderr_value)
-        std::cout << *m.stderr_value;
-      else
-        std::cout << "-";
-      std::cout << " |\n";
-    }
+  for (const auto& r : results) {
+    print_rows(r, "");
+    // mmlu's categories under it and their subjects under them, as the harness's table shows them.
+    for (const auto& sub : r.subtasks) print_rows(sub, sub.group == r.name ? " - " : "  - ");
+  }
   std::cout.unsetf(std::ios::floatfield);
 }
 
@@ -38,6 +46,7 @@ int run_eval(const std::vector<std::string>& args) {
   std::string output, task_dir = "eval_data", weights = "ema";
   std::int64_t limit = 0;
   eval::EvalOptions options;
+  eval::FewShotOptions fewshot;
   std::string kv_cache = "auto";
   po::options_description described("options");
   add_common_options(described, common);
@@ -47,8 +56,11 @@ int run_eval(const std::vector<std::string>& args) {
                           "is generic multiple choice)")("task-dir", po::value(&task_dir)->default_value("eval_data"),
                                                          "where a task given by name is read from")(
       "limit", po::value(&limit)->default_value(0), "score the first N documents of each task (0: all)")(
-      "batch-size", po::value(&options.scorer.batch_size)->default_value(8), "sequences per forward pass")(
-      "output,o", po::value(&output), "write the results as JSON to this file")(
+      "num-fewshot", po::value(&fewshot.num_fewshot)->default_value(0),
+      "examples before each document, drawn from the task's file as the harness draws them (mmlu: the first K; "
+      "others: at random, seed 1234)")("batch-size", po::value(&options.scorer.batch_size)->default_value(8),
+                                       "sequences per forward pass")("output,o", po::value(&output),
+                                                                     "write the results as JSON to this file")(
       "log-samples", po::bool_switch(&options.log_samples),
       "with --output: each document's log-likelihoods, greedy flags and predictions too")(
       "kv-cache", po::value(&kv_cache)->default_value("auto"),
@@ -62,19 +74,23 @@ int run_eval(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("args", -1);
   po::variables_map vm;
-  if (!parse(args, described, pos, vm,
-             "usage: loom eval RUN_DIR_OR_CHECKPOINT --tasks NAMES_OR_FILES [--limit N] [--batch-size B] [-o "
-             "results.json]\n"
-             "       loom eval HF_DIR CONFIG [a.b=c ...] --tasks ...\n\n"
-             "Scores a model on benchmark tasks read from local files, as EleutherAI's lm-evaluation-harness\n"
-             "scores them: multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa,\n"
-             "winogrande, mmlu, generic {\"context\", \"choices\", \"label\"}: acc, acc_norm), lambada (last-word\n"
-             "accuracy, perplexity) and perplexity of a text (word, byte, token). A Hugging Face directory is\n"
-             "read into the model CONFIG describes (docs/evaluation.md).",
-             &hidden))
+  if (!parse(
+          args, described, pos, vm,
+          "usage: loom eval RUN_DIR_OR_CHECKPOINT --tasks NAMES_OR_FILES [--limit N] [--batch-size B] [-o "
+          "results.json]\n"
+          "       loom eval HF_DIR [CONFIG] [a.b=c ...] --tasks ...\n\n"
+          "Scores a model on benchmark tasks read from local files, as EleutherAI's lm-evaluation-harness\n"
+          "scores them: multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa,\n"
+          "winogrande, mmlu, generic {\"context\", \"choices\", \"label\"}: acc, acc_norm), lambada (last-word\n"
+          "accuracy, perplexity) and perplexity of a text (word, byte, token). A Hugging Face directory is\n"
+          "read into the model its config.json describes (gpt2, llama, mistral, qwen2,\n"
+          "mixtral, gemma2), with the tokenizer of its files, or into the one CONFIG describes (docs/evaluation.md).",
+          &hidden))
     return 0;
   if (positional.empty()) throw UserError("no model given: `loom eval RUN_DIR --tasks hellaswag`");
   if (limit < 0) throw UserError("--limit must be at least 0 (0: every document), got " + std::to_string(limit));
+  if (fewshot.num_fewshot < 0)
+    throw UserError("--num-fewshot must be at least 0 (0: zero-shot), got " + std::to_string(fewshot.num_fewshot));
   if (options.scorer.batch_size < 1)
     throw UserError("--batch-size must be at least 1, got " + std::to_string(options.scorer.batch_size));
   if (options.log_samples && output.empty()) throw UserError("--log-samples writes into --output: give -o FILE");
@@ -86,15 +102,18 @@ int run_eval(const std::vector<std::string>& args) {
   // The tasks first: a typo costs no model load.
   const std::vector<eval::TaskSpec> specs = eval::parse_task_specs(tasks, task_dir);
   std::vector<eval::Task> loaded;
-  for (const auto& spec : specs) loaded.push_back(eval::load_task(spec, limit));
+  for (const auto& spec : specs) loaded.push_back(eval::load_task(spec, limit, fewshot));
 
   std::error_code ec;
   const bool hf = fs::is_directory(target, ec) && is_hf_model_dir(target);
+  bool config_given = true;
   if (hf) {
-    if (rest.empty() || rest.front().find('=') != std::string::npos)
-      throw UserError("'" + target.string() +
-                      "' is a Hugging Face directory: give the config that describes its model and tokenizer "
-                      "after it (`loom eval HF_DIR configs/gpt2-small.yaml --tasks ...`)");
+    if (rest.empty() || rest.front().find('=') != std::string::npos) {
+      // No config: the directory's config.json and tokenizer files describe it, then the overrides.
+      const std::vector<std::string> sections = hf_model_dir_overrides(target);
+      rest.insert(rest.begin(), sections.begin(), sections.end());
+      config_given = false;
+    }
   } else {
     if (!fs::exists(target, ec))
       throw UserError("'" + target.string() +
@@ -104,7 +123,7 @@ int run_eval(const std::vector<std::string>& args) {
         throw UserError("unexpected argument '" + a + "': a loom run brings its own config (overrides a.b=c only)");
     rest.insert(rest.begin(), (resolve_run_or_checkpoint(target, choice).dir / "config.yaml").string());
   }
-  Runtime runtime(runtime_options(common, rest, true));
+  Runtime runtime(runtime_options(common, rest, config_given));
   eval::EvalModel model = eval::load_eval_model(runtime, target, choice);
   std::cerr << "loom eval: " << model.description << "\n";
   eval::ScorerStats stats;

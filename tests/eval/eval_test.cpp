@@ -6,15 +6,19 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "../../core/run/src/eval/python_random.hpp"
 #include "../core/test_support.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/hf_interop.hpp"
+#include "loom/run/hf_interop.hpp"
 #include "loom/run/report.hpp"
 #include "loom/run/run_config.hpp"
 
@@ -170,6 +174,66 @@ class WordTokenizer final : public Tokenizer {
   std::optional<std::int32_t> end_of_text() const override { return 63; }
 };
 
+// Few-shot prompts (--num-fewshot): the harness's examples, drawn as its samplers draw them. The
+// indices are CPython 3.11's random.Random(1234).sample(range(n), k), one draw per document.
+TEST(EvalFewShot, ExamplesAreDrawnAsTheHarnessDrawsThem) {
+  PythonRandom small(1234);
+  EXPECT_EQ(small.sample(10, 3), (std::vector<std::size_t>{7, 1, 0}));  // a pool: n <= setsize
+  EXPECT_EQ(small.sample(10, 3), (std::vector<std::size_t>{1, 0, 9}));
+  PythonRandom big(1234);
+  EXPECT_EQ(big.sample(100, 8), (std::vector<std::size_t>{99, 56, 14, 0, 11, 74, 4, 85}));  // k > 5: a larger set
+  EXPECT_EQ(big.sample(100, 8), (std::vector<std::size_t>{88, 10, 12, 98, 45, 30, 2, 3}));
+
+  test::TempDir dir;
+  std::string generic, piqa, mmlu;
+  for (int i = 0; i < 30; ++i) {
+    const std::string n = std::to_string(i);
+    generic += R"({"context": "q)" + n + R"(", "choices": ["a)" + n + R"(", "b)" + n + R"("], "label": 0})" + "\n";
+    piqa += R"({"goal": "g)" + n + R"(", "sol1": "s)" + n + R"(", "sol2": "t)" + n + R"(", "label": 1})" + "\n";
+    mmlu +=
+        R"({"question": "m)" + n + R"(", "subject": "anatomy", "choices": ["w", "x", "y", "z"], "answer": 2})" + "\n";
+  }
+  auto load = [&](const std::string& family, const std::string& lines, std::int64_t k) {
+    const fs::path file = dir.write(family + ".jsonl", lines);
+    return load_task(parse_task_specs({family + ":" + file.string()}, dir.path()).front(), 3, FewShotOptions{k});
+  };
+  // Generic (and arc, lambada): K draws, the document itself left out (document 2 drew [2, 29]).
+  const Task g = load("multiple_choice", generic, 2);
+  ASSERT_EQ(g.docs.size(), 3u);
+  EXPECT_EQ(g.docs[0].requests[1].context, "q24 a24\n\nq14 a14\n\nq0");
+  EXPECT_EQ(g.docs[0].requests[1].continuation, " b0");
+  EXPECT_EQ(g.docs[1].requests[0].context, "q3 a3\n\nq0 a0\n\nq1");
+  EXPECT_EQ(g.docs[2].requests[0].context, "q29 a29\n\nq2");
+  // piqa (and hellaswag, winogrande): K + 1 draws, the first K that are not the document.
+  const Task p = load("piqa", piqa, 2);
+  EXPECT_EQ(p.docs[0].requests[0].context,
+            "Question: g24\nAnswer: t24\n\nQuestion: g14\nAnswer: t14\n\nQuestion: g0\nAnswer:");
+  EXPECT_EQ(p.docs[1].requests[0].context,
+            "Question: g0\nAnswer: t0\n\nQuestion: g2\nAnswer: t2\n\nQuestion: g1\nAnswer:");
+  EXPECT_EQ(p.docs[2].requests[1].context,
+            "Question: g25\nAnswer: t25\n\nQuestion: g18\nAnswer: t18\n\nQuestion: g2\nAnswer:");
+  // mmlu: the first K (less the document itself), after the description.
+  const Task m = load("mmlu", mmlu, 2);
+  const std::string description = "The following are multiple choice questions (with answers) about anatomy.\n\n";
+  const std::string choices = "\nA. w\nB. x\nC. y\nD. z\nAnswer:";
+  EXPECT_EQ(m.docs[0].requests[0].context, description + "m1" + choices + " C\n\nm0" + choices);
+  EXPECT_EQ(m.docs[2].requests[3].context, description + "m0" + choices + " C\n\nm1" + choices + " C\n\nm2" + choices);
+  // Zero-shot is unchanged, description included; --limit keeps the first documents' examples.
+  EXPECT_EQ(load("mmlu", mmlu, 0).docs[1].requests[0].context, description + "m1" + choices);
+  EXPECT_EQ(
+      load_task(
+          parse_task_specs({"multiple_choice:" + (dir.path() / "multiple_choice.jsonl").string()}, dir.path()).front(),
+          0, FewShotOptions{2})
+          .docs[1]
+          .requests[0]
+          .context,
+      g.docs[1].requests[0].context);
+  // Refusals: more draws than documents, and a perplexity task.
+  EXPECT_THROW(load("piqa", piqa, 30), UserError);
+  const fs::path text = dir.write("text.txt", "one two three");
+  EXPECT_THROW(load_task(parse_task_specs({text.string()}, dir.path()).front(), 0, FewShotOptions{1}), UserError);
+}
+
 TEST(EvalRequests, EncodedAsTheHarnessEncodesPairs) {
   const WordTokenizer tok;
   // Trailing spaces of the context move to the continuation; the continuation is what the whole
@@ -245,6 +309,66 @@ TEST(EvalMetrics, AccuracyNormalisationAndStandardErrors) {
   EXPECT_EQ(l[1].name, "acc");
   EXPECT_DOUBLE_EQ(l[1].value, 0.5);
 
+  // mmlu: the overall acc over every question, and per category and subject as the harness
+  // reports them. The figures are lm_eval 0.4.5's own (api.metrics: mean, mean_stderr,
+  // aggregate_subtask_metrics weighted by size, pooled_sample_stderr) for these answers.
+  Task mmlu;
+  mmlu.spec.family = TaskFamily::mmlu;
+  mmlu.spec.name = "mmlu";
+  const std::vector<std::pair<std::string, std::vector<int>>> answers = {
+      {"astronomy", {1, 1, 0, 0}}, {"my_subject", {1, 0}}, {"anatomy", {1, 0, 1}}, {"formal_logic", {0, 1}}};
+  std::vector<DocLog> mmlu_logs;
+  for (const auto& [subject, right] : answers)
+    for (int r : right) {
+      TaskDoc q;
+      q.group = subject;
+      q.choice_lengths = {1, 1, 1, 1};
+      mmlu.docs.push_back(q);
+      DocLog log;
+      log.index = static_cast<std::int64_t>(mmlu_logs.size());
+      log.gold = 2;
+      log.pred = r ? 2 : 0;
+      mmlu_logs.push_back(log);
+    }
+  const auto overall = task_metrics(mmlu, mmlu_logs);
+  ASSERT_EQ(overall.size(), 1u);
+  EXPECT_NEAR(overall[0].value, 0.5454545454545454, 1e-15);
+  EXPECT_NEAR(*overall[0].stderr_value, 0.18609684207969418, 1e-15);
+  const auto subtasks = mmlu_subtasks(mmlu, mmlu_logs);
+  std::vector<std::string> names, groups;
+  for (const auto& sub : subtasks) {
+    names.push_back(sub.name);
+    groups.push_back(sub.group);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"mmlu_humanities", "mmlu_formal_logic", "mmlu_stem", "mmlu_anatomy",
+                                             "mmlu_astronomy", "mmlu_my_subject"}));
+  EXPECT_EQ(groups, (std::vector<std::string>{"mmlu", "mmlu_humanities", "mmlu", "mmlu_stem", "mmlu_stem", "mmlu"}));
+  const std::vector<std::array<double, 3>> expected = {{2, 0.5, 0.5},
+                                                       {2, 0.5, 0.5},
+                                                       {7, 0.5714285714285714, 0.2182178902359924},
+                                                       {3, 0.6666666666666666, 0.33333333333333337},
+                                                       {4, 0.5, 0.28867513459481287},
+                                                       {2, 0.5, 0.5}};
+  ASSERT_EQ(subtasks.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    EXPECT_EQ(subtasks[i].docs, static_cast<std::int64_t>(expected[i][0]));
+    ASSERT_EQ(subtasks[i].metrics.size(), 1u);
+    EXPECT_EQ(subtasks[i].metrics[0].name, "acc");
+    EXPECT_NEAR(subtasks[i].metrics[0].value, expected[i][1], 1e-15);
+    EXPECT_NEAR(*subtasks[i].metrics[0].stderr_value, expected[i][2], 1e-15);
+  }
+  // A subject of one question has no standard error, nor has a category holding it ("N/A").
+  mmlu.docs.push_back(mmlu.docs.front());
+  mmlu.docs.back().group = "virology";
+  mmlu_logs.push_back(mmlu_logs.front());
+  mmlu_logs.back().index = static_cast<std::int64_t>(mmlu.docs.size() - 1);
+  const auto with_one = mmlu_subtasks(mmlu, mmlu_logs);
+  ASSERT_EQ(with_one[2].name, "mmlu_other");
+  EXPECT_FALSE(with_one[2].metrics[0].stderr_value.has_value());
+  EXPECT_FALSE(with_one[3].metrics[0].stderr_value.has_value());
+  EXPECT_FALSE(task_metrics(mmlu, mmlu_logs)[0].stderr_value.has_value());
+
   Task text;
   text.spec.family = TaskFamily::perplexity;
   TaskDoc d;
@@ -279,6 +403,150 @@ Lm make_lm(const test::TempDir& dir, const std::string& model_yaml) {
   lm.model->build(ModelSetup{64});
   lm.model->initialize(3);
   return lm;
+}
+
+// ---- A Hugging Face directory described by its own files ----
+
+nlohmann::json to_json(const Value& v) {
+  switch (v.type()) {
+    case Value::Type::null:
+      return nullptr;
+    case Value::Type::boolean:
+      return v.as_bool();
+    case Value::Type::integer:
+      return v.as_int();
+    case Value::Type::number:
+      return v.as_double();
+    case Value::Type::string:
+      return v.as_string();
+    case Value::Type::list: {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& e : v.as_list()) out.push_back(to_json(e));
+      return out;
+    }
+    case Value::Type::map: {
+      nlohmann::json out = nlohmann::json::object();
+      for (const auto& [k, e] : v.as_map()) out[k] = to_json(e);
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+Value to_value_for_test(const nlohmann::json& j) {
+  if (j.is_boolean()) return Value(j.get<bool>());
+  if (j.is_number_integer()) return Value(j.get<std::int64_t>());
+  if (j.is_number()) return Value(j.get<double>());
+  if (j.is_string()) return Value(j.get<std::string>());
+  if (j.is_array()) {
+    Value::List list;
+    for (const auto& e : j) list.push_back(to_value_for_test(e));
+    return Value(std::move(list));
+  }
+  if (j.is_object()) {
+    Value map = Value::map();
+    for (const auto& [k, e] : j.items()) map.set(k, to_value_for_test(e));
+    return map;
+  }
+  return Value();
+}
+
+// A directory with `config_json` and (empty) GPT-2 tokenizer files: describe_hf_model_dir's model
+// section, built, is the model config.json describes, by the plugin's own check.
+Handle<Model> described_model(const test::TempDir& dir, Runtime& runtime, const std::string& name,
+                              const nlohmann::json& config_json) {
+  fs::create_directories(dir.path() / name);
+  dir.write(name + "/config.json", config_json.dump(2));
+  dir.write(name + "/vocab.json", "{}");
+  dir.write(name + "/merges.txt", "#version: 0.2\n");
+  const HfDirectoryConfig described = describe_hf_model_dir(dir.path() / name);
+  EXPECT_EQ(described.tokenizer.find("type")->as_string(), "gpt2-bpe");
+  EXPECT_EQ(described.tokenizer.find("encoder_json")->as_string(), (dir.path() / name / "vocab.json").string());
+  auto model = runtime.registry().create<Model>(ComponentRef{"model", "", described.model, "model"});
+  model->build(ModelSetup{64});
+  const auto mismatches = dynamic_cast<const HfModel&>(*model).hf_config_mismatches(to_value_for_test(config_json));
+  std::string all;
+  for (const auto& m : mismatches) all += m + "\n";
+  EXPECT_TRUE(mismatches.empty()) << name << ": " << all;
+  return model;
+}
+
+// Every architecture loom exports reads back, without a config, as the same model: the exported
+// config.json of a loom model describes a model whose own config.json is the same.
+TEST(EvalHfDirectory, EveryExportedArchitectureIsDescribedByItsConfigJson) {
+  test::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"gpt2",
+       "{type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, mlp_scale: 3, "
+       "tie_word_embeddings: false, layer_norm_epsilon: 1.0e-6}"},
+      {"llama",
+       "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, head_dim: 16, tie_word_embeddings: true, use_bias: true, "
+       "rope: {type: llama3, factor: 4.0, original_max_position_embeddings: 16, theta: 500000.0}}"},
+      {"mistral",
+       "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 1, sliding_window: 8, rope: {theta: 1.0e6}}"},
+      {"qwen2",
+       "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 3, num_heads: 4, "
+       "num_kv_heads: 2, qkv_bias: true, sliding_window: 8, max_window_layers: 1, "
+       "rope: {type: default, factor: 2.0}}"},
+      {"mixtral",
+       "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 24, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, moe: {num_experts: 4, experts_per_token: 2}}"},
+      {"gemma2",
+       "{type: gemma, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, head_dim: 8, query_pre_attn_scalar: 12, final_logit_softcapping: null, "
+       "sliding_window: 8}"}};
+  for (const auto& [type, yaml] : models) {
+    SCOPED_TRACE(type);
+    Lm lm = make_lm(dir, yaml);
+    const Value exported = dynamic_cast<const HfModel&>(*lm.model).hf_config();
+    ASSERT_EQ(exported.find("model_type")->as_string(), type);
+    const auto described = described_model(dir, *lm.runtime, type, to_json(exported));
+    EXPECT_EQ(to_json(dynamic_cast<const HfModel&>(*described).hf_config()).dump(), to_json(exported).dump());
+  }
+
+  // Fields a hub config.json leaves out take transformers' defaults (MistralConfig: 8 key/value
+  // heads, a 4096 window, rope_theta 10000), as the plugin's check assumes.
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
+  const auto mistral = described_model(dir, *lm.runtime, "sparse",
+                                       {{"model_type", "mistral"},
+                                        {"hidden_size", 64},
+                                        {"intermediate_size", 96},
+                                        {"num_hidden_layers", 1},
+                                        {"num_attention_heads", 16},
+                                        {"vocab_size", 64},
+                                        {"max_position_embeddings", 64}});
+  const Value back = dynamic_cast<const HfModel&>(*mistral).hf_config();
+  EXPECT_EQ(back.find("num_key_value_heads")->as_int(), 8);
+  EXPECT_EQ(back.find("sliding_window")->as_int(), 4096);
+  EXPECT_EQ(back.find("head_dim")->as_int(), 4);
+
+  // What cannot be described is one error naming it, and how to give a config instead.
+  auto error_of = [&](const std::string& name, const std::string& config_json, bool tokenizer) {
+    fs::create_directories(dir.path() / name);
+    dir.write(name + "/config.json", config_json);
+    if (tokenizer) dir.write(name + "/tokenizer.model", "");
+    try {
+      describe_hf_model_dir(dir.path() / name);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string bert = error_of("bert", R"({"model_type": "bert"})", true);
+  EXPECT_NE(bert.find("model_type \"bert\""), std::string::npos) << bert;
+  EXPECT_NE(bert.find("gemma2"), std::string::npos) << bert;
+  EXPECT_NE(bert.find("loom eval " + (dir.path() / "bert").string() + " CONFIG"), std::string::npos) << bert;
+  const std::string none = error_of("none", R"({"model_type": "gpt2"})", false);
+  EXPECT_NE(none.find("no tokenizer files loom reads (tokenizer.json"), std::string::npos) << none;
+  EXPECT_NE(none.find("CONFIG"), std::string::npos) << none;
+  const std::string typed = error_of("typed", R"({"model_type": "gpt2", "n_embd": "wide"})", true);
+  EXPECT_NE(typed.find("n_embd is \"wide\", expected an integer"), std::string::npos) << typed;
+  const std::string qwen3 = error_of("qwen3", R"({"model_type": "qwen3"})", true);
+  EXPECT_NE(qwen3.find("model_type \"qwen3\""), std::string::npos) << qwen3;
+  const std::string broken = error_of("broken", "{", true);
+  EXPECT_NE(broken.find("is not valid JSON"), std::string::npos) << broken;
 }
 
 class EvalScorer : public ::testing::TestWithParam<std::string> {};
@@ -486,7 +754,49 @@ TEST(EvalCommand, BadInputIsOneErrorWithStatus2) {
   expect_error({"eval", run, "--tasks", bad.string()}, "piqa_bad.jsonl:1: no \"sol1\" field");
   fs::create_directories(dir.path() / "hf");
   dir.write("hf/config.json", "{}");
-  expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()}, "give the config that describes");
+  expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()}, "has no model_type");
+  expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()},
+               "give a loom config that describes the model and its tokenizer after the directory instead");
+}
+
+// A Hugging Face directory written by `loom export --format hf` scores without a config: its
+// config.json gives the model, its vocab.json and merges.txt the tokenizer, and the scores are
+// the run's own (overrides after the directory still apply).
+TEST(EvalCommand, HuggingFaceDirectoryScoresWithoutAConfig) {
+  const fs::path gpt2 = fs::path(LOOM_SHARED_DATA_DIR) / "gpt2";
+  std::error_code ec;
+  if (!fs::exists(gpt2 / "encoder.json", ec)) GTEST_SKIP() << "GPT-2's vocabulary is missing: " << gpt2;
+  test::TempDir dir;
+  const std::string tokenizer = "tokenizer: {type: gpt2-bpe, encoder_json: " + (gpt2 / "encoder.json").string() +
+                                ", vocab_bpe: " + (gpt2 / "vocab.bpe").string() + "}\n";
+  const std::string rest = R"(backend: {type: cpu, matmul_precision: f32}
+data: {type: synthetic, num_documents: 50}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+trainer: {num_train_steps: 2, train_batch_size: 2, log_every: 1, steps_per_eval: 0, max_eval_batches: 1,
+          sample_length: 0, trackers: [jsonl], peak_flops: 1.0e9}
+)";
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"gpt2", "model: {type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 1, num_heads: 2}\n"},
+      {"qwen2",
+       "model: {type: llama, seq_len: 64, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: "
+       "4, num_kv_heads: 2, qkv_bias: true}\n"}};
+  for (const auto& [name, model] : models) {
+    SCOPED_TRACE(name);
+    const fs::path config = dir.write(name + ".yaml", model + tokenizer + rest);
+    const fs::path run = dir.path() / name, hf = dir.path() / (name + "-hf");
+    train(config, run);
+    const auto r = loom({"export", run.string(), "--format", "hf", hf.string()});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    ASSERT_TRUE(fs::exists(hf / "merges.txt"));
+    const auto from_run =
+        all_loglikelihoods(eval_json({run.string(), "--tasks", example_tasks()}, dir.path() / (name + "-run.json")));
+    const auto from_hf = all_loglikelihoods(eval_json(
+        {hf.string(), "backend.matmul_precision=f32", "--tasks", example_tasks()}, dir.path() / (name + "-hf.json")));
+    ASSERT_EQ(from_run.size(), from_hf.size());
+    ASSERT_FALSE(from_run.empty());
+    for (std::size_t i = 0; i < from_run.size(); ++i) EXPECT_NEAR(from_run[i], from_hf[i], 1e-5) << i;
+  }
 }
 
 // trainer.eval_tasks: scored every steps_per_task_eval steps and at the end, logged as

@@ -1,6 +1,6 @@
 """lm-evaluation-harness's own scores of a Hugging Face model on loom's task files.
 
-    python harness_reference.py HF_DIR TASK_DIR OUT.json [--batch-size B] [--tasks a,b]
+    python harness_reference.py HF_DIR TASK_DIR OUT.json [--batch-size B] [--tasks a,b] [--num-fewshot K]
 
 TASK_DIR holds hellaswag.jsonl, arc_easy.jsonl, arc_challenge.jsonl, piqa.jsonl, winogrande.jsonl,
 mmlu.jsonl (subject "anatomy"), lambada.jsonl, my_task.jsonl (generic multiple choice) and
@@ -8,7 +8,10 @@ perplexity.jsonl ({"text"} lines), in the harness's field names. Each is run thr
 harness's own task YAML (included, so its prompts, delimiters and preprocessing are the
 harness's) with the data read from the local file, by simple_evaluate with the transformers
 backend (HFLM) on the CPU in float32. Writes {task: {"metrics": {...}, "docs": [[[ll, greedy],
-...] per document, in file order], "seconds": s}}. Exits 77, saying why, when lm_eval is missing.
+...] per document, in file order], "seconds": s}}. With --num-fewshot K each document is preceded by K
+examples, drawn by the harness's own samplers (fewshot_random_seed 1234) from the same file (its
+YAML's fewshot_split is null, so the examples come from the validation split, which is the file).
+Exits 77, saying why, when lm_eval is missing.
 """
 import json
 import os
@@ -70,6 +73,11 @@ def main():
         i = args.index("--batch-size")
         batch_size = int(args[i + 1])
         del args[i:i + 2]
+    num_fewshot = 0
+    if "--num-fewshot" in args:
+        i = args.index("--num-fewshot")
+        num_fewshot = int(args[i + 1])
+        del args[i:i + 2]
     if "--tasks" in args:
         i = args.index("--tasks")
         only = args[i + 1].split(",")
@@ -88,7 +96,7 @@ def main():
         for name in names:
             start = time.perf_counter()
             result = simple_evaluate(model=lm, tasks=[f"loom_{name}"], task_manager=manager, log_samples=True,
-                                     bootstrap_iters=100000, num_fewshot=0)
+                                     bootstrap_iters=100000, num_fewshot=num_fewshot)
             seconds = time.perf_counter() - start
             task = f"loom_{name}"
             metrics = {k.split(",")[0]: v for k, v in result["results"][task].items() if k != "alias"}

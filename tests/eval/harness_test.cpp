@@ -102,6 +102,51 @@ void run_ok(const std::vector<std::string>& argv) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
+// Compares `loom eval -o --log-samples`'s results with the harness's: every per-request
+// log-likelihood within 1e-4, every greedy flag, acc and acc_norm equal, the rest to 1e-5
+// relative. Counts the requests compared into `compared`.
+void compare_with_harness(const json& harness, const json& loom, const std::string& label, int& compared) {
+  for (const auto& [name, expected] : harness.items()) {
+    if (name == "lm_eval") continue;
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(loom["samples"].contains(name));
+    const json& docs = loom["samples"][name];
+    double worst = 0;
+    ASSERT_EQ(docs.size(), expected["docs"].size());
+    for (std::size_t d = 0; d < docs.size(); ++d) {
+      const json& want = expected["docs"][d];
+      ASSERT_EQ(docs[d]["loglikelihoods"].size(), want.size()) << "document " << d;
+      for (std::size_t r = 0; r < want.size(); ++r) {
+        const double got_ll = docs[d]["loglikelihoods"][r].get<double>(), want_ll = want[r][0].get<double>();
+        EXPECT_NEAR(got_ll, want_ll, 1e-4) << "document " << d << ", request " << r;
+        worst = std::max(worst, std::abs(got_ll - want_ll));
+        if (name != "perplexity") {
+          EXPECT_EQ(docs[d]["greedy"][r].get<bool>(), want[r][1].get<bool>()) << "document " << d << ", request " << r;
+        }
+        ++compared;
+      }
+    }
+    std::cout << label << "  " << name << ": " << docs.size() << " documents, largest |loglikelihood difference| "
+              << worst << "\n";
+    const json& got = loom["results"][name];
+    for (const auto& [metric, value] : expected["metrics"].items()) {
+      if (!value.is_number()) continue;  // "N/A": a standard error the harness does not compute
+      ASSERT_TRUE(got.contains(metric)) << metric;
+      if (metric.find("_stderr") != std::string::npos) {
+        // Of a mean, its formula; of LAMBADA's perplexity, its bootstrap replayed draw for draw
+        // (relative 1e-5, as the perplexity itself: the log-likelihoods differ in the 6th digit).
+        EXPECT_NEAR(got[metric].get<double>(), value.get<double>(), 1e-5 * std::max(1.0, value.get<double>()))
+            << metric;
+        continue;
+      }
+      if (metric == "acc" || metric == "acc_norm")
+        EXPECT_DOUBLE_EQ(got[metric].get<double>(), value.get<double>()) << metric;
+      else
+        EXPECT_NEAR(got[metric].get<double>() / value.get<double>(), 1.0, 1e-5) << metric;
+    }
+  }
+}
+
 TEST(HarnessAgreement, LoomEvalScoresAsTheHarness) {
   std::error_code ec;
   if (!fs::exists(LOOM_REFERENCE_ENV_PYTHON, ec))
@@ -116,7 +161,7 @@ TEST(HarnessAgreement, LoomEvalScoresAsTheHarness) {
   // float32 products (the cpu backend's default is bf16 on a CPU with AVX512-BF16): the
   // harness runs the exported model in float32.
   const auto config = work.write(
-      "run.yaml", R"(model: {type: gpt2, seq_len: 64, hidden_dim: 64, num_layers: 2, num_heads: 2, attention: flash}
+      "run.yaml", R"(model: {type: gpt2, seq_len: 128, hidden_dim: 64, num_layers: 2, num_heads: 2, attention: flash}
 backend: {type: cpu, matmul_precision: f32}
 tokenizer: {type: gpt2-bpe, encoder_json: )" +
                       (gpt2 / "encoder.json").string() + ", vocab_bpe: " + (gpt2 / "vocab.bpe").string() + R"(}
@@ -152,48 +197,32 @@ trainer: {seed: 0, num_train_steps: 30, train_batch_size: 8, log_every: 10, step
     std::ifstream loom_file(out);
     const json loom = json::parse(loom_file);
     int compared = 0;
-    for (const auto& [name, expected] : harness.items()) {
-      if (name == "lm_eval") continue;
-      SCOPED_TRACE(name);
-      ASSERT_TRUE(loom["samples"].contains(name));
-      const json& docs = loom["samples"][name];
-      double worst = 0;
-      ASSERT_EQ(docs.size(), expected["docs"].size());
-      for (std::size_t d = 0; d < docs.size(); ++d) {
-        const json& want = expected["docs"][d];
-        ASSERT_EQ(docs[d]["loglikelihoods"].size(), want.size()) << "document " << d;
-        for (std::size_t r = 0; r < want.size(); ++r) {
-          const double got_ll = docs[d]["loglikelihoods"][r].get<double>(), want_ll = want[r][0].get<double>();
-          EXPECT_NEAR(got_ll, want_ll, 1e-4) << "document " << d << ", request " << r;
-          worst = std::max(worst, std::abs(got_ll - want_ll));
-          if (name != "perplexity") {
-            EXPECT_EQ(docs[d]["greedy"][r].get<bool>(), want[r][1].get<bool>())
-                << "document " << d << ", request " << r;
-          }
-          ++compared;
-        }
-      }
-      std::cout << (kv_cache ? "kv cache   " : "no kv cache") << "  " << name << ": " << docs.size()
-                << " documents, largest |loglikelihood difference| " << worst << "\n";
-      const json& got = loom["results"][name];
-      for (const auto& [metric, value] : expected["metrics"].items()) {
-        if (!value.is_number()) continue;  // "N/A": a standard error the harness does not compute
-        ASSERT_TRUE(got.contains(metric)) << metric;
-        if (metric.find("_stderr") != std::string::npos) {
-          // Of a mean, its formula; of LAMBADA's perplexity, its bootstrap replayed draw for draw
-          // (relative 1e-5, as the perplexity itself: the log-likelihoods differ in the 6th digit).
-          EXPECT_NEAR(got[metric].get<double>(), value.get<double>(), 1e-5 * std::max(1.0, value.get<double>()))
-              << metric;
-          continue;
-        }
-        if (metric == "acc" || metric == "acc_norm")
-          EXPECT_DOUBLE_EQ(got[metric].get<double>(), value.get<double>()) << metric;
-        else
-          EXPECT_NEAR(got[metric].get<double>() / value.get<double>(), 1.0, 1e-5) << metric;
-      }
-    }
+    compare_with_harness(harness, loom, kv_cache ? "kv cache   " : "no kv cache", compared);
     EXPECT_GT(compared, 9 * 24);
   }
+
+  // Few-shot (--num-fewshot 2): the harness's random sampler with its K + 1 draws (hellaswag,
+  // winogrande: partial scoring after the examples), with its K draws (lambada, whose examples
+  // carry the target delimiter before the target's own space), and mmlu's first_n after its
+  // description.
+  const std::string fewshot_tasks = "hellaswag,winogrande,lambada,mmlu";
+  const auto hf_shot = test::run_command({LOOM_REFERENCE_ENV_PYTHON, LOOM_HARNESS_REFERENCE_SCRIPT, hf.string(),
+                                          tasks.string(), (work.path() / "harness_fewshot.json").string(), "--tasks",
+                                          fewshot_tasks, "--num-fewshot", "2"});
+  ASSERT_EQ(hf_shot.exit_code, 0) << hf_shot.out << hf_shot.err;
+  std::ifstream harness_shot_file(work.path() / "harness_fewshot.json");
+  const json harness_shot = json::parse(harness_shot_file);
+  ASSERT_EQ(harness_shot.size(), 5u);  // the four tasks and the version
+  std::string shot_list;
+  for (const char* name : {"hellaswag", "winogrande", "lambada", "mmlu"})
+    shot_list += (shot_list.empty() ? "" : ",") + (tasks / (std::string(name) + ".jsonl")).string();
+  const fs::path shot_out = work.path() / "loom_fewshot.json";
+  run_ok({LOOM_BINARY, "eval", run.string(), "--tasks", shot_list, "--num-fewshot", "2", "-o", shot_out.string(),
+          "--log-samples", "--batch-size", "5"});
+  std::ifstream loom_shot_file(shot_out);
+  int compared = 0;
+  compare_with_harness(harness_shot, json::parse(loom_shot_file), "2-shot     ", compared);
+  EXPECT_GT(compared, 4 * 24);
 }
 
 }  // namespace

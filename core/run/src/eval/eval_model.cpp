@@ -36,6 +36,9 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
     out.description = "the Hugging Face model " + target.string();
     const DocumentBoundary documents = document_boundary(*out.tokenizer, false);
     out.prefix = documents.separator.back();
+    // The harness's HFLM puts the tokenizer's BOS before an empty context (its prefix_token_id).
+    if (const auto bos = hf_bos_token_id(target); bos && *bos >= 0 && *bos < out.model->vocab_size())
+      out.prefix = static_cast<std::int32_t>(*bos);
     return out;
   }
   const RunFiles files = resolve_run_or_checkpoint(target, choice);
@@ -72,6 +75,18 @@ std::string results_json(const std::vector<TaskResult>& results, const std::stri
       task[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
     }
     out["results"][r.name] = task;
+    // mmlu's categories and subjects: entries of their own, as the harness's results hold them.
+    for (const TaskResult& sub : r.subtasks) {
+      nlohmann::json entry;
+      entry["task"] = family_name(sub.family);
+      entry["group"] = sub.group;
+      entry["docs"] = sub.docs;
+      for (const Metric& m : sub.metrics) {
+        entry[m.name] = number_or_null(m.value);
+        entry[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
+      }
+      out["results"][sub.name] = entry;
+    }
     if (r.samples.empty()) continue;
     nlohmann::json samples = nlohmann::json::array();
     for (const DocLog& d : r.samples) {

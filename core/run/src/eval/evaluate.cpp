@@ -7,6 +7,7 @@
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
+#include "python_random.hpp"
 
 namespace loom::eval {
 
@@ -44,56 +45,6 @@ double pooled_stderr(const std::vector<double>& stderrs, const std::vector<doubl
   var /= total - static_cast<double>(sizes.size());
   return std::sqrt(var / total);
 }
-
-// CPython's random.Random: MT19937 seeded as Random(seed) seeds it (init_by_array over the seed's
-// 32-bit words), and random() from two draws. The harness's bootstrap resamples with it.
-class PythonRandom {
- public:
-  explicit PythonRandom(std::uint32_t seed) {
-    mt_[0] = 19650218u;
-    for (std::uint32_t i = 1; i < kN; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
-    std::uint32_t i = 1;
-    for (std::uint32_t k = kN; k; --k) {  // one key word: the seed
-      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1664525u)) + seed;
-      if (++i >= kN) {
-        mt_[0] = mt_[kN - 1];
-        i = 1;
-      }
-    }
-    for (std::uint32_t k = kN - 1; k; --k) {
-      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - i;
-      if (++i >= kN) {
-        mt_[0] = mt_[kN - 1];
-        i = 1;
-      }
-    }
-    mt_[0] = 0x80000000u;
-  }
-  double random() {
-    const std::uint32_t a = next() >> 5, b = next() >> 6;
-    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-  }
-
- private:
-  static constexpr std::uint32_t kN = 624, kM = 397;
-  std::uint32_t next() {
-    if (index_ >= kN) {
-      for (std::uint32_t k = 0; k < kN; ++k) {
-        const std::uint32_t y = (mt_[k] & 0x80000000u) | (mt_[(k + 1) % kN] & 0x7fffffffu);
-        mt_[k] = mt_[(k + kM) % kN] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
-      }
-      index_ = 0;
-    }
-    std::uint32_t y = mt_[index_++];
-    y ^= y >> 11;
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    y ^= y >> 18;
-    return y;
-  }
-  std::uint32_t mt_[kN];
-  std::uint32_t index_ = kN;
-};
 
 // The harness's bootstrap_stderr of its perplexity metric, draw for draw: 100000 resamples in
 // chunks of 1000, chunk i drawn by random.Random(i).choices(xs, k=len(xs)); the sample standard
@@ -238,6 +189,133 @@ std::vector<Metric> task_metrics(const Task& task, std::span<const DocLog> docs)
   return metrics;
 }
 
+namespace {
+
+// lm-evaluation-harness 0.4.5's mmlu categories: each subject's task (tasks/mmlu/default/
+// mmlu_<subject>.yaml) is tagged mmlu_<category>_tasks, and the group mmlu_<category> aggregates them.
+const std::map<std::string, std::string>& mmlu_categories() {
+  static const std::map<std::string, std::string> categories = {
+      {"abstract_algebra", "stem"},
+      {"anatomy", "stem"},
+      {"astronomy", "stem"},
+      {"business_ethics", "other"},
+      {"clinical_knowledge", "other"},
+      {"college_biology", "stem"},
+      {"college_chemistry", "stem"},
+      {"college_computer_science", "stem"},
+      {"college_mathematics", "stem"},
+      {"college_medicine", "other"},
+      {"college_physics", "stem"},
+      {"computer_security", "stem"},
+      {"conceptual_physics", "stem"},
+      {"econometrics", "social_sciences"},
+      {"electrical_engineering", "stem"},
+      {"elementary_mathematics", "stem"},
+      {"formal_logic", "humanities"},
+      {"global_facts", "other"},
+      {"high_school_biology", "stem"},
+      {"high_school_chemistry", "stem"},
+      {"high_school_computer_science", "stem"},
+      {"high_school_european_history", "humanities"},
+      {"high_school_geography", "social_sciences"},
+      {"high_school_government_and_politics", "social_sciences"},
+      {"high_school_macroeconomics", "social_sciences"},
+      {"high_school_mathematics", "stem"},
+      {"high_school_microeconomics", "social_sciences"},
+      {"high_school_physics", "stem"},
+      {"high_school_psychology", "social_sciences"},
+      {"high_school_statistics", "stem"},
+      {"high_school_us_history", "humanities"},
+      {"high_school_world_history", "humanities"},
+      {"human_aging", "other"},
+      {"human_sexuality", "social_sciences"},
+      {"international_law", "humanities"},
+      {"jurisprudence", "humanities"},
+      {"logical_fallacies", "humanities"},
+      {"machine_learning", "stem"},
+      {"management", "other"},
+      {"marketing", "other"},
+      {"medical_genetics", "other"},
+      {"miscellaneous", "other"},
+      {"moral_disputes", "humanities"},
+      {"moral_scenarios", "humanities"},
+      {"nutrition", "other"},
+      {"philosophy", "humanities"},
+      {"prehistory", "humanities"},
+      {"professional_accounting", "other"},
+      {"professional_law", "humanities"},
+      {"professional_medicine", "other"},
+      {"professional_psychology", "social_sciences"},
+      {"public_relations", "social_sciences"},
+      {"security_studies", "social_sciences"},
+      {"sociology", "social_sciences"},
+      {"us_foreign_policy", "social_sciences"},
+      {"virology", "other"},
+      {"world_religions", "humanities"},
+  };
+  return categories;
+}
+
+// A group of subjects as the harness aggregates it (aggregate_subtask_metrics weighted by size,
+// pooled_sample_stderr): acc is the mean over every question of its subjects, its standard error
+// pooled from theirs, none when a subject has fewer than two questions (the harness's "N/A").
+TaskResult mmlu_group(const std::string& name, const std::vector<const std::vector<double>*>& subjects) {
+  TaskResult out;
+  out.name = name;
+  out.family = TaskFamily::mmlu;
+  std::vector<double> all, stderrs, sizes;
+  bool every = true;
+  for (const auto* values : subjects) {
+    all.insert(all.end(), values->begin(), values->end());
+    const auto se = mean_stderr(*values);
+    every = every && se.has_value();
+    stderrs.push_back(se.value_or(0.0));
+    sizes.push_back(static_cast<double>(values->size()));
+  }
+  out.docs = static_cast<std::int64_t>(all.size());
+  out.metrics.push_back(
+      {"acc", mean(all),
+       every && all.size() > sizes.size() ? std::optional<double>(pooled_stderr(stderrs, sizes)) : std::nullopt});
+  return out;
+}
+
+}  // namespace
+
+std::vector<TaskResult> mmlu_subtasks(const Task& task, std::span<const DocLog> docs) {
+  std::map<std::string, std::vector<double>> by_subject;
+  for (const DocLog& d : docs)
+    by_subject[task.docs[static_cast<std::size_t>(d.index)].group].push_back(d.pred == d.gold ? 1.0 : 0.0);
+  std::map<std::string, std::vector<std::string>> by_category;
+  std::vector<std::string> uncategorised;
+  for (const auto& [subject, values] : by_subject) {
+    const auto c = mmlu_categories().find(subject);
+    if (c != mmlu_categories().end())
+      by_category[c->second].push_back(subject);
+    else
+      uncategorised.push_back(subject);
+  }
+  // The harness's order: each category (alphabetical), then its subjects (alphabetical).
+  std::vector<TaskResult> out;
+  auto subject_result = [&](const std::string& subject) {
+    TaskResult r = mmlu_group(task.spec.name + "_" + subject, {&by_subject[subject]});
+    r.group = task.spec.name + "_" + mmlu_categories().at(subject);
+    return r;
+  };
+  for (const auto& [category, subjects] : by_category) {
+    std::vector<const std::vector<double>*> members;
+    for (const auto& subject : subjects) members.push_back(&by_subject[subject]);
+    out.push_back(mmlu_group(task.spec.name + "_" + category, members));
+    out.back().group = task.spec.name;
+    for (const auto& subject : subjects) out.push_back(subject_result(subject));
+  }
+  // A subject the harness does not know (a user's own) belongs to no category.
+  for (const auto& subject : uncategorised) {
+    out.push_back(mmlu_group(task.spec.name + "_" + subject, {&by_subject[subject]}));
+    out.back().group = task.spec.name;
+  }
+  return out;
+}
+
 std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tokenizer& tokenizer, std::int32_t prefix,
                                        const std::vector<Task>& tasks, const EvalOptions& options, ScorerStats* stats) {
   Scorer scorer(model, backend, options.scorer);
@@ -297,6 +375,7 @@ std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tok
       at += sizes[d];
     }
     result.metrics = task_metrics(task, logs);
+    if (task.spec.family == TaskFamily::mmlu) result.subtasks = mmlu_subtasks(task, logs);
     if (options.log_samples) result.samples = std::move(logs);
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     results.push_back(std::move(result));

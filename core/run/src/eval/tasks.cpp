@@ -8,6 +8,7 @@
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
+#include "python_random.hpp"
 
 namespace fs = std::filesystem;
 
@@ -227,8 +228,9 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
       const std::string description =
           subject.empty() ? ""
                           : "The following are multiple choice questions (with answers) about " + subject + ".\n\n";
-      const std::string context = description + strip(line.string("question", format)) + "\nA. " + choices[0] +
-                                  "\nB. " + choices[1] + "\nC. " + choices[2] + "\nD. " + choices[3] + "\nAnswer:";
+      doc.description = description;
+      const std::string context = strip(line.string("question", format)) + "\nA. " + choices[0] + "\nB. " + choices[1] +
+                                  "\nC. " + choices[2] + "\nD. " + choices[3] + "\nAnswer:";
       add_choices(doc, context, {"A", "B", "C", "D"});
       const nlohmann::json& answer = line.field("answer", format);
       if (answer.is_string() && answer.get<std::string>().size() == 1 && answer.get<std::string>()[0] >= 'A' &&
@@ -342,7 +344,64 @@ std::vector<TaskSpec> parse_task_specs(const std::vector<std::string>& entries, 
   return specs;
 }
 
-Task load_task(const TaskSpec& spec, std::int64_t limit) {
+namespace {
+
+// What the harness's sampler draws for a task with num_fewshot K: mmlu's first_n sampler (the first
+// K documents), the others' random one (random.Random(1234).sample, one draw per document in order).
+// Tasks whose harness YAML has no test split (hellaswag, piqa, winogrande) draw K + 1, because its
+// `fewshot_split == test_split` holds (both null) and it then expects to drop the document itself.
+std::size_t fewshot_draws(TaskFamily family, std::size_t k) {
+  switch (family) {
+    case TaskFamily::hellaswag:
+    case TaskFamily::piqa:
+    case TaskFamily::winogrande:
+      return k + 1;
+    default:
+      return k;
+  }
+}
+
+// ContextSampler.get_context and ConfigurableTask.fewshot_context: the description, then each
+// example (its text, the target delimiter and its answer) and the few-shot delimiter "\n\n",
+// before every request's context.
+void add_fewshot(Task& task, const std::vector<TaskDoc>& pool, std::size_t docs, const FewShotOptions& fewshot) {
+  const auto k = static_cast<std::size_t>(std::max<std::int64_t>(fewshot.num_fewshot, 0));
+  const std::size_t draws = fewshot_draws(task.spec.family, k);
+  if (k > 0 && draws > pool.size())
+    throw UserError("--num-fewshot " + std::to_string(k) + ": " + task.spec.name + " draws " + std::to_string(draws) +
+                    " examples from its file's documents and '" + task.spec.file.string() + "' holds " +
+                    std::to_string(pool.size()));
+  PythonRandom rnd(fewshot.seed);
+  for (std::size_t d = 0; d < docs; ++d) {
+    TaskDoc& doc = task.docs[d];
+    std::string prefix = doc.description;
+    if (k > 0) {
+      std::vector<std::size_t> drawn;
+      if (task.spec.family == TaskFamily::mmlu) {
+        for (std::size_t i = 0; i < draws; ++i) drawn.push_back(i);
+      } else {
+        drawn = rnd.sample(pool.size(), draws);
+      }
+      std::size_t used = 0;
+      for (const std::size_t i : drawn) {
+        // `[x for x in fewshotex if x != doc][:num_fewshot]`: never the document itself (nor a copy of it).
+        if (used == k || pool[i].identity == doc.identity) continue;
+        prefix += pool[i].example + "\n\n";
+        ++used;
+      }
+    }
+    if (prefix.empty()) continue;
+    for (TextRequest& r : doc.requests) r.context = prefix + r.context;
+  }
+}
+
+}  // namespace
+
+Task load_task(const TaskSpec& spec, std::int64_t limit, const FewShotOptions& fewshot) {
+  if (fewshot.num_fewshot > 0 && spec.family == TaskFamily::perplexity)
+    throw UserError("--num-fewshot: " + spec.name +
+                    " is a perplexity task, which loom scores without examples (score it in a run of its own "
+                    "without --num-fewshot)");
   Task task;
   task.spec = spec;
   std::ifstream in(spec.file, std::ios::binary);
@@ -355,19 +414,33 @@ Task load_task(const TaskSpec& spec, std::int64_t limit) {
     task.docs.push_back(std::move(doc));
     return task;
   }
+  // Few-shot examples come from every document of the file, not only the first `limit`.
+  const bool all = fewshot.num_fewshot > 0;
   std::string text;
   for (std::size_t number = 1; std::getline(in, text); ++number) {
-    if (limit > 0 && static_cast<std::int64_t>(task.docs.size()) >= limit) break;
+    if (!all && limit > 0 && static_cast<std::int64_t>(task.docs.size()) >= limit) break;
     if (strip(text).empty()) continue;
     const std::string where = spec.file.string() + ":" + std::to_string(number);
     nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
     if (doc.is_discarded() || !doc.is_object())
       throw UserError(where + ": not a JSON object (each line of a " + spec.name +
                       " task file is one: " + format_of(spec.family) + ")");
-    task.docs.push_back(make_doc(spec.family, Line{doc, where}));
+    TaskDoc made = make_doc(spec.family, Line{doc, where});
+    if (spec.family != TaskFamily::perplexity) {
+      // As a few-shot example: the context and continuation of its answer (lambada's target " word"
+      // follows the default target delimiter " " there, as in the harness's get_context).
+      const TextRequest& answer = made.requests.at(static_cast<std::size_t>(made.gold));
+      made.example = answer.context + (spec.family == TaskFamily::lambada ? " " : "") + answer.continuation;
+      made.identity = doc.dump();
+    }
+    task.docs.push_back(std::move(made));
   }
   if (task.docs.empty())
     throw UserError("the task file '" + spec.file.string() + "' holds no documents (" + format_of(spec.family) + ")");
+  const std::size_t docs = limit > 0 ? std::min(task.docs.size(), static_cast<std::size_t>(limit)) : task.docs.size();
+  const std::vector<TaskDoc> pool = all ? task.docs : std::vector<TaskDoc>{};
+  add_fewshot(task, pool, docs, fewshot);
+  task.docs.resize(docs);
   return task;
 }
 

@@ -75,6 +75,9 @@ struct TaskDoc {
   std::int64_t gold = -1;              // the correct choice
   std::string text;                    // perplexity: the document
   std::string group;                   // mmlu: the subject
+  std::string description;             // mmlu: the task's description, before any few-shot example
+  std::string example;                 // as a few-shot example: its text, target delimiter and answer
+  std::string identity;                // its JSON line, parsed: the harness never takes a document as its own example
 };
 
 struct Task {
@@ -82,9 +85,21 @@ struct Task {
   std::vector<TaskDoc> docs;
 };
 
+// Few-shot prompts as lm-evaluation-harness 0.4.5 builds them (--num-fewshot).
+struct FewShotOptions {
+  std::int64_t num_fewshot = 0;  // examples before each document; 0: zero-shot
+  std::uint32_t seed = 1234;     // the harness's fewshot_random_seed
+};
+
 // Reads spec.file (its first `limit` documents; 0: all). UserError naming file and line for a
 // line that is not JSON, lacks a field of the family's format or has a label out of range.
-Task load_task(const TaskSpec& spec, std::int64_t limit = 0);
+// With fewshot.num_fewshot K > 0, each document's contexts start with K examples drawn from all
+// the file's documents as the harness's sampler draws them from a split (mmlu: the first K; the
+// others: random.Random(seed).sample, one draw per document in order, of K + 1 for hellaswag,
+// piqa and winogrande, whose harness YAML has no test split), leaving out the document itself,
+// each example followed by "\n\n", after mmlu's description. UserError for a perplexity task and
+// for a file with fewer documents than the draw.
+Task load_task(const TaskSpec& spec, std::int64_t limit = 0, const FewShotOptions& fewshot = {});
 
 // A request in tokens.
 struct TokenRequest {
@@ -175,6 +190,10 @@ struct TaskResult {
   std::vector<Metric> metrics;
   std::vector<DocLog> samples;
   double seconds = 0;
+  // mmlu: its categories and subjects as the harness reports them (mmlu_stem, mmlu_anatomy, ...),
+  // each category followed by its subjects; `group` names the result each is part of.
+  std::vector<TaskResult> subtasks;
+  std::string group;
 };
 
 struct EvalOptions {
@@ -192,6 +211,12 @@ std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tok
 // (multiple choice), perplexity and acc (lambada), word_perplexity, byte_perplexity,
 // bits_per_byte and token_perplexity (perplexity).
 std::vector<Metric> task_metrics(const Task& task, std::span<const DocLog> docs);
+
+// mmlu's per-category and per-subject results (TaskResult::subtasks) from its documents' results
+// (exposed for tests): the categories of lm-evaluation-harness 0.4.5 (humanities, other,
+// social_sciences, stem), each the size-weighted mean of its subjects with their pooled standard
+// error; a subject the harness does not know belongs to none.
+std::vector<TaskResult> mmlu_subtasks(const Task& task, std::span<const DocLog> docs);
 
 // The harness's standard error of a mean: the sample standard deviation over sqrt(n).
 std::optional<double> mean_stderr(std::span<const double> values);

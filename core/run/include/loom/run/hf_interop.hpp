@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,22 @@ std::uint64_t parse_byte_size(std::string_view text, std::string_view what);
 
 // Whether `dir` is a Hugging Face model directory (it holds config.json).
 bool is_hf_model_dir(const std::filesystem::path& dir);
+
+// The loom config sections that describe a Hugging Face model directory, for `loom eval HF_DIR`
+// without a config: `model` from config.json's model_type (gpt2 -> gpt2; llama, mistral, qwen2,
+// mixtral -> llama; gemma2 -> gemma) and its sizes, absent fields taking transformers' defaults;
+// `tokenizer` from its files (a byte-level BPE tokenizer.json or vocab.json with merges.txt ->
+// gpt2-bpe, with tokenizer_config.json's eos_token as its end of text; tokenizer.model ->
+// sentencepiece). One UserError naming what is missing or not read, and how to give a config
+// instead. The model plugin's own check (import_hf) then compares the built model with config.json.
+struct HfDirectoryConfig {
+  Value model, tokenizer;
+};
+HfDirectoryConfig describe_hf_model_dir(const std::filesystem::path& dir);
+// The same as command-line overrides ("model={...}", "tokenizer={...}"), to go before the user's.
+std::vector<std::string> hf_model_dir_overrides(const std::filesystem::path& dir);
+// config.json's bos_token_id, when it has one: what the harness puts before an empty context.
+std::optional<std::int64_t> hf_bos_token_id(const std::filesystem::path& dir);
 
 // Reads a Hugging Face model directory (config.json with model.safetensors, or with
 // model.safetensors.index.json and its shards) into the built `model`. config.json must fit

@@ -1,0 +1,313 @@
+// The loom sections that describe a Hugging Face model directory (config.json and its tokenizer
+// files), so that `loom eval HF_DIR` needs no config. The mapping mirrors the model plugins'
+// hf_config(): absent fields take the defaults of transformers' config classes (4.46.3), the ones
+// the plugins' hf_config_mismatches assume, so that the plugin's own check of the directory, which
+// import_hf runs next, finds nothing to object to. A field read wrongly here is caught there.
+#include <fstream>
+#include <sstream>
+
+#include "json_value.hpp"
+#include "loom/error.hpp"
+#include "loom/run/hf_interop.hpp"
+
+namespace fs = std::filesystem;
+
+namespace loom {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+Json read_json_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot read '" + path.string() + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return Json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError("'" + path.string() + "' is not valid JSON: " + json_parse_error(e.what(), e.byte, text.str()));
+  }
+}
+
+// config.json's fields, with a default for an absent one; a present field of the wrong type is
+// an error naming the file and the field.
+class Fields {
+ public:
+  Fields(const Json& json, fs::path file) : json_(json), file_(std::move(file)) {}
+
+  bool has(const char* key) const { return json_.contains(key); }
+  bool is_null(const char* key) const { return json_.contains(key) && json_[key].is_null(); }
+  std::int64_t integer(const char* key, std::int64_t fallback) const {
+    if (!has(key) || json_[key].is_null()) return fallback;
+    if (!json_[key].is_number_integer()) wrong(key, "an integer");
+    return json_[key].get<std::int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key) || json_[key].is_null()) return fallback;
+    if (!json_[key].is_number()) wrong(key, "a number");
+    return json_[key].get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key) || json_[key].is_null()) return fallback;
+    if (!json_[key].is_boolean()) wrong(key, "true or false");
+    return json_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key) || json_[key].is_null()) return fallback;
+    if (!json_[key].is_string()) wrong(key, "a string");
+    return json_[key].get<std::string>();
+  }
+  // A number, or null (off, given as 0) when the field is null; `fallback` when absent.
+  double number_or_off(const char* key, double fallback) const { return is_null(key) ? 0.0 : number(key, fallback); }
+  const Json& raw(const char* key) const { return json_[key]; }
+
+ private:
+  [[noreturn]] void wrong(const char* key, const char* wanted) const {
+    throw UserError("'" + file_.string() + "': " + key + " is " + json_[key].dump() + ", expected " + wanted);
+  }
+  const Json& json_;
+  fs::path file_;
+};
+
+Value optional_positive(double x) {
+  return x > 0 ? Value(x) : Value();
+}
+Value optional_positive(std::int64_t x) {
+  return x > 0 ? Value(x) : Value();
+}
+
+Value gpt2_section(const Fields& f, const fs::path& file) {
+  Value m = Value::map();
+  m.set("type", "gpt2");
+  const std::int64_t hidden = f.integer("n_embd", 768);
+  const std::int64_t inner = f.integer("n_inner", 4 * hidden);
+  if (hidden <= 0 || inner % hidden != 0)
+    throw UserError("'" + file.string() + "': n_inner (" + std::to_string(inner) + ") is not a multiple of n_embd (" +
+                    std::to_string(hidden) + "); loom's gpt2 has an MLP of mlp_scale x hidden_dim");
+  m.set("seq_len", f.integer("n_positions", 1024));
+  m.set("hidden_dim", hidden);
+  m.set("num_layers", f.integer("n_layer", 12));
+  m.set("num_heads", f.integer("n_head", 12));
+  m.set("mlp_scale", inner / hidden);
+  m.set("layer_norm_epsilon", f.number("layer_norm_epsilon", 1e-5));
+  m.set("initializer_range", f.number("initializer_range", 0.02));
+  m.set("scale_attn_by_inverse_layer_idx", f.boolean("scale_attn_by_inverse_layer_idx", false));
+  m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", true));
+  m.set("vocab_size", f.integer("vocab_size", 50257));
+  return m;
+}
+
+Value llama_section(const Fields& f, const std::string& type) {
+  Value m = Value::map();
+  m.set("type", "llama");
+  const bool mixtral = type == "mixtral", mistral = type == "mistral", qwen2 = type == "qwen2";
+  const std::int64_t hidden = f.integer("hidden_size", 4096);
+  const std::int64_t heads = f.integer("num_attention_heads", 32);
+  m.set("seq_len", f.integer("max_position_embeddings", mixtral || mistral ? 4096 * 32 : qwen2 ? 32768 : 2048));
+  m.set("hidden_dim", hidden);
+  m.set("intermediate_dim", f.integer("intermediate_size", mixtral || mistral ? 14336 : qwen2 ? 22016 : 11008));
+  m.set("num_layers", f.integer("num_hidden_layers", 32));
+  m.set("num_heads", heads);
+  // Absent: LlamaConfig's None (as many as the query heads), Mistral's and Mixtral's 8, Qwen2's
+  // 32; null: as many as the query heads.
+  m.set("num_kv_heads", f.integer("num_key_value_heads", f.has("num_key_value_heads") ? heads
+                                                         : mistral || mixtral         ? 8
+                                                         : qwen2                      ? 32
+                                                                                      : heads));
+  // Qwen2 and Mixtral derive the head width; Mistral's 0 or null derives it too.
+  const std::int64_t head_dim = qwen2 || mixtral ? 0 : f.integer("head_dim", 0);
+  m.set("head_dim", optional_positive(head_dim));
+  m.set("layer_norm_epsilon", f.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
+  m.set("initializer_range", f.number("initializer_range", 0.02));
+  m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", false));
+  m.set("vocab_size", f.integer("vocab_size", qwen2 ? 151936 : 32000));
+
+  Value rope = Value::map();
+  rope.set("type", "default");
+  rope.set("theta", f.number("rope_theta", mixtral ? 1e6 : 10000.0));
+  if (!mistral && !mixtral && f.has("rope_scaling") && f.raw("rope_scaling").is_object()) {
+    // transformers' rope_scaling: {"rope_type" (or the older "type"): "linear" | "llama3" | "default", "factor", ...}
+    const Json& s = f.raw("rope_scaling");
+    const std::string kind = s.value("rope_type", s.value("type", std::string("default")));
+    if (kind == "linear") {
+      rope.set("factor", s.value("factor", 1.0));
+    } else if (kind == "llama3") {
+      rope.set("type", "llama3");
+      rope.set("factor", s.value("factor", 8.0));
+      rope.set("low_freq_factor", s.value("low_freq_factor", 1.0));
+      rope.set("high_freq_factor", s.value("high_freq_factor", 4.0));
+      rope.set("original_max_position_embeddings", s.value("original_max_position_embeddings", std::int64_t{8192}));
+    } else if (kind != "default") {
+      throw UserError("rope_scaling.rope_type is " + Value(kind).describe() +
+                      "; loom's llama computes default, linear and llama3 RoPE");
+    }
+  }
+  m.set("rope", rope);
+
+  if (type == "llama") {
+    m.set("use_bias", f.boolean("attention_bias", false));
+  } else if (qwen2) {
+    m.set("qkv_bias", true);  // Qwen2's q, k and v projections have biases, the others none
+  }
+
+  std::int64_t window = 0;
+  if (mistral) {
+    window = f.is_null("sliding_window") ? 0 : f.integer("sliding_window", 4096);
+  } else if (mixtral) {
+    window = f.integer("sliding_window", 0);
+  } else if (qwen2 && f.boolean("use_sliding_window", false)) {
+    window = f.is_null("sliding_window") ? 0 : f.integer("sliding_window", 4096);
+    if (window > 0) m.set("max_window_layers", f.integer("max_window_layers", 28));
+  }
+  m.set("sliding_window", optional_positive(window));
+
+  if (mixtral) {
+    Value moe = Value::map();
+    moe.set("num_experts", f.integer("num_local_experts", 8));
+    moe.set("experts_per_token", f.integer("num_experts_per_tok", 2));
+    moe.set("router_softmax", "after_top_k");
+    moe.set("router_aux_loss_coef", f.number("router_aux_loss_coef", 0.001));
+    m.set("moe", moe);
+  }
+  return m;
+}
+
+Value gemma2_section(const Fields& f) {
+  Value m = Value::map();
+  m.set("type", "gemma");
+  m.set("seq_len", f.integer("max_position_embeddings", 8192));
+  m.set("hidden_dim", f.integer("hidden_size", 3072));
+  m.set("intermediate_dim", f.integer("intermediate_size", 24576));
+  m.set("num_layers", f.integer("num_hidden_layers", 28));
+  m.set("num_heads", f.integer("num_attention_heads", 16));
+  m.set("num_kv_heads", f.integer("num_key_value_heads", 16));
+  m.set("head_dim", f.integer("head_dim", 256));
+  m.set("query_pre_attn_scalar", f.number("query_pre_attn_scalar", 224.0));
+  m.set("attn_logit_softcapping", optional_positive(f.number_or_off("attn_logit_softcapping", 50.0)));
+  m.set("final_logit_softcapping", optional_positive(f.number_or_off("final_logit_softcapping", 30.0)));
+  m.set("sliding_window", optional_positive(static_cast<std::int64_t>(f.number_or_off("sliding_window", 4096.0))));
+  m.set("rope_theta", f.number("rope_theta", 10000.0));
+  m.set("layer_norm_epsilon", f.number("rms_norm_eps", 1e-6));
+  m.set("initializer_range", f.number("initializer_range", 0.02));
+  m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", true));
+  m.set("vocab_size", f.integer("vocab_size", 256000));
+  return m;
+}
+
+// A special token of tokenizer_config.json or special_tokens_map.json: a string or an AddedToken
+// written as {"content": ...}.
+std::optional<std::string> special_token(const fs::path& dir, const char* role) {
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    std::error_code ec;
+    if (!fs::exists(dir / name, ec)) continue;
+    const Json json = read_json_file(dir / name);
+    if (!json.is_object() || !json.contains(role)) continue;
+    const Json& token = json[role];
+    if (token.is_string()) return token.get<std::string>();
+    if (token.is_object() && token.contains("content") && token["content"].is_string())
+      return token["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// Whether a tokenizer.json is a byte-level BPE (what the gpt2-bpe tokenizer reads); a
+// SentencePiece-style one (Metaspace, byte fallback) is read from its tokenizer.model instead.
+bool byte_level_bpe(const fs::path& file) {
+  const Json json = read_json_file(file);
+  if (!json.is_object() || !json.contains("model") || !json["model"].is_object()) return false;
+  if (json["model"].value("type", std::string()) != "BPE") return false;
+  const Json& pre = json.contains("pre_tokenizer") ? json["pre_tokenizer"] : Json();
+  return pre.dump().find("\"ByteLevel\"") != std::string::npos;
+}
+
+std::optional<Value> tokenizer_section(const fs::path& dir) {
+  std::error_code ec;
+  auto exists = [&](const char* name) { return fs::exists(dir / name, ec); };
+  auto bpe = [&]() {
+    Value t = Value::map();
+    t.set("type", "gpt2-bpe");
+    // The end-of-text token the directory names; gpt2-bpe's own default (GPT-2's) otherwise.
+    if (const auto eos = special_token(dir, "eos_token")) t.set("end_of_text", *eos);
+    return t;
+  };
+  const bool json = exists("tokenizer.json");
+  if (json && byte_level_bpe(dir / "tokenizer.json")) {
+    Value t = bpe();
+    t.set("tokenizer_json", (dir / "tokenizer.json").string());
+    return t;
+  }
+  if (exists("vocab.json") && exists("merges.txt")) {
+    Value t = bpe();
+    t.set("encoder_json", (dir / "vocab.json").string());
+    t.set("vocab_bpe", (dir / "merges.txt").string());
+    return t;
+  }
+  if (exists("tokenizer.model")) {
+    Value t = Value::map();
+    t.set("type", "sentencepiece");
+    t.set("model_file", (dir / "tokenizer.model").string());
+    return t;
+  }
+  if (json) {  // not byte-level: gpt2-bpe's refusal says what in it loom does not read
+    Value t = bpe();
+    t.set("tokenizer_json", (dir / "tokenizer.json").string());
+    return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+HfDirectoryConfig describe_hf_model_dir(const fs::path& dir) {
+  const std::string how =
+      "; give a loom config that describes the model and its tokenizer after the directory instead "
+      "(`loom eval " +
+      dir.string() + " CONFIG --tasks ...`)";
+  const fs::path file = dir / "config.json";
+  const Json json = read_json_file(file);
+  if (!json.is_object()) throw UserError("'" + file.string() + "' is not a JSON object" + how);
+  const Fields f(json, file);
+  const std::string type = f.string("model_type", "");
+  HfDirectoryConfig out;
+  try {
+    if (type == "gpt2") {
+      out.model = gpt2_section(f, file);
+    } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "mixtral") {
+      out.model = llama_section(f, type);
+    } else if (type == "gemma2") {
+      out.model = gemma2_section(f);
+    } else {
+      throw UserError("'" + file.string() + "' has " +
+                      (type.empty() ? std::string("no model_type") : "model_type " + Value(type).describe()) +
+                      "; loom reads gpt2 (gpt2), llama, mistral, qwen2, mixtral (llama) and gemma2 (gemma)");
+    }
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()) + how);
+  }
+  const std::optional<Value> tokenizer = tokenizer_section(dir);
+  if (!tokenizer)
+    throw UserError("'" + dir.string() +
+                    "' has no tokenizer files loom reads (tokenizer.json with a byte-level BPE, vocab.json with "
+                    "merges.txt, or a SentencePiece tokenizer.model)" +
+                    how);
+  out.tokenizer = *tokenizer;
+  return out;
+}
+
+std::vector<std::string> hf_model_dir_overrides(const fs::path& dir) {
+  const HfDirectoryConfig config = describe_hf_model_dir(dir);
+  // JSON is YAML's flow style: each section is one override, before the user's own.
+  return {"model=" + interop::to_json(config.model).dump(), "tokenizer=" + interop::to_json(config.tokenizer).dump()};
+}
+
+std::optional<std::int64_t> hf_bos_token_id(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir / "config.json", ec)) return std::nullopt;
+  const Json json = read_json_file(dir / "config.json");
+  if (!json.is_object() || !json.contains("bos_token_id") || !json["bos_token_id"].is_number_integer())
+    return std::nullopt;
+  return json["bos_token_id"].get<std::int64_t>();
+}
+
+}  // namespace loom
