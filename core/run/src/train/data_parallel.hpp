@@ -174,7 +174,9 @@ class DataParallel {
   // Where the buckets' gradients (parameters every rank holds whole) are summed: the data axis,
   // which is every rank without an fsdp axis; with one, every rank (LoRA's adapters beside FSDP's
   // units).
-  CollectiveGroup& replicated_group() { return fully_sharded() ? static_cast<CollectiveGroup&>(*collective_) : *data_group_; }
+  CollectiveGroup& replicated_group() {
+    return fully_sharded() ? static_cast<CollectiveGroup&>(*collective_) : *data_group_;
+  }
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
   std::vector<PeerProcess> same_host_peers_;
