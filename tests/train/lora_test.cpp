@@ -14,13 +14,16 @@
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../core/test_support.hpp"
+#include "loom/allocator.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/run/generate.hpp"
+#include "loom/run/hf_interop.hpp"
 #include "loom/run/run_config.hpp"
 #include "loom/run/trainer.hpp"
 #include "loom/safetensors.hpp"
@@ -589,6 +592,96 @@ TEST(LoraConfig, LoraGpt2Learns) {
             << "\n";
   EXPECT_LT(summary.final_eval_loss, before.final_eval_loss - 0.2);
   EXPECT_TRUE(fs::exists(dir.path() / "lora" / "adapter_model.safetensors"));
+}
+
+// ---- QLoRA from a Hugging Face directory (trainer.init_from, issue 22 point 4)
+
+std::int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::string(key).size())) * 1024;
+  return 0;
+}
+
+const char* llama_config = R"(
+model: {type: llama, seq_len: 16, hidden_dim: 1024, num_layers: 4, num_heads: 8, num_kv_heads: 4,
+        intermediate_dim: 4096, tie_word_embeddings: false, attention: flash}
+tokenizer: byte
+data: {type: synthetic, num_documents: 200}
+optimizer: {type: adamw, learning_rate: 1.0e-3}
+lr_schedule: {type: cosine, warmup: 1}
+trainer:
+  num_train_steps: 2
+  train_batch_size: 1
+  log_every: 1
+  steps_per_eval: 0
+  max_eval_batches: 1
+  sample_length: 0
+  peak_flops: 1.0e9
+  trackers: []
+)";
+
+// A llama's bf16 weights, sharded as save_pretrained shards them (q, k and v separate: loom fuses
+// them into qkv_proj), read straight into nf4: the run equals the one whose base is the same
+// weights read from a loom file in float32 and stored afterwards (the old path), and the float32
+// values of the stored weights are never allocated: the process's peak resident memory grows by
+// far less than the float32 model while the run loads and trains.
+TEST(LoraStreamingLoad, HuggingFaceWeightsGoStraightIntoTheirFormat) {
+  const test::TempDir dir;
+  const fs::path config = dir.write("llama.yaml", llama_config);
+  // The base: a run's initial weights, exported in bf16 in shards of 40 MB; and the same values
+  // as a loom file (the bf16 values widened), for the old path.
+  const test::TrainedRun base = test::train_in(config, dir.path() / "base", {"trainer.num_train_steps=1"});
+  std::int64_t f32_weight_bytes = 0;
+  {
+    RuntimeOptions options;
+    options.config = base.dir / "config.yaml";
+    Runtime runtime(options);
+    LoadedRun loaded = load_run(runtime, base.dir);
+    HfExportOptions hf;
+    hf.dtype = DType::bf16;
+    hf.max_shard_bytes = 40'000'000;
+    const HfExportResult exported = export_hf(*loaded.model, nullptr, dir.path() / "hf", hf);
+    ASSERT_GT(exported.shards, 2);
+    import_hf(*loaded.model, dir.path() / "hf");  // the bf16 values, widened
+    std::vector<ModelParameter> params = loaded.model->parameters();
+    safetensors::save_parameters(dir.path() / "widened.safetensors", params);
+    for (const auto& p : params)
+      if (p.parameter->shape().rank() == 2) f32_weight_bytes += p.parameter->shape().numel() * 4;
+  }
+  ASSERT_GT(f32_weight_bytes, std::int64_t{200} << 20);
+  const std::vector<std::string> lora = {"lora.rank=4", "lora.base_dtype=nf4",
+                                         "lora.target_modules=[q_proj, v_proj, down_proj]"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), lora.begin(), lora.end());
+    return more;
+  };
+
+  // What the run holds besides, then the peak from here on (clear_refs 5 resets VmHWM).
+  allocator_release_cached();
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const std::int64_t before = proc_status_bytes("VmRSS:");
+  const test::TrainedRun streamed =
+      test::train_in(config, dir.path() / "streamed", with({"trainer.init_from=" + (dir.path() / "hf").string()}));
+  const std::int64_t peak = proc_status_bytes("VmHWM:");
+  ASSERT_GT(before, 0) << "/proc/self/status gives no VmRSS";
+  std::cout << "loading and training from the Hugging Face directory: peak resident memory +"
+            << (peak - before) / (1 << 20) << " MiB (the float32 weights: " << f32_weight_bytes / (1 << 20)
+            << " MiB)\n";
+  EXPECT_LT(peak - before, f32_weight_bytes / 3)
+      << "peak resident memory grew by " << (peak - before) / (1 << 20) << " MiB while the float32 weights take "
+      << f32_weight_bytes / (1 << 20) << " MiB\n"
+      << streamed.log;
+  EXPECT_NE(streamed.log.find("lora.base_dtype nf4: the frozen base weights take"), std::string::npos) << streamed.log;
+  EXPECT_EQ(streamed.log.find("loading peak"), std::string::npos) << "no float32 loading peak: " << streamed.log;
+
+  allocator_release_cached();
+  const test::TrainedRun stored = test::train_in(
+      config, dir.path() / "stored", with({"trainer.init_from=" + (dir.path() / "widened.safetensors").string()}));
+  EXPECT_NE(stored.log.find("loading peak"), std::string::npos) << stored.log;
+  EXPECT_EQ(streamed.summary.final_eval_loss, stored.summary.final_eval_loss);
+  EXPECT_EQ(tensors_of(streamed.dir / "adapter_model.safetensors"),
+            tensors_of(stored.dir / "adapter_model.safetensors"));
 }
 
 }  // namespace

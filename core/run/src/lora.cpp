@@ -197,8 +197,19 @@ LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& s
   // observed. The loss shows the weights inside the model (the default targets); the logits also
   // the output head (an untied lm_head), which the loss multiplies in its fused cross-entropy.
   // The values are zeros (the model may not be initialised yet): only the calls matter.
+  // A weight that is zero already (as a model's fresh buffer is) is only read: its pages stay
+  // unallocated for a weight that will be stored in fewer bits (lora.base_dtype).
   const std::vector<ModelParameter> params = model.parameters();
-  for (const auto& p : params) p.parameter->data().copy_from(Tensor::zeros(p.parameter->shape()));
+  for (const auto& p : params) {
+    const Tensor value = p.parameter->data();
+    if (!value.is_host_visible() || !value.is_contiguous()) {
+      value.copy_from(Tensor::zeros(value.shape(), DType::f32, value.device()));
+      continue;
+    }
+    const float* v = value.data<float>();
+    const std::int64_t n = value.numel();
+    if (std::any_of(v, v + n, [](float x) { return x != 0.0f; })) std::fill_n(value.data<float>(), n, 0.0f);
+  }
   std::map<const Parameter*, bool> layout;  // weight -> [in, out]
   std::set<const Parameter*> in_loss;
   {
@@ -450,13 +461,17 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
   }
 }
 
+bool LoraAdapters::stores(const Parameter* p) const {
+  return settings_.base_dtype != quant::StorageFormat::f32 && !p->requires_grad() &&
+         std::find(storable_.begin(), storable_.end(), p) != storable_.end();
+}
+
 std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
   std::int64_t stored_bytes = 0, f32_bytes = 0;
   if (settings_.base_dtype == quant::StorageFormat::f32) return {0, 0};
   std::vector<Parameter*> chosen;
   for (Parameter* p : storable_)
     if (!p->requires_grad() && !p->stored()) chosen.push_back(p);
-  std::vector<std::int64_t> bytes(chosen.size());
   // One weight per task (the codecs are scalar and thread-safe), each float32 value given back as
   // soon as its weight is stored: the peak is the float32 model plus the weights in flight.
   default_execution_context().parallel_for(
@@ -467,15 +482,16 @@ std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
           auto m = std::make_shared<quant::StoredMatrix>(
               quant::store(std::span<const float>(value.data<float>(), static_cast<std::size_t>(value.numel())),
                            value.size(0), value.size(1), settings_.base_dtype, p.name()));
-          bytes[static_cast<std::size_t>(i)] = m->storage_bytes();
           p.set_stored(std::move(m));
         }
       });
-  for (std::size_t i = 0; i < chosen.size(); ++i) {
-    stored_bytes += bytes[i];
-    f32_bytes += chosen[i]->shape().numel() * std::int64_t{4};
-  }
-  base_stored_ = base_stored_ || !chosen.empty();
+  // Every stored weight: these, and those trainer.init_from read straight into the format.
+  for (Parameter* p : storable_)
+    if (p->stored()) {
+      stored_bytes += p->stored()->storage_bytes();
+      f32_bytes += p->shape().numel() * std::int64_t{4};
+    }
+  base_stored_ = base_stored_ || stored_bytes > 0;
   return {stored_bytes, f32_bytes};
 }
 

@@ -2,6 +2,7 @@
 #include "loom/safetensors.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -344,6 +345,15 @@ void Reader::read_into(const std::string& name, const Tensor& destination) const
     convert_into(src, t.stored_dtype, staging, count);
     destination.copy_from(staging);
   }
+}
+
+void Reader::release(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(mapping_->data(t));
+  const std::uintptr_t first = (begin + page - 1) / page * page;
+  const std::uintptr_t last = (begin + (t.end - t.begin)) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 // ---- Writer ----

@@ -75,6 +75,10 @@ class Reader {
   // f32 destination accepts F32, BF16 and F16 data (widened exactly); i32 and bf16 ones need
   // their own dtype. Throws UserError naming the file and tensor on a mismatch.
   void read_into(const std::string& name, const Tensor& destination) const;
+  // Gives back the mapped pages that lie wholly inside tensor `name`'s bytes (they stay in the
+  // page cache, out of the process's resident memory): a reader of a model larger than memory
+  // calls it once a tensor is read. A later read maps them again.
+  void release(const std::string& name) const;
 
  private:
   struct Mapping;

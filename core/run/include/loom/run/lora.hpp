@@ -93,9 +93,12 @@ class LoraAdapters {
   // model multiplies whole in a linear layer (adapted or not) and every embedding table
   // (ParameterRole::embedding), once they hold their values (after initialisation and
   // trainer.init_from) and are frozen (select_trainable). Their float32 values are given back
-  // to the system (Parameter::set_stored). Returns the bytes of the stored weights and of the
-  // float32 values they replace.
+  // to the system (Parameter::set_stored). Returns the bytes of every stored weight (these and
+  // those already stored) and of the float32 values they replace.
   std::pair<std::int64_t, std::int64_t> store_base();
+  // Whether store_base stores `p` (frozen, and one of the weights above, with a base_dtype other
+  // than f32): trainer.init_from may read it straight into the format (StoredWeights).
+  bool stores(const Parameter* p) const;
   // Whether store_base stored any weight: then with_merged cannot merge into the base (there is
   // no float32 base to add to) and instead gives every Ops of its body the adapters' table.
   bool base_stored() const { return base_stored_; }
