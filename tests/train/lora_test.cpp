@@ -594,6 +594,42 @@ TEST(LoraConfig, LoraGpt2Learns) {
   EXPECT_TRUE(fs::exists(dir.path() / "lora" / "adapter_model.safetensors"));
 }
 
+// LoRA with remat on every family (and a mixture of experts, and a quantized base): a run trains
+// the same adapters under remat none, full and save_dots, bit for bit.
+TEST(LoraRemat, EveryFamilyTrainsTheSameAdaptersUnderRemat) {
+  const test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", tiny_config);
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"gpt2", "{type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, attention: flash}"},
+      {"llama",
+       "{type: llama, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_dim: "
+       "64, attention: flash}"},
+      {"mixtral",
+       "{type: llama, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_dim: "
+       "32, moe: {num_experts: 4, router_aux_loss_coef: 0.05, router_z_loss_coef: 0.01}, attention: flash}"},
+      {"gemma",
+       "{type: gemma, seq_len: 32, hidden_dim: 32, num_layers: 2, num_heads: 2, num_kv_heads: 1, head_dim: 16, "
+       "intermediate_dim: 64, sliding_window: 8, attention: flash}"}};
+  for (const auto& [name, model] : models)
+    for (const std::string base : {"f32", "nf4"}) {
+      SCOPED_TRACE(name + " " + base);
+      std::map<std::string, TrainSummary> summaries;
+      std::map<std::string, std::map<std::string, std::vector<float>>> adapters;
+      for (const std::string remat : {"none", "full", "save_dots"}) {
+        const test::TrainedRun run =
+            test::train_in(config, dir.path() / (name + "-" + base + "-" + remat),
+                           {"model=" + model, "model.remat=" + remat, "lora.rank=4", "lora.dropout=0.1",
+                            "lora.base_dtype=" + base, "trainer.sample_length=0"});
+        summaries[remat] = run.summary;
+        adapters[remat] = tensors_of(run.dir / "adapter_model.safetensors");
+      }
+      for (const std::string remat : {"full", "save_dots"}) {
+        EXPECT_EQ(summaries[remat].final_eval_loss, summaries["none"].final_eval_loss) << remat;
+        EXPECT_EQ(adapters[remat], adapters["none"]) << remat;
+      }
+    }
+}
+
 // ---- QLoRA from a Hugging Face directory (trainer.init_from, issue 22 point 4)
 
 std::int64_t proc_status_bytes(const char* key) {
