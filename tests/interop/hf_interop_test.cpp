@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <map>
@@ -756,6 +757,58 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
       if (name == "gpt2_trained") tokenizer_ = run.tokenizer;
       exports_[name] = {run.model, name == "gpt2_trained" ? "GPT2LMHeadModel" : "LlamaForCausalLM"};
     }
+    export_qlora();
+  }
+
+  // QLoRA: a LoRA run over the trained llama with its base in nf4, exported merged in bf16
+  // (`loom export --merge-lora --dtype bf16`). The comparison model is the run's merged model
+  // (the adapters merged into the float32 base it was initialised from) with every weight rounded
+  // to bf16, as the files hold it.
+  static void export_qlora() {
+    const std::string name = "llama_qlora_merged";
+    const auto config = work_->write("llama_qlora.yaml", "model: " + std::string(llama_gqa) + R"(
+tokenizer: byte
+data: {type: synthetic, num_documents: 100}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+lora: {rank: 4, base_dtype: nf4}
+trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_length: 0, trackers: [],
+          peak_flops: 1.0e9}
+)");
+    RuntimeOptions options;
+    options.config = config;
+    options.plugin_paths = {LOOM_PLUGIN_DIR};
+    options.default_plugin_path = false;
+    options.overrides = {"trainer.run_dir=" + (work_->path() / "llama_qlora").string(),
+                         "trainer.init_from=" + (work_->path() / "llama_trained").string()};
+    {
+      Runtime runtime(options);
+      std::ostringstream log;
+      TrainOptions train_options;
+      train_options.out = &log;
+      train(runtime, train_options);
+    }
+    const auto r = test::run_command({LOOM_BINARY, "export", (work_->path() / "llama_qlora").string(), "--format", "hf",
+                                      (work_->path() / "export" / name).string(), "--merge-lora", "--dtype", "bf16"});
+    export_output_[name] = r.out + r.err;
+    if (r.exit_code != 0) return;
+    RuntimeOptions reload;
+    reload.config = work_->path() / "llama_qlora" / "config.yaml";
+    reload.plugin_paths = {LOOM_PLUGIN_DIR};
+    reload.default_plugin_path = false;
+    runtimes_.push_back(std::make_unique<Runtime>(reload));
+    LoadedRun run = load_run(*runtimes_.back(), work_->path() / "llama_qlora");
+    for (const auto& p : run.model->parameters()) {
+      const Tensor t = p.parameter->data();
+      float* v = t.data<float>();
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v[i], 4);
+        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+        std::memcpy(&v[i], &bits, 4);
+      }
+    }
+    exports_[name] = {run.model, "LlamaForCausalLM"};
   }
 
   static void TearDownTestSuite() {
@@ -843,6 +896,16 @@ TEST_F(HfTransformers, ExportTrainedLlamaInShards) {
   EXPECT_TRUE(fs::exists(work_->path() / "export" / "llama_trained" / "model.safetensors.index.json"));
   EXPECT_NE(export_output_["llama_trained"].find("shards"), std::string::npos) << export_output_["llama_trained"];
   check_export("llama_trained", "LlamaForCausalLM");
+}
+
+// issue 22: the merged model of a LoRA run with an nf4 base, in bf16 files that transformers loads.
+TEST_F(HfTransformers, ExportQloraRunMergedInBf16) {
+  const fs::path dir = work_->path() / "export" / "llama_qlora_merged";
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors")) << export_output_["llama_qlora_merged"];
+  EXPECT_EQ(read_json(dir / "config.json")["torch_dtype"], "bfloat16");
+  const st::Reader reader(dir / "model.safetensors");
+  for (const auto& t : reader.tensors()) EXPECT_EQ(t.stored_dtype, "BF16") << t.name;
+  check_export("llama_qlora_merged", "LlamaForCausalLM");
 }
 
 TEST_F(HfTransformers, ExportMistralSlidingWindow) {
