@@ -79,6 +79,12 @@ int run_export(const std::vector<std::string>& args) {
               << "'); --merge-lora writes the merged model instead)\n";
     return 0;
   }
+  // A quantized base (lora.base_dtype): each stored weight is written dequantized, with the
+  // adapters added to its rows.
+  if (run.lora && run.lora->base_stored())
+    export_options.add_to_stored = [&](const Parameter& w, std::int64_t begin, std::int64_t end, float* rows) {
+      run.lora->add_merged_rows(w, begin, end, rows);
+    };
   const HfExportResult result = with_context("while exporting " + run_files.weights.string(), [&] {
     return export_hf(*run.model, run.tokenizer.get(), out_dir, export_options);
   });

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "../core/reference_support.hpp"
@@ -760,12 +761,11 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
     export_qlora();
   }
 
-  // QLoRA: a LoRA run over the trained llama with its base in nf4, exported merged in bf16
-  // (`loom export --merge-lora --dtype bf16`). The comparison model is the run's merged model
-  // (the adapters merged into the float32 base it was initialised from) with every weight rounded
-  // to bf16, as the files hold it.
+  // QLoRA: a LoRA run over the trained llama with its base in nf4, exported merged
+  // (`loom export --merge-lora`) in f32 and in bf16 (--dtype bf16). The f32 export is compared with
+  // the model the run trained (its nf4 base with the adapters, LinearAdaptersScope); the bf16 one
+  // with the same files read back by loom.
   static void export_qlora() {
-    const std::string name = "llama_qlora_merged";
     const auto config = work_->write("llama_qlora.yaml", "model: " + std::string(llama_gqa) + R"(
 tokenizer: byte
 data: {type: synthetic, num_documents: 100}
@@ -788,32 +788,33 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
       train_options.out = &log;
       train(runtime, train_options);
     }
-    const auto r = test::run_command({LOOM_BINARY, "export", (work_->path() / "llama_qlora").string(), "--format", "hf",
-                                      (work_->path() / "export" / name).string(), "--merge-lora", "--dtype", "bf16"});
-    export_output_[name] = r.out + r.err;
-    if (r.exit_code != 0) return;
+    for (const std::string dtype : {"f32", "bf16"}) {
+      const std::string name = "llama_qlora_merged_" + dtype;
+      const auto r =
+          test::run_command({LOOM_BINARY, "export", (work_->path() / "llama_qlora").string(), "--format", "hf",
+                             (work_->path() / "export" / name).string(), "--merge-lora", "--dtype", dtype});
+      export_output_[name] = r.out + r.err;
+    }
     RuntimeOptions reload;
     reload.config = work_->path() / "llama_qlora" / "config.yaml";
     reload.plugin_paths = {LOOM_PLUGIN_DIR};
     reload.default_plugin_path = false;
     runtimes_.push_back(std::make_unique<Runtime>(reload));
     LoadedRun run = load_run(*runtimes_.back(), work_->path() / "llama_qlora");
-    for (const auto& p : run.model->parameters()) {
-      const Tensor t = p.parameter->data();
-      float* v = t.data<float>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) {
-        std::uint32_t bits;
-        std::memcpy(&bits, &v[i], 4);
-        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-        std::memcpy(&v[i], &bits, 4);
-      }
+    adapters_["llama_qlora_merged_f32"] = run.lora;
+    exports_["llama_qlora_merged_f32"] = {run.model, "LlamaForCausalLM"};
+    const fs::path bf16 = work_->path() / "export" / "llama_qlora_merged_bf16";
+    if (fs::exists(bf16 / "config.json")) {
+      auto model = models_->make(yaml(llama_gqa), 1);
+      import_hf(*model, bf16);
+      exports_["llama_qlora_merged_bf16"] = {model, "LlamaForCausalLM"};
     }
-    exports_[name] = {run.model, "LlamaForCausalLM"};
   }
 
   static void TearDownTestSuite() {
     std::cout << summary_.str();
     exports_.clear();
+    adapters_.clear();
     tokenizer_.reset();
     runtimes_.clear();
     models_.reset();
@@ -843,6 +844,8 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
     EXPECT_TRUE(report["unexpected"].empty()) << report.dump();
     EXPECT_TRUE(report["mismatched"].empty()) << report.dump();
     const st::Reader reader(results / (name + ".safetensors"));
+    std::optional<LinearAdaptersScope> scope;
+    if (const auto it = adapters_.find(name); it != adapters_.end()) scope.emplace(&it->second->table());
     const double error =
         relative_error(models_->logits(*exports_[name].model, reader.read("tokens")), reader.read("logits"));
     EXPECT_LE(error, tolerance);
@@ -863,6 +866,8 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
 
   static inline std::string skip_reason_, python_output_;
   static inline bool python_ok_ = false, gpt2_bpe_ = false;
+  // The adapters of a model in exports_ whose base is stored (its logits need them in scope).
+  static inline std::map<std::string, std::shared_ptr<LoraAdapters>> adapters_;
   static inline std::unique_ptr<test::TempDir> work_;
   static inline std::unique_ptr<Models> models_;
   static inline std::vector<std::unique_ptr<Runtime>> runtimes_;
@@ -898,14 +903,16 @@ TEST_F(HfTransformers, ExportTrainedLlamaInShards) {
   check_export("llama_trained", "LlamaForCausalLM");
 }
 
-// issue 22: the merged model of a LoRA run with an nf4 base, in bf16 files that transformers loads.
-TEST_F(HfTransformers, ExportQloraRunMergedInBf16) {
-  const fs::path dir = work_->path() / "export" / "llama_qlora_merged";
-  ASSERT_TRUE(fs::exists(dir / "model.safetensors")) << export_output_["llama_qlora_merged"];
+// issue 22: the merged model of a LoRA run with an nf4 base (the dequantized base plus the
+// adapters), in f32 and in bf16 files that transformers loads.
+TEST_F(HfTransformers, ExportQloraRunMerged) {
+  const fs::path dir = work_->path() / "export" / "llama_qlora_merged_bf16";
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors")) << export_output_["llama_qlora_merged_bf16"];
   EXPECT_EQ(read_json(dir / "config.json")["torch_dtype"], "bfloat16");
   const st::Reader reader(dir / "model.safetensors");
   for (const auto& t : reader.tensors()) EXPECT_EQ(t.stored_dtype, "BF16") << t.name;
-  check_export("llama_qlora_merged", "LlamaForCausalLM");
+  check_export("llama_qlora_merged_bf16", "LlamaForCausalLM");
+  check_export("llama_qlora_merged_f32", "LlamaForCausalLM");
 }
 
 TEST_F(HfTransformers, ExportMistralSlidingWindow) {

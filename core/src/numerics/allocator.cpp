@@ -85,7 +85,10 @@ class CachingAllocator final : public BufferType {
       note_in_use(cls);
     }
     // The system allocation happens outside the lock. A huge block is an anonymous mapping of its
-    // own, aligned to a huge page: fresh, it reads zero without a page of it being allocated.
+    // own, aligned to a huge page: fresh, it reads zero without a page of it being allocated, and
+    // it is not charged against the commit limit (MAP_NORESERVE): a model larger than memory whose
+    // frozen weights go straight into fewer bits (lora.base_dtype) never writes its float32
+    // buffer. What is written must fit: the start-up memory estimate refuses a run that would not.
     const bool huge = cls >= huge_threshold;
     void* data = nullptr;
     void* mapping = nullptr;
@@ -93,7 +96,7 @@ class CachingAllocator final : public BufferType {
     if (huge) {
       const std::size_t rounded = (cls + huge_alignment - 1) / huge_alignment * huge_alignment;
       mapped = rounded + huge_alignment;
-      mapping = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      mapping = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (mapping == MAP_FAILED) {
         mapping = nullptr;
       } else {

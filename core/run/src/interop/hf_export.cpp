@@ -155,9 +155,24 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   // bf16: each shard's tensors rounded (to nearest even) as it is written, so an export holds one
   // shard in bf16 besides the model.
+  // A weight stored in fewer bits (lora.base_dtype) has no float32 value: its rows are dequantized
+  // (plus options.add_to_stored) a tensor at a time, as its shard is written.
+  std::map<std::string, std::pair<const Parameter*, std::int64_t>> stored_rows;  // name -> parameter, first row
+  for (const auto& t : hf->hf_tensors().tensors)
+    for (const auto& p : model.parameters())
+      if (p.parameter->name() == t.parameter && p.parameter->stored()) stored_rows[t.name] = {p.parameter, t.begin};
   auto in_dtype = [&](std::vector<std::pair<std::string, Tensor>> part) {
-    if (options.dtype == DType::bf16)
-      for (auto& [name, t] : part) t = to_bf16(t);
+    for (auto& [name, t] : part) {
+      if (const auto it = stored_rows.find(name); it != stored_rows.end()) {
+        const auto [p, first] = it->second;
+        const std::int64_t rows = t.size(0), cols = t.size(1);
+        Tensor value = Tensor::empty(t.shape(), DType::f32);
+        quant::dequantize(*p->stored(), first, rows, 0, cols, value.data<float>(), cols);
+        if (options.add_to_stored) options.add_to_stored(*p, first, first + rows, value.data<float>());
+        t = value;
+      }
+      if (options.dtype == DType::bf16) t = to_bf16(t);
+    }
     return part;
   };
   if (shards.size() == 1) {

@@ -30,6 +30,11 @@ struct HfExportOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;
   // The weights' dtype in the files: f32, or bf16 (rounded to nearest even; `loom export --dtype`).
   DType dtype = DType::f32;
+  // A parameter stored in fewer bits (Parameter::stored(), lora.base_dtype) is written as its
+  // dequantized rows, one tensor at a time; this (when set) adds to rows [begin, end) of such a
+  // weight, row-major float32, before they are written: a LoRA run's adapters
+  // (LoraAdapters::add_merged_rows).
+  std::function<void(const Parameter& weight, std::int64_t begin, std::int64_t end, float* rows)> add_to_stored;
 };
 
 struct HfExportResult {
