@@ -484,7 +484,7 @@ TEST_F(LoraTraining, LearnsAndSavesTheAdaptersAlone) {
 }
 
 // QLoRA: with the frozen base weights stored in bf16, int8 or nf4, the run says what they take,
-// learns as the float32 base does (final evaluation loss within a few percent: evaluation reads
+// learns as the float32 base does (final evaluation loss within issue 22's 2%: evaluation reads
 // the stored weights with the adapters, which cannot be merged into them), and saves the same
 // files.
 TEST_F(LoraTraining, QuantizedBaseLearnsLikeTheFloat32Base) {
@@ -494,7 +494,9 @@ TEST_F(LoraTraining, QuantizedBaseLearnsLikeTheFloat32Base) {
     const TinyRun run = train_tiny(*dir_, "base-" + format, lora({"lora.base_dtype=" + format}));
     EXPECT_NE(run.log.find("lora.base_dtype " + format + ": the frozen base weights take"), std::string::npos)
         << run.log;
-    EXPECT_LT(std::abs(run.summary.final_eval_loss - f32.summary.final_eval_loss), 0.03 * f32.summary.final_eval_loss)
+    std::cout << "lora.base_dtype " << format << ": final eval loss " << run.summary.final_eval_loss << " (f32 "
+              << f32.summary.final_eval_loss << ")\n";
+    EXPECT_LT(std::abs(run.summary.final_eval_loss - f32.summary.final_eval_loss), 0.02 * f32.summary.final_eval_loss)
         << format << " " << run.summary.final_eval_loss << " against f32 " << f32.summary.final_eval_loss;
     EXPECT_TRUE(fs::exists(run.dir / "adapter_model.safetensors"));
     const TinyRun still =
