@@ -515,6 +515,16 @@ trainer: {num_train_steps: 1, train_batch_size: 2, max_eval_batches: 0, sample_l
   EXPECT_TRUE(fs::exists(dir.path() / "out" / "model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(dir.path() / "out" / "config.json"));
 
+  // --dtype bf16: every tensor BF16, half the bytes, config.json's torch_dtype bfloat16.
+  r = test::run_command(
+      {LOOM_BINARY, "export", run, "--format", "hf", (dir.path() / "out-bf16").string(), "--dtype", "bf16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    const st::Reader bf16(dir.path() / "out-bf16" / "model.safetensors");
+    for (const auto& t : bf16.tensors()) EXPECT_EQ(t.stored_dtype, "BF16") << t.name;
+    EXPECT_EQ(read_json(dir.path() / "out-bf16" / "config.json")["torch_dtype"], "bfloat16");
+  }
+
   // A step-N checkpoint directory is the same thing as a run directory.
   fs::create_directories(dir.path() / "run" / "checkpoints" / "step-1");
   for (const char* file : {"config.yaml", "model.safetensors"})
@@ -530,6 +540,7 @@ trainer: {num_train_steps: 1, train_batch_size: 2, max_eval_batches: 0, sample_l
       {{"export", run, "--format", "onnx", (dir.path() / "x").string()}, "--format onnx is not a format"},
       {{"export", run, "--format", "hf", (dir.path() / "out").string()}, "is not empty"},
       {{"export", run, (dir.path() / "y").string(), "--max-shard-size", "5 GB"}, "is not a size"},
+      {{"export", run, (dir.path() / "y").string(), "--dtype", "f16"}, "--dtype f16 is not a dtype loom exports"},
       {{"export", (dir.path() / "nothing").string(), (dir.path() / "z").string()}, "does not exist"},
       {{"export", dir.path().string(), (dir.path() / "z").string()}, "is not a loom run or checkpoint"}};
   for (const auto& [args, message] : errors) {
