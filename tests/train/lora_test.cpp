@@ -505,6 +505,61 @@ TEST_F(LoraTraining, QuantizedBaseLearnsLikeTheFloat32Base) {
   }
 }
 
+// `loom export --merge-lora` of a GPT-2 LoRA run with an nf4 base ([in, out] weights: the
+// adapters' A^T B^T added to the dequantized rows, a tensor at a time): the exported files, read
+// back into a plain model, give the logits of the run's model (its nf4 base with the adapters in
+// the products, as `loom generate` runs it).
+TEST_F(LoraTraining, AQuantizedBaseExportsMergedAsTheRunComputesIt) {
+  const TinyRun run = train_tiny(*dir_, "export-nf4", lora({"lora.base_dtype=nf4"}));
+  auto open = [](const fs::path& dir) {
+    RuntimeOptions options;
+    options.config = dir / "config.yaml";
+    options.overrides = {"backend.matmul_precision=f32"};  // the products exact to float32 rounding
+    return std::make_unique<Runtime>(options);
+  };
+  const auto runtime = open(run.dir);
+  LoadedRun loaded = load_run(*runtime, run.dir);
+  ASSERT_TRUE(loaded.lora && loaded.lora->base_stored());
+  HfExportOptions options;
+  options.add_to_stored = [&](const Parameter& w, std::int64_t begin, std::int64_t end, float* rows) {
+    loaded.lora->add_merged_rows(w, begin, end, rows);
+  };
+  export_hf(*loaded.model, nullptr, run.dir / "merged", options);
+  const auto base_runtime = open(base());
+  LoadedRun plain = load_run(*base_runtime, base());
+  import_hf(*plain.model, run.dir / "merged");
+
+  std::vector<std::int32_t> ids(32);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 37 + 5) % 200);
+  const Tensor tokens = Tensor::from(std::span<const std::int32_t>(ids), Shape{1, 32});
+  auto logits = [&](LoadedRun& r) {
+    Tape tape;
+    tape.set_enabled(false);
+    Ops ops(*r.backend, &tape);
+    ops.set_training(false);  // no dropout on the adapters' input
+    return r.model->logits(ops, tokens, Tensor()).to_vector();
+  };
+  std::vector<float> run_logits;
+  {
+    const LinearAdaptersScope scope(&loaded.lora->table());
+    run_logits = logits(loaded);
+  }
+  const std::vector<float> exported = logits(plain);
+  ASSERT_EQ(run_logits.size(), exported.size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < exported.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(run_logits[i]) - exported[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(exported[i])));
+  }
+  EXPECT_LT(worst, 1e-4 * scale) << "the export is the run's model";
+  // Without the adapters, the export would be the quantized base alone: far from the run's model.
+  const std::vector<float> without = [&] { return logits(loaded); }();
+  double apart = 0;
+  for (std::size_t i = 0; i < exported.size(); ++i)
+    apart = std::max(apart, std::abs(static_cast<double>(without[i]) - run_logits[i]));
+  EXPECT_GT(apart, 4 * worst) << "the adapters change the logits more than the export's rounding";
+}
+
 TEST_F(LoraTraining, ResumesExactly) {
   const std::vector<std::string> every = {"trainer.checkpoint.save_every_steps=20",
                                           "trainer.checkpoint.keep_every_steps=20"};

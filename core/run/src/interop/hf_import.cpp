@@ -217,7 +217,7 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir, const Stor
         static_cast<std::int64_t>(to_store.size()), 1, [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t i = b; i < e; ++i) {
             Parameter& p = *to_store[static_cast<std::size_t>(i)];
-            const auto& list = parts[&p];
+            const auto& list = parts.at(&p);
             const std::int64_t rows = p.shape()[0], cols = p.shape()[1];
             quant::StoredMatrix m;
             const Copy& first = *list.front();
