@@ -13,7 +13,7 @@ namespace loom::app {
 
 int run_export(const std::vector<std::string>& args) {
   CommonOptions common;
-  std::string source, out_dir, format, max_shard_size, weights;
+  std::string source, out_dir, format, max_shard_size, weights, dtype;
   bool merge_lora = false;
   po::options_description options("options");
   add_common_options(options, common);
@@ -22,6 +22,9 @@ int run_export(const std::vector<std::string>& args) {
       "format", po::value(&format)->default_value("hf"), "the layout to write: hf (Hugging Face transformers)")(
       "max-shard-size", po::value(&max_shard_size)->default_value("5GB"),
       "split the weights into shards of at most this size (5GB, 500MB, 64KiB), as save_pretrained does")(
+      "dtype", po::value(&dtype)->default_value("f32"),
+      "the weights' dtype in the files: f32, or bf16 (rounded to nearest even: half the size; what a LoRA run "
+      "with a quantized base, lora.base_dtype, usually merges into)")(
       "weights", po::value(&weights)->default_value("ema"),
       "of a run trained with trainer.ema_decay: ema (its weight average, what its evaluations measured) or live "
       "(the weights the optimizer updated); a run without an average has only the live ones")(
@@ -33,7 +36,7 @@ int run_export(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse(args, options, pos, vm,
              "usage: loom export RUN_DIR_OR_CHECKPOINT --format hf OUT_DIR [--max-shard-size SIZE] [--weights "
-             "ema|live]\n                   [--merge-lora]\n\n"
+             "ema|live]\n                   [--merge-lora] [--dtype f32|bf16]\n\n"
              "Writes the run's model as Hugging Face transformers loads it: config.json, model.safetensors (or\n"
              "shards and model.safetensors.index.json) and, for a gpt2-bpe run, the tokenizer's files. A run\n"
              "directory means its latest checkpoint, or its final weights when it has no checkpoints. A LoRA run\n"
@@ -47,6 +50,9 @@ int run_export(const std::vector<std::string>& args) {
   if (format != "hf") throw UserError("--format " + format + " is not a format loom writes; the one there is: hf");
   HfExportOptions export_options;
   export_options.max_shard_bytes = parse_byte_size(max_shard_size, "--max-shard-size");
+  if (dtype != "f32" && dtype != "bf16")
+    throw UserError("--dtype " + dtype + " is not a dtype loom exports; give f32 or bf16");
+  export_options.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
 
   const WeightsChoice choice = parse_weights_choice(weights, "--weights");
   const RunFiles run_files = resolve_run_or_checkpoint(source, choice);
@@ -73,6 +79,12 @@ int run_export(const std::vector<std::string>& args) {
               << "'); --merge-lora writes the merged model instead)\n";
     return 0;
   }
+  // A quantized base (lora.base_dtype): each stored weight is written dequantized, with the
+  // adapters added to its rows.
+  if (run.lora && run.lora->base_stored())
+    export_options.add_to_stored = [&](const Parameter& w, std::int64_t begin, std::int64_t end, float* rows) {
+      run.lora->add_merged_rows(w, begin, end, rows);
+    };
   const HfExportResult result = with_context("while exporting " + run_files.weights.string(), [&] {
     return export_hf(*run.model, run.tokenizer.get(), out_dir, export_options);
   });

@@ -1,6 +1,7 @@
 // loom generate RUN_DIR_OR_WEIGHTS [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
 //               [--greedy] [--stop-at-context] [--seed S]
 #include <iostream>
+#include <optional>
 
 #include "command_line.hpp"
 #include "loom/error.hpp"
@@ -55,6 +56,9 @@ int run_generate(const std::vector<std::string>& args) {
   const fs::path config = run_directory(target) / "config.yaml";
   Runtime runtime(runtime_options(common, {config.string()}, true));
   LoadedRun run = load_run(runtime, target, /*merge_lora=*/true, choice);
+  // A LoRA run with a quantized base (lora.base_dtype): the adapters apply in the products.
+  std::optional<LinearAdaptersScope> adapters;
+  if (run.lora && run.lora->base_stored()) adapters.emplace(&run.lora->table());
   // Which weights, where there was a choice (stderr: stdout is the text).
   if (run.weights.has_average) std::cerr << "loom generate: " << run.weights.description << "\n";
 

@@ -21,11 +21,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "../core/reference_support.hpp"
@@ -513,6 +515,16 @@ trainer: {num_train_steps: 1, train_batch_size: 2, max_eval_batches: 0, sample_l
   EXPECT_TRUE(fs::exists(dir.path() / "out" / "model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(dir.path() / "out" / "config.json"));
 
+  // --dtype bf16: every tensor BF16, half the bytes, config.json's torch_dtype bfloat16.
+  r = test::run_command(
+      {LOOM_BINARY, "export", run, "--format", "hf", (dir.path() / "out-bf16").string(), "--dtype", "bf16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    const st::Reader bf16(dir.path() / "out-bf16" / "model.safetensors");
+    for (const auto& t : bf16.tensors()) EXPECT_EQ(t.stored_dtype, "BF16") << t.name;
+    EXPECT_EQ(read_json(dir.path() / "out-bf16" / "config.json")["torch_dtype"], "bfloat16");
+  }
+
   // A step-N checkpoint directory is the same thing as a run directory.
   fs::create_directories(dir.path() / "run" / "checkpoints" / "step-1");
   for (const char* file : {"config.yaml", "model.safetensors"})
@@ -528,6 +540,7 @@ trainer: {num_train_steps: 1, train_batch_size: 2, max_eval_batches: 0, sample_l
       {{"export", run, "--format", "onnx", (dir.path() / "x").string()}, "--format onnx is not a format"},
       {{"export", run, "--format", "hf", (dir.path() / "out").string()}, "is not empty"},
       {{"export", run, (dir.path() / "y").string(), "--max-shard-size", "5 GB"}, "is not a size"},
+      {{"export", run, (dir.path() / "y").string(), "--dtype", "f16"}, "--dtype f16 is not a dtype loom exports"},
       {{"export", (dir.path() / "nothing").string(), (dir.path() / "z").string()}, "does not exist"},
       {{"export", dir.path().string(), (dir.path() / "z").string()}, "is not a loom run or checkpoint"}};
   for (const auto& [args, message] : errors) {
@@ -756,11 +769,63 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
       if (name == "gpt2_trained") tokenizer_ = run.tokenizer;
       exports_[name] = {run.model, name == "gpt2_trained" ? "GPT2LMHeadModel" : "LlamaForCausalLM"};
     }
+    export_qlora();
+  }
+
+  // QLoRA: a LoRA run over the trained llama with its base in nf4, exported merged
+  // (`loom export --merge-lora`) in f32 and in bf16 (--dtype bf16). The f32 export is compared with
+  // the model the run trained (its nf4 base with the adapters, LinearAdaptersScope); the bf16 one
+  // with the same files read back by loom.
+  static void export_qlora() {
+    const auto config = work_->write("llama_qlora.yaml", "model: " + std::string(llama_gqa) + R"(
+tokenizer: byte
+data: {type: synthetic, num_documents: 100}
+optimizer: {type: adamw, learning_rate: 1.0e-2}
+lr_schedule: constant
+lora: {rank: 4, base_dtype: nf4}
+trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_length: 0, trackers: [],
+          peak_flops: 1.0e9}
+)");
+    RuntimeOptions options;
+    options.config = config;
+    options.plugin_paths = {LOOM_PLUGIN_DIR};
+    options.default_plugin_path = false;
+    options.overrides = {"trainer.run_dir=" + (work_->path() / "llama_qlora").string(),
+                         "trainer.init_from=" + (work_->path() / "llama_trained").string()};
+    {
+      Runtime runtime(options);
+      std::ostringstream log;
+      TrainOptions train_options;
+      train_options.out = &log;
+      train(runtime, train_options);
+    }
+    for (const std::string dtype : {"f32", "bf16"}) {
+      const std::string name = "llama_qlora_merged_" + dtype;
+      const auto r =
+          test::run_command({LOOM_BINARY, "export", (work_->path() / "llama_qlora").string(), "--format", "hf",
+                             (work_->path() / "export" / name).string(), "--merge-lora", "--dtype", dtype});
+      export_output_[name] = r.out + r.err;
+    }
+    RuntimeOptions reload;
+    reload.config = work_->path() / "llama_qlora" / "config.yaml";
+    reload.plugin_paths = {LOOM_PLUGIN_DIR};
+    reload.default_plugin_path = false;
+    runtimes_.push_back(std::make_unique<Runtime>(reload));
+    LoadedRun run = load_run(*runtimes_.back(), work_->path() / "llama_qlora");
+    adapters_["llama_qlora_merged_f32"] = run.lora;
+    exports_["llama_qlora_merged_f32"] = {run.model, "LlamaForCausalLM"};
+    const fs::path bf16 = work_->path() / "export" / "llama_qlora_merged_bf16";
+    if (fs::exists(bf16 / "config.json")) {
+      auto model = models_->make(yaml(llama_gqa), 1);
+      import_hf(*model, bf16);
+      exports_["llama_qlora_merged_bf16"] = {model, "LlamaForCausalLM"};
+    }
   }
 
   static void TearDownTestSuite() {
     std::cout << summary_.str();
     exports_.clear();
+    adapters_.clear();
     tokenizer_.reset();
     runtimes_.clear();
     models_.reset();
@@ -790,6 +855,8 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
     EXPECT_TRUE(report["unexpected"].empty()) << report.dump();
     EXPECT_TRUE(report["mismatched"].empty()) << report.dump();
     const st::Reader reader(results / (name + ".safetensors"));
+    std::optional<LinearAdaptersScope> scope;
+    if (const auto it = adapters_.find(name); it != adapters_.end()) scope.emplace(&it->second->table());
     const double error =
         relative_error(models_->logits(*exports_[name].model, reader.read("tokens")), reader.read("logits"));
     EXPECT_LE(error, tolerance);
@@ -810,6 +877,8 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
 
   static inline std::string skip_reason_, python_output_;
   static inline bool python_ok_ = false, gpt2_bpe_ = false;
+  // The adapters of a model in exports_ whose base is stored (its logits need them in scope).
+  static inline std::map<std::string, std::shared_ptr<LoraAdapters>> adapters_;
   static inline std::unique_ptr<test::TempDir> work_;
   static inline std::unique_ptr<Models> models_;
   static inline std::vector<std::unique_ptr<Runtime>> runtimes_;
@@ -843,6 +912,18 @@ TEST_F(HfTransformers, ExportTrainedLlamaInShards) {
   EXPECT_TRUE(fs::exists(work_->path() / "export" / "llama_trained" / "model.safetensors.index.json"));
   EXPECT_NE(export_output_["llama_trained"].find("shards"), std::string::npos) << export_output_["llama_trained"];
   check_export("llama_trained", "LlamaForCausalLM");
+}
+
+// issue 22: the merged model of a LoRA run with an nf4 base (the dequantized base plus the
+// adapters), in f32 and in bf16 files that transformers loads.
+TEST_F(HfTransformers, ExportQloraRunMerged) {
+  const fs::path dir = work_->path() / "export" / "llama_qlora_merged_bf16";
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors")) << export_output_["llama_qlora_merged_bf16"];
+  EXPECT_EQ(read_json(dir / "config.json")["torch_dtype"], "bfloat16");
+  const st::Reader reader(dir / "model.safetensors");
+  for (const auto& t : reader.tensors()) EXPECT_EQ(t.stored_dtype, "BF16") << t.name;
+  check_export("llama_qlora_merged_bf16", "LlamaForCausalLM");
+  check_export("llama_qlora_merged_f32", "LlamaForCausalLM");
 }
 
 TEST_F(HfTransformers, ExportMistralSlidingWindow) {

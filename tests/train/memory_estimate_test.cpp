@@ -116,6 +116,11 @@ TEST(MemoryEstimate, AQuantizedBaseCountsInItsStoredBits) {
               std::string::npos)
         << e.describe();
   }
+  // From a Hugging Face directory the base goes straight into its format: no float32 peak.
+  in.base_streams = true;
+  EXPECT_EQ(estimate_memory(in).loading, 0);
+  EXPECT_EQ(estimate_memory(in).describe().find("loading peak"), std::string::npos);
+  in.base_streams = false;
   in.lora_rank = 0;  // full training stores nothing
   EXPECT_EQ(estimate_memory(in).parameters, 400000);
 }

@@ -198,8 +198,19 @@ LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& s
   // observed. The loss shows the weights inside the model (the default targets); the logits also
   // the output head (an untied lm_head), which the loss multiplies in its fused cross-entropy.
   // The values are zeros (the model may not be initialised yet): only the calls matter.
+  // A weight that is zero already (as a model's fresh buffer is) is only read: its pages stay
+  // unallocated for a weight that will be stored in fewer bits (lora.base_dtype).
   const std::vector<ModelParameter> params = model.parameters();
-  for (const auto& p : params) p.parameter->data().copy_from(Tensor::zeros(p.parameter->shape()));
+  for (const auto& p : params) {
+    const Tensor value = p.parameter->data();
+    if (!value.is_host_visible() || !value.is_contiguous()) {
+      value.copy_from(Tensor::zeros(value.shape(), DType::f32, value.device()));
+      continue;
+    }
+    const float* v = value.data<float>();
+    const std::int64_t n = value.numel();
+    if (std::any_of(v, v + n, [](float x) { return x != 0.0f; })) std::fill_n(value.data<float>(), n, 0.0f);
+  }
   std::map<const Parameter*, bool> layout;  // weight -> [in, out]
   std::set<const Parameter*> in_loss;
   {
@@ -447,6 +458,7 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
                 static_cast<blasint>(ldw));
   };
   for (const auto& e : entries_) {
+    if (e->weight->stored()) continue;
     const float* a = e->a->data().device_data<float>();
     const float* b = e->b->data().device_data<float>();
     float* w = e->weight->data().device_data<float>();
@@ -457,13 +469,42 @@ void LoraAdapters::merge_into_weights(Backend& backend) {
   }
 }
 
+bool LoraAdapters::stores(const Parameter* p) const {
+  return settings_.base_dtype != quant::StorageFormat::f32 && !p->requires_grad() &&
+         std::find(storable_.begin(), storable_.end(), p) != storable_.end();
+}
+
+void LoraAdapters::add_merged_rows(const Parameter& weight, std::int64_t row_begin, std::int64_t row_end,
+                                   float* out) const {
+  const float scale = settings_.scale();
+  const auto r = static_cast<blasint>(settings_.rank);
+  for (const auto& e : entries_) {
+    if (e->weight != &weight) continue;
+    const Tensor at = e->a->data().to(Device::host()), bt = e->b->data().to(Device::host());
+    const float* a = at.data<float>();
+    const float* b = bt.data<float>();
+    if (e->weight_in_out) {
+      // Rows are input features: out[i - row_begin, o] += scale * sum_k A[k, i] B[o, k].
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, static_cast<blasint>(row_end - row_begin),
+                  static_cast<blasint>(e->out), r, scale, a + row_begin, static_cast<blasint>(e->in), b, r, 1.0f, out,
+                  static_cast<blasint>(e->out));
+      continue;
+    }
+    // Rows are output features; the adapter covers [rows_begin, rows_end) of them.
+    const std::int64_t begin = std::max(row_begin, e->rows_begin), end = std::min(row_end, e->rows_end);
+    if (end <= begin) continue;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(end - begin),
+                static_cast<blasint>(e->in), r, scale, b + (begin - e->rows_begin) * settings_.rank, r, a,
+                static_cast<blasint>(e->in), 1.0f, out + (begin - row_begin) * e->in, static_cast<blasint>(e->in));
+  }
+}
+
 std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
   std::int64_t stored_bytes = 0, f32_bytes = 0;
   if (settings_.base_dtype == quant::StorageFormat::f32) return {0, 0};
   std::vector<Parameter*> chosen;
   for (Parameter* p : storable_)
     if (!p->requires_grad() && !p->stored()) chosen.push_back(p);
-  std::vector<std::int64_t> bytes(chosen.size());
   // One weight per task (the codecs are scalar and thread-safe), each float32 value given back as
   // soon as its weight is stored: the peak is the float32 model plus the weights in flight.
   default_execution_context().parallel_for(
@@ -474,15 +515,16 @@ std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
           auto m = std::make_shared<quant::StoredMatrix>(
               quant::store(std::span<const float>(value.data<float>(), static_cast<std::size_t>(value.numel())),
                            value.size(0), value.size(1), settings_.base_dtype, p.name()));
-          bytes[static_cast<std::size_t>(i)] = m->storage_bytes();
           p.set_stored(std::move(m));
         }
       });
-  for (std::size_t i = 0; i < chosen.size(); ++i) {
-    stored_bytes += bytes[i];
-    f32_bytes += chosen[i]->shape().numel() * std::int64_t{4};
-  }
-  base_stored_ = base_stored_ || !chosen.empty();
+  // Every stored weight: these, and those trainer.init_from read straight into the format.
+  for (Parameter* p : storable_)
+    if (p->stored()) {
+      stored_bytes += p->stored()->storage_bytes();
+      f32_bytes += p->shape().numel() * std::int64_t{4};
+    }
+  base_stored_ = base_stored_ || stored_bytes > 0;
   return {stored_bytes, f32_bytes};
 }
 
@@ -534,12 +576,26 @@ std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, co
   auto adapters = std::make_shared<LoraAdapters>(model, backend, settings);
   const Value* trainer = run_config.find("trainer");
   const Options o(trainer ? *trainer : Value::map(), "trainer");
-  model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
-  if (const std::string from = o.get<std::string>("init_from"); !from.empty())
+  const std::string from = o.get<std::string>("init_from");
+  // The base as the run stored it (lora.base_dtype), as run_setup loads it: frozen, then read
+  // straight into the format from a Hugging Face directory, or initialised, read and stored.
+  const bool stored = settings.base_dtype != quant::StorageFormat::f32;
+  if (stored) select_trainable(model.parameters(), {}, {}, /*lora=*/true);
+  StoredWeights straight;
+  const bool streams = stored && !from.empty() && !hf_source_dir(from).empty();
+  if (streams) {
+    straight.format = settings.base_dtype;
+    straight.stores = [&adapters](const Parameter* p) { return adapters->stores(p); };
+  } else {
+    model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
+  }
+  if (!from.empty())
     with_context("while loading the base weights (trainer.init_from '" + from + "')", [&] {
       load_initial_weights(model, from,
-                           parse_weights_choice(o.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+                           parse_weights_choice(o.get<std::string>("init_from_weights"), "trainer.init_from_weights"),
+                           streams ? &straight : nullptr);
     });
+  if (stored) adapters->store_base();
   with_context("while loading the adapters from " + files.weights.string(), [&] {
     adapters->load(model, files.weights);
     // A checkpoint's average of the adapters, in loom's names, over what it read.

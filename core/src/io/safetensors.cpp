@@ -2,6 +2,7 @@
 #include "loom/safetensors.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -374,6 +375,15 @@ void Reader::read_elements_into(const std::string& name, std::int64_t begin, std
   if (end > begin)
     convert_into(mapping_->data(t) + static_cast<std::size_t>(begin) * element, t.stored_dtype, destination,
                  static_cast<std::size_t>(end - begin));
+}
+
+void Reader::release(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(mapping_->data(t));
+  const std::uintptr_t first = (begin + page - 1) / page * page;
+  const std::uintptr_t last = (begin + (t.end - t.begin)) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 // ---- Writer ----

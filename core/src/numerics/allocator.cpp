@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -31,6 +32,9 @@ constexpr std::size_t classes_per_octave_log2 = 5;  // 32 classes per power of t
 struct Block final : Storage {
   std::size_t size_class = 0;
   Block* next_free = nullptr;
+  // A huge block is its own anonymous mapping (zero when fresh): [mapping, mapping + mapped).
+  void* mapping = nullptr;
+  std::size_t mapped = 0;
 };
 
 // The smallest class >= bytes: multiples of 64 bytes up to 2 KiB, then 32 classes per power of
@@ -47,7 +51,7 @@ class CachingAllocator final : public BufferType {
  public:
   Device device() const override { return Device::host(); }
   bool host_visible() const override { return true; }
-  Storage* allocate(std::size_t bytes) override { return allocate_block(bytes); }
+  Storage* allocate(std::size_t bytes) override { return allocate_block(bytes, false); }
   void release(Storage* storage) noexcept override { release_block(static_cast<Block*>(storage)); }
   void copy_to_host(void* host, const Storage& src, std::size_t offset, std::size_t bytes) override {
     if (bytes) std::memcpy(host, src.data + offset, bytes);
@@ -63,7 +67,7 @@ class CachingAllocator final : public BufferType {
     if (bytes) std::memset(dst.data + offset, 0, bytes);
   }
 
-  Block* allocate_block(std::size_t bytes) {
+  Block* allocate_block(std::size_t bytes, bool zeroed) {
     const std::size_t cls = size_class(bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -76,28 +80,49 @@ class CachingAllocator final : public BufferType {
         stats_.bytes_cached -= cls;
         note_in_use(cls);
         b->refs.store(1, std::memory_order_relaxed);
+        if (zeroed && bytes) std::memset(b->data, 0, bytes);
         return b;
       }
       ++stats_.system_allocations;
       note_in_use(cls);
     }
-    // The system allocation happens outside the lock.
+    // The system allocation happens outside the lock. A huge block is an anonymous mapping of its
+    // own, aligned to a huge page: fresh, it reads zero without a page of it being allocated, and
+    // it is not charged against the commit limit (MAP_NORESERVE): a model larger than memory whose
+    // frozen weights go straight into fewer bits (lora.base_dtype) never writes its float32
+    // buffer. What is written must fit: the start-up memory estimate refuses a run that would not.
     const bool huge = cls >= huge_threshold;
-    const std::size_t alignment = huge ? huge_alignment : small_alignment;
-    const std::size_t rounded = (cls + alignment - 1) / alignment * alignment;
-    void* data = std::aligned_alloc(alignment, rounded);
+    void* data = nullptr;
+    void* mapping = nullptr;
+    std::size_t mapped = 0;
+    if (huge) {
+      const std::size_t rounded = (cls + huge_alignment - 1) / huge_alignment * huge_alignment;
+      mapped = rounded + huge_alignment;
+      mapping = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (mapping == MAP_FAILED) {
+        mapping = nullptr;
+      } else {
+        const auto base = reinterpret_cast<std::uintptr_t>(mapping);
+        data = reinterpret_cast<void*>((base + huge_alignment - 1) / huge_alignment * huge_alignment);
+        ::madvise(data, rounded, MADV_HUGEPAGE);
+      }
+    } else {
+      data = std::aligned_alloc(small_alignment, (cls + small_alignment - 1) / small_alignment * small_alignment);
+      if (data && zeroed && bytes) std::memset(data, 0, bytes);
+    }
     if (!data) {
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.bytes_in_use -= cls;
       throw std::bad_alloc();
     }
-    if (huge) ::madvise(data, rounded, MADV_HUGEPAGE);
     auto* b = new Block;
     b->data = static_cast<std::byte*>(data);
     b->bytes = cls;
     b->size_class = cls;
     b->type = this;
     b->host_visible = true;
+    b->mapping = mapping;
+    b->mapped = mapped;
     b->refs.store(1, std::memory_order_relaxed);
     return b;
   }
@@ -133,7 +158,10 @@ class CachingAllocator final : public BufferType {
     for (auto& [cls, head] : victims) {
       while (head) {
         Block* next = head->next_free;
-        std::free(head->data);
+        if (head->mapping)
+          ::munmap(head->mapping, head->mapped);
+        else
+          std::free(head->data);
         delete head;
         head = next;
       }
@@ -179,8 +207,8 @@ BufferTypeTable& buffer_types() {
 
 }  // namespace
 
-Storage* allocate_storage(std::size_t bytes) {
-  return allocator().allocate_block(bytes);
+Storage* allocate_storage(std::size_t bytes, bool zeroed) {
+  return allocator().allocate_block(bytes, zeroed);
 }
 
 }  // namespace detail

@@ -120,8 +120,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw_data(), 0, static_cast<std::size_t>(t.numel()) * dtype_size(dtype));
+  check_resolved(shape);
+  Tensor t;
+  t.storage_ = detail::allocate_storage(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), /*zeroed=*/true);
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
   return t;
 }
 

@@ -596,40 +596,65 @@ class LlamaModel final : public loom::models::TransformerLm {
     Tensor h = ops.embedding(embed_->tensor(), tokens);
     Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      std::tie(h, x) = loom::models::run_layer(
-          ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
-            const Layer& y = layers_[l];
-            // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
-            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias))
-                                   .view(Shape{batch, seq, heads + 2 * kv_heads, d});
-            Tensor q = qkv.slice(2, 0, heads);
-            Tensor k = qkv.slice(2, heads, heads + kv_heads);
-            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-            if (o_.use_qk_norm) {
-              q = ops.rms_norm(q, y.q_norm->tensor(), eps);
-              k = ops.rms_norm(k, y.k_norm->tensor(), eps);
-            }
-            q = ops.rope(q, *rope_, Tensor(), offset);
-            k = ops.rope(k, *rope_, Tensor(), offset);
-            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-            loom::AttentionParams layer_params = params;
-            layer_params.window = window_of(static_cast<std::int64_t>(l));
-            const Tensor a =
-                ops.attention(*kernel_, q, k, v, layer_params, segments, segments).view(Shape{batch, seq, heads * d});
-            const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
-            std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
-            Tensor mlp_out;
-            if (y.router) {
-              mlp_out = moe_block(ops, y, x);
-            } else {
-              const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
-              const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
-              mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
-            }
-            // The residual add fused with the next norm: the next layer's input norm, or the final one.
-            const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
-            return ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
-          });
+      const loom::models::LayerBody body = [=, this](Ops& ops, Tensor h, Tensor x) {
+        const Layer& y = layers_[l];
+        // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
+        const Tensor qkv =
+            ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias)).view(Shape{batch, seq, heads + 2 * kv_heads, d});
+        Tensor q = qkv.slice(2, 0, heads);
+        Tensor k = qkv.slice(2, heads, heads + kv_heads);
+        Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+        if (o_.use_qk_norm) {
+          q = ops.rms_norm(q, y.q_norm->tensor(), eps);
+          k = ops.rms_norm(k, y.k_norm->tensor(), eps);
+        }
+        q = ops.rope(q, *rope_, Tensor(), offset);
+        k = ops.rope(k, *rope_, Tensor(), offset);
+        if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
+        loom::AttentionParams layer_params = params;
+        layer_params.window = window_of(static_cast<std::int64_t>(l));
+        const Tensor a =
+            ops.attention(*kernel_, q, k, v, layer_params, segments, segments).view(Shape{batch, seq, heads * d});
+        const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
+        std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
+        Tensor mlp_out;
+        if (y.router) {
+          mlp_out = moe_block(ops, y, x);
+        } else {
+          const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
+          const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
+          mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
+        }
+        // The residual add fused with the next norm: the next layer's input norm, or the final one.
+        const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
+        return ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
+      };
+      const loom::RematPolicy policy = cache ? loom::RematPolicy::none : o_.remat;
+      if (policy == loom::RematPolicy::none || !layers_[l].router) {
+        std::tie(h, x) = loom::models::run_layer(ops, policy, h, x, body);
+        continue;
+      }
+      // A mixture-of-experts layer under remat: the router's logits are an output of the
+      // checkpointed segment, so that the auxiliary losses (computed after every layer, from
+      // routers_) reach the router through the recomputation. The segment's record keeps the
+      // host-side choices; its logits and probabilities are replaced by the recorded output. A
+      // recomputation in the backward pass makes the same choices and leaves no record.
+      const Tensor inputs[2] = {h, x};
+      auto first_run = std::make_shared<bool>(true);
+      const auto out = ops.checkpoint(
+          inputs,
+          [body, first_run, this](Ops& o, std::span<const Tensor> in) {
+            auto [h2, x2] = body(o, in[0], in[1]);
+            Tensor logits = routers_.back().logits;
+            if (!*first_run) routers_.pop_back();
+            *first_run = false;
+            return std::vector<Tensor>{std::move(h2), std::move(x2), std::move(logits)};
+          },
+          policy);
+      h = out[0];
+      x = out[1];
+      routers_.back().logits = out[2];
+      routers_.back().probs = ops.softmax(out[2]);
     }
     if (cache) cache->advance(seq);
     return x;
@@ -820,9 +845,6 @@ LlamaOptions read_options(const loom::Options& options) {
   o.moe.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
   o.moe.z_loss_coef = moe.get<double>("router_z_loss_coef");
   o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
-  if (o.moe.num_experts > 0 && o.remat != loom::RematPolicy::none)
-    throw loom::UserError(at + ".remat with " + at +
-                          ".moe: the routers' auxiliary losses need the recorded router outputs; set remat: none");
   if (o.moe.num_experts > 0) {
     if (o.moe.experts_per_token > o.moe.num_experts)
       throw loom::UserError(at + ".moe.experts_per_token (" + std::to_string(o.moe.experts_per_token) +

@@ -83,6 +83,10 @@ class Reader {
   // BF16 and F16 data; else the stored dtype).
   void read_elements_into(const std::string& name, std::int64_t begin, std::int64_t end,
                           const Tensor& destination) const;
+  // Gives back the mapped pages that lie wholly inside tensor `name`'s bytes (they stay in the
+  // page cache, out of the process's resident memory): a reader of a model larger than memory
+  // calls it once a tensor is read. A later read maps them again.
+  void release(const std::string& name) const;
 
  private:
   struct Mapping;

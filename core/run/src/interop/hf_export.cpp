@@ -70,6 +70,21 @@ std::vector<std::pair<std::string, Tensor>> layout_tensors(const HfTensorLayout&
   return out;
 }
 
+// A float32 tensor (any strides) rounded to bf16, to nearest even (NaN stays NaN).
+Tensor to_bf16(const Tensor& t) {
+  const Tensor f = t.is_contiguous() && t.is_host_visible() ? t : t.clone().to(Device::host());
+  Tensor out = Tensor::empty(t.shape(), DType::bf16);
+  const auto* in = static_cast<const std::uint32_t*>(f.raw_data());
+  auto* o = static_cast<std::uint16_t*>(out.raw_data());
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const std::uint32_t bits = in[i];
+    o[i] = (bits & 0x7fffffffu) > 0x7f800000u
+               ? static_cast<std::uint16_t>((bits >> 16) | 0x40u)
+               : static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::uint64_t parse_byte_size(std::string_view text, std::string_view what) {
@@ -128,7 +143,7 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
   std::vector<std::vector<std::size_t>> shards(1);
   std::uint64_t shard_bytes = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto bytes = static_cast<std::uint64_t>(tensors[i].second.numel()) * dtype_size(tensors[i].second.dtype());
+    const auto bytes = static_cast<std::uint64_t>(tensors[i].second.numel()) * dtype_size(options.dtype);
     if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
@@ -138,8 +153,30 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
     result.weight_bytes += bytes;
   }
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  // bf16: each shard's tensors rounded (to nearest even) as it is written, so an export holds one
+  // shard in bf16 besides the model.
+  // A weight stored in fewer bits (lora.base_dtype) has no float32 value: its rows are dequantized
+  // (plus options.add_to_stored) a tensor at a time, as its shard is written.
+  std::map<std::string, std::pair<const Parameter*, std::int64_t>> stored_rows;  // name -> parameter, first row
+  for (const auto& t : hf->hf_tensors().tensors)
+    for (const auto& p : model.parameters())
+      if (p.parameter->name() == t.parameter && p.parameter->stored()) stored_rows[t.name] = {p.parameter, t.begin};
+  auto in_dtype = [&](std::vector<std::pair<std::string, Tensor>> part) {
+    for (auto& [name, t] : part) {
+      if (const auto it = stored_rows.find(name); it != stored_rows.end()) {
+        const auto [p, first] = it->second;
+        const std::int64_t rows = t.size(0), cols = t.size(1);
+        Tensor value = Tensor::empty(t.shape(), DType::f32);
+        quant::dequantize(*p->stored(), first, rows, 0, cols, value.data<float>(), cols);
+        if (options.add_to_stored) options.add_to_stored(*p, first, first + rows, value.data<float>());
+        t = value;
+      }
+      if (options.dtype == DType::bf16) t = to_bf16(t);
+    }
+    return part;
+  };
   if (shards.size() == 1) {
-    safetensors::save(out_dir / "model.safetensors", tensors, metadata);
+    safetensors::save(out_dir / "model.safetensors", in_dtype(tensors), metadata);
     result.files.push_back("model.safetensors");
   } else {
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -151,7 +188,7 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
         part.push_back(tensors[i]);
         sorted[tensors[i].first] = file;
       }
-      safetensors::save(out_dir / file, part, metadata);
+      safetensors::save(out_dir / file, in_dtype(std::move(part)), metadata);
       result.files.push_back(file);
     }
     for (const auto& [name, file] : sorted) weight_map[name] = file;
@@ -174,7 +211,7 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
     if (!json.contains("bos_token_id")) json["bos_token_id"] = *tokenizer->end_of_text();
     if (!json.contains("eos_token_id")) json["eos_token_id"] = *tokenizer->end_of_text();
   }
-  json["torch_dtype"] = "float32";
+  json["torch_dtype"] = options.dtype == DType::bf16 ? "bfloat16" : "float32";
   write_text(out_dir / "config.json", json.dump(2) + "\n");
   result.files.push_back("config.json");
   return result;

@@ -9,6 +9,7 @@
 
 #include "json_value.hpp"
 #include "loom/error.hpp"
+#include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
 #include "loom/run/hf_interop.hpp"
 #include "loom/safetensors.hpp"
@@ -117,7 +118,7 @@ bool is_hf_model_dir(const fs::path& dir) {
   return fs::is_directory(dir, ec) && fs::exists(dir / "config.json", ec);
 }
 
-std::vector<std::string> import_hf(Model& model, const fs::path& dir) {
+std::vector<std::string> import_hf(Model& model, const fs::path& dir, const StoredWeights* stored) {
   auto* hf = dynamic_cast<HfModel*>(&model);
   if (!hf)
     throw UserError(
@@ -153,6 +154,8 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir) {
     std::size_t reader;
     std::string name;  // in the file
     Tensor destination;
+    Parameter* parameter;
+    std::int64_t begin, end;  // the parameter's rows it fills
   };
   std::vector<Copy> copies;
   std::vector<std::string> missing, mismatched, unexpected, ignored;
@@ -178,7 +181,7 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir) {
                            ", the model needs F32, BF16 or F16 " + destination.shape().str());
       continue;
     }
-    copies.push_back({where[found], found, destination});
+    copies.push_back({where[found], found, destination, param->second, t.begin, t.end});
   }
   for (const auto& [name, reader] : where) {
     if (used.count(name)) continue;
@@ -191,7 +194,53 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir) {
     if (!unexpected.empty()) message += "\n  not used by the model: " + grouped(unexpected);
     throw UserError(message);
   }
-  for (const auto& c : copies) readers[c.reader].read_into(c.name, c.destination);
+  if (!stored || stored->format == quant::StorageFormat::f32) {
+    for (const auto& c : copies) readers[c.reader].read_into(c.name, c.destination);
+  } else {
+    // The weights to store go straight from the mapped files into their format, a parameter at a
+    // time per thread (one tensor as the file has it, or a fused one assembled in float32), and
+    // the files' pages are given back once read: the float32 value of a stored weight is never
+    // written, so its pages are never allocated.
+    std::map<Parameter*, std::vector<const Copy*>> parts;
+    std::vector<Parameter*> to_store;
+    for (const auto& c : copies) {
+      if (!stored->stores(c.parameter)) {
+        readers[c.reader].read_into(c.name, c.destination);
+        readers[c.reader].release(c.name);
+        continue;
+      }
+      auto& list = parts[c.parameter];
+      if (list.empty()) to_store.push_back(c.parameter);
+      list.push_back(&c);
+    }
+    default_execution_context().parallel_for(
+        static_cast<std::int64_t>(to_store.size()), 1, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t i = b; i < e; ++i) {
+            Parameter& p = *to_store[static_cast<std::size_t>(i)];
+            const auto& list = parts.at(&p);
+            const std::int64_t rows = p.shape()[0], cols = p.shape()[1];
+            quant::StoredMatrix m;
+            const Copy& first = *list.front();
+            if (list.size() == 1 && first.begin == 0 && first.end == rows) {
+              const Tensor t = readers[first.reader].read(first.name);  // bf16 or f32 (f16 widened)
+              m = t.dtype() == DType::bf16
+                      ? quant::store_bf16(
+                            std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(t.raw_data()),
+                                                           static_cast<std::size_t>(t.numel())),
+                            rows, cols, stored->format, p.name())
+                      : quant::store(std::span<const float>(t.data<float>(), static_cast<std::size_t>(t.numel())), rows,
+                                     cols, stored->format, p.name());
+            } else {
+              const Tensor whole = Tensor::empty(p.shape(), DType::f32);
+              for (const Copy* c : list) readers[c->reader].read_into(c->name, whole.slice(0, c->begin, c->end));
+              m = quant::store(std::span<const float>(whole.data<float>(), static_cast<std::size_t>(whole.numel())),
+                               rows, cols, stored->format, p.name());
+            }
+            for (const Copy* c : list) readers[c->reader].release(c->name);
+            p.set_stored(std::make_shared<const quant::StoredMatrix>(std::move(m)));
+          }
+        });
+  }
 
   std::vector<std::string> notes;
   const Value* type = config.find("model_type");

@@ -157,17 +157,25 @@ RunFiles resolve_run_or_checkpoint(const fs::path& path, WeightsChoice choice) {
   return choose_weights(dir, dir / "model.safetensors", choice);
 }
 
-std::vector<std::string> load_initial_weights(Model& model, const fs::path& source, WeightsChoice choice) {
+fs::path hf_source_dir(const fs::path& source) {
+  std::error_code ec;
+  if (is_hf_model_dir(source)) return source;
+  // A Hugging Face directory's weights file: the directory is what describes it.
+  const fs::path parent = source.parent_path().empty() ? fs::path(".") : source.parent_path();
+  if (fs::exists(source, ec) && !fs::is_directory(source, ec) && is_hf_model_dir(parent) &&
+      !fs::exists(parent / "config.yaml", ec))
+    return parent;
+  return {};
+}
+
+std::vector<std::string> load_initial_weights(Model& model, const fs::path& source, WeightsChoice choice,
+                                              const StoredWeights* stored) {
   std::error_code ec;
   if (!fs::exists(source, ec))
     throw UserError("'" + source.string() +
                     "' does not exist (relative paths are relative to the current directory); give a Hugging Face "
                     "model directory, a loom run or checkpoint directory, or a model.safetensors");
-  if (is_hf_model_dir(source)) return import_hf(model, source);
-  // A Hugging Face directory's weights file: the directory is what describes it.
-  const fs::path parent = source.parent_path().empty() ? fs::path(".") : source.parent_path();
-  if (!fs::is_directory(source, ec) && is_hf_model_dir(parent) && !fs::exists(parent / "config.yaml", ec))
-    return import_hf(model, parent);
+  if (const fs::path hf = hf_source_dir(source); !hf.empty()) return import_hf(model, hf, stored);
 
   const RunFiles files = resolve_run_or_checkpoint(source, choice);
   const std::vector<ModelParameter> parameters = model.parameters();

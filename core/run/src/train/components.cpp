@@ -67,6 +67,7 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.model = probe->memory(in.micro_batch, in.seq_len);
   in.lora_rank = lora_settings(config).rank;
   in.base_format = lora_settings(config).base_dtype;
+  in.base_streams = !hf_source_dir(trainer.get<std::string>("init_from")).empty();
   in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
@@ -127,13 +128,26 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
                                                bool init_from, const std::function<bool(const Parameter*)>& optimizes,
                                                const std::function<void()>& shard) {
-  c.model->initialize(seed);
+  const std::string from = init_from ? trainer.get<std::string>("init_from") : std::string();
+  // QLoRA from a Hugging Face directory: its weights go straight into lora.base_dtype. The
+  // directory holds every parameter (import_hf refuses one that does not), so the model's own
+  // initialisation, which would write every float32 value, is skipped.
+  StoredWeights stored;
+  const bool streams = c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32 && !from.empty() &&
+                       !hf_source_dir(from).empty();
+  if (streams) {
+    stored.format = c.lora->settings().base_dtype;
+    stored.stores = [&c](const Parameter* p) { return c.lora->stores(p); };
+  } else {
+    c.model->initialize(seed);
+  }
   std::vector<std::string> notes;
-  if (const std::string from = trainer.get<std::string>("init_from"); init_from && !from.empty())
+  if (!from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'", [&] {
       return load_initial_weights(
           *c.model, from,
-          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"),
+          streams ? &stored : nullptr);
     });
   if (c.lora) c.lora->initialize(seed);
   if (c.parameters.empty()) c.parameters = c.model->parameters();

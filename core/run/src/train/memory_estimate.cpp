@@ -59,9 +59,10 @@ std::int64_t MemoryEstimate::total() const {
 std::string MemoryEstimate::describe() const {
   std::ostringstream os;
   os << "memory estimate per rank: " << format_bytes(total()) << " (parameters " << format_bytes(parameters);
-  if (base_format != quant::StorageFormat::f32)
-    os << " with the frozen base in " << quant::storage_format_name(base_format) << ", loading peak "
-       << format_bytes(loading) << " (the float32 base before it is stored)";
+  if (base_format != quant::StorageFormat::f32) {
+    os << " with the frozen base in " << quant::storage_format_name(base_format);
+    if (loading > 0) os << ", loading peak " << format_bytes(loading) << " (the float32 base before it is stored)";
+  }
   if (matmul_copies > 0) os << ", bf16 weight copies " << format_bytes(matmul_copies);
   if (reference > 0) os << ", reference model " << format_bytes(reference);
   os << ", gradients " << format_bytes(gradients) << ", optimizer state " << format_bytes(optimizer_state)
@@ -96,9 +97,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   if (in.lora_rank > 0 && in.base_format != quant::StorageFormat::f32) {
     // Every value counted in the stored format (norms and biases, which stay float32, are a
     // thousandth of a transformer); the products dequantize one panel of at most 8 MiB at a time
-    // instead of keeping bf16 copies. The float32 base exists while it loads.
+    // instead of keeping bf16 copies. The float32 base exists while it loads, unless it is read
+    // from a Hugging Face directory straight into the format.
     e.base_format = in.base_format;
-    e.loading = in.parameter_bytes;
+    e.loading = in.base_streams ? 0 : in.parameter_bytes;
     const double bits = in.base_format == quant::StorageFormat::bf16   ? 16.0
                         : in.base_format == quant::StorageFormat::int8 ? 8.0
                                                                        : 4.127;

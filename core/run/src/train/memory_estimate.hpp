@@ -23,6 +23,9 @@ struct MemoryInputs {
   std::int64_t lora_rank = 0;  // 0: every parameter is trained
   // lora.base_dtype: how the frozen base is stored (under LoRA only; not f32: no bf16 copies).
   quant::StorageFormat base_format = quant::StorageFormat::f32;
+  // trainer.init_from is a Hugging Face directory: a stored base is read straight into its format
+  // (no float32 loading peak).
+  bool base_streams = false;
   double optimizer_bytes_per_parameter = 8;
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
@@ -36,7 +39,8 @@ struct MemoryInputs {
 
 struct MemoryEstimate {
   // loading: the peak while the base is loaded, before it is stored in lora.base_dtype (the
-  // float32 base as it is built, initialised and read from init_from; 0 with a float32 base).
+  // float32 base as it is built, initialised and read from a loom init_from; 0 with a float32
+  // base, and with a Hugging Face init_from, which is read straight into the format).
   std::int64_t loading = 0;
   quant::StorageFormat base_format = quant::StorageFormat::f32;
   std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,

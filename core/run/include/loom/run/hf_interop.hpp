@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@
 
 #include "loom/kinds/model.hpp"
 #include "loom/kinds/tokenizer.hpp"
+#include "loom/quantization.hpp"
 
 namespace loom {
 
@@ -27,6 +29,13 @@ struct HfExportOptions {
   // Shards of at most this many bytes (a tensor larger than it gets a shard of its own); one
   // model.safetensors when everything fits. transformers' save_pretrained default: 5 GB.
   std::uint64_t max_shard_bytes = 5'000'000'000;
+  // The weights' dtype in the files: f32, or bf16 (rounded to nearest even; `loom export --dtype`).
+  DType dtype = DType::f32;
+  // A parameter stored in fewer bits (Parameter::stored(), lora.base_dtype) is written as its
+  // dequantized rows, one tensor at a time; this (when set) adds to rows [begin, end) of such a
+  // weight, row-major float32, before they are written: a LoRA run's adapters
+  // (LoraAdapters::add_merged_rows).
+  std::function<void(const Parameter& weight, std::int64_t begin, std::int64_t end, float* rows)> add_to_stored;
 };
 
 struct HfExportResult {
@@ -46,6 +55,13 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const std::fi
 // "5GB", "200MB", "64KiB", "1000" (bytes): decimal units as transformers' max_shard_size reads
 // them (KB = 1000 bytes), binary ones with an i (KiB = 1024). Throws UserError naming `what`.
 std::uint64_t parse_byte_size(std::string_view text, std::string_view what);
+
+// Frozen weights read straight into a storage format (lora.base_dtype; import_hf).
+struct StoredWeights {
+  quant::StorageFormat format = quant::StorageFormat::f32;
+  // Which parameters (frozen [rows, cols] matrices whose float32 values are never needed).
+  std::function<bool(const Parameter*)> stores;
+};
 
 // Whether `dir` is a Hugging Face model directory (it holds config.json).
 bool is_hf_model_dir(const std::filesystem::path& dir);
@@ -72,7 +88,18 @@ std::optional<std::int64_t> hf_bos_token_id(const std::filesystem::path& dir);
 // otherwise one UserError lists every mismatch, missing tensor and unexpected tensor, and no
 // parameter is changed. Returns note lines: what was read, and the tensors skipped as unused
 // buffers (attn.bias, rotary_emb.inv_freq, a tied lm_head).
-std::vector<std::string> import_hf(Model& model, const std::filesystem::path& dir);
+//
+// With `stored` (lora.base_dtype), the parameters stored->stores names go from the files straight
+// into stored->format (Parameter::set_stored), a tensor at a time per loading thread: their
+// float32 values are never written (their pages are never allocated) and each file's pages are
+// given back once read, so the peak is the stored weights plus, per thread, one tensor as the
+// file holds it (bf16, or f32) or a fused weight (llama's qkv_proj) assembled in float32.
+std::vector<std::string> import_hf(Model& model, const std::filesystem::path& dir,
+                                   const StoredWeights* stored = nullptr);
+
+// The Hugging Face model directory that trainer.init_from's `source` means (itself, or the
+// directory of a weights file in one), or an empty path when it means a loom run or file.
+std::filesystem::path hf_source_dir(const std::filesystem::path& source);
 
 // Which weights of a run trained with trainer.ema_decay: the average of the weights (what its
 // evaluations measured and its final model.safetensors holds; the default of `loom export`,
@@ -115,7 +142,11 @@ void load_run_weights(const RunFiles& files, const std::vector<ModelParameter>& 
 // loom run, checkpoints/ or step-<N>/ directory, or a loom model.safetensors file (names and
 // shapes must match exactly); of a loom run, `choice` picks the weights (trainer.init_from_weights).
 // Returns note lines for the run's log.
+//
+// With `stored`, a Hugging Face source reads those weights straight into their format
+// (import_hf); a loom source ignores it (the caller stores them afterwards).
 std::vector<std::string> load_initial_weights(Model& model, const std::filesystem::path& source,
-                                              WeightsChoice choice = WeightsChoice::ema);
+                                              WeightsChoice choice = WeightsChoice::ema,
+                                              const StoredWeights* stored = nullptr);
 
 }  // namespace loom

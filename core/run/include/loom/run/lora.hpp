@@ -93,9 +93,12 @@ class LoraAdapters {
   // model multiplies whole in a linear layer (adapted or not) and every embedding table
   // (ParameterRole::embedding), once they hold their values (after initialisation and
   // trainer.init_from) and are frozen (select_trainable). Their float32 values are given back
-  // to the system (Parameter::set_stored). Returns the bytes of the stored weights and of the
-  // float32 values they replace.
+  // to the system (Parameter::set_stored). Returns the bytes of every stored weight (these and
+  // those already stored) and of the float32 values they replace.
   std::pair<std::int64_t, std::int64_t> store_base();
+  // Whether store_base stores `p` (frozen, and one of the weights above, with a base_dtype other
+  // than f32): trainer.init_from may read it straight into the format (StoredWeights).
+  bool stores(const Parameter* p) const;
   // Whether store_base stored any weight: then with_merged cannot merge into the base (there is
   // no float32 base to add to) and instead gives every Ops of its body the adapters' table.
   bool base_stored() const { return base_stored_; }
@@ -108,8 +111,14 @@ class LoraAdapters {
   // Reads the adapters from `weights`: a PEFT adapter_model.safetensors, or a file holding
   // loom's names (a checkpoint's model.safetensors).
   void load(Model& model, const std::filesystem::path& weights);
-  // W += alpha / rank * B A (transposed for an [in, out] weight), for every adapted weight.
+  // W += alpha / rank * B A (transposed for an [in, out] weight), for every adapted weight that
+  // is not stored (a stored one has no float32 value to add to: add_merged_rows).
   void merge_into_weights(Backend& backend);
+  // out (rows [row_begin, row_end) of `weight`, row-major float32, the weight's columns wide)
+  // += those rows of alpha / rank * B A (A^T B^T for an [in, out] weight), summed over the
+  // adapters of `weight` (none: unchanged). How an export writes the merged value of a stored
+  // weight a tensor at a time: its dequantized rows plus this.
+  void add_merged_rows(const Parameter& weight, std::int64_t row_begin, std::int64_t row_end, float* out) const;
   // Runs `body` with the adapters merged into the base weights, then puts the base weights back
   // exactly (from copies): evaluation and sampling see the adapted model through any code path.
   // Makes with_merged give its body the adapters' table instead of merging: the base weights are
@@ -154,7 +163,10 @@ struct RunFiles;
 // initialisation from trainer.seed, then trainer.init_from, of which trainer.init_from_weights
 // picks the weights), then the adapters from `files` (a checkpoint's model.safetensors, with its
 // average of them when files.average is set, or the run's adapter_model.safetensors), merged
-// when `merge`.
+// when `merge`. With lora.base_dtype other than f32 the base is stored as the run stored it (read
+// straight into the format from a Hugging Face init_from): the model is the one the run trained
+// and evaluated, and the adapters cannot be merged into it: run it with
+// LinearAdaptersScope(&adapters->table()), and export it with add_merged_rows.
 std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, const Value& run_config,
                                               const RunFiles& files, bool merge);
 
