@@ -83,7 +83,7 @@ int run_eval(const std::vector<std::string>& args) {
           "scores them: multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa,\n"
           "winogrande, mmlu, generic {\"context\", \"choices\", \"label\"}: acc, acc_norm), lambada (last-word\n"
           "accuracy, perplexity) and perplexity of a text (word, byte, token). A Hugging Face directory is\n"
-          "read into the model its config.json describes (gpt2, llama, mistral, qwen2,\n"
+          "read into the model its config.json describes (gpt2, llama, mistral, qwen2, qwen3,\n"
           "mixtral, gemma2), with the tokenizer of its files, or into the one CONFIG describes (docs/evaluation.md).",
           &hidden))
     return 0;

@@ -7,12 +7,15 @@
 // checkpoint.
 //
 // HfTransformers: against the real library (transformers in the Python environment of
-// scripts/setup-python-env.sh). A trained gpt2 and a trained llama (sharded) are exported with
-// `loom export`, and a Mistral-style, a Qwen2-style, a biased llama and an untied gpt2 with
-// export_hf; hf_reference.py loads each with AutoModelForCausalLM.from_pretrained and computes
-// logits. It then saves GPT-2 (as OpenAI's hub file: no prefix, with attn.bias buffers), Llama
-// (sharded, Llama 3 RoPE), Llama (biases, linear RoPE, tied), Mistral (sliding window) and Qwen2
-// models with random weights, which loom reads through trainer.init_from's loader. Logits must
+// scripts/setup-python-env.sh). A trained gpt2, a trained llama (sharded) and a trained Qwen3-style
+// llama (use_qk_norm) are exported with `loom export`, and a Mistral-style, a Qwen2-style, a
+// Qwen3-style, a biased llama and an untied gpt2 with export_hf; hf_reference.py loads each with
+// AutoModelForCausalLM.from_pretrained and computes logits. It then saves GPT-2 (as OpenAI's hub
+// file: no prefix, with attn.bias buffers), Llama (sharded, Llama 3 RoPE), Llama (biases, linear
+// RoPE, tied), Mistral (sliding window), Qwen2 and Qwen3 models with random weights, which loom
+// reads through trainer.init_from's loader. A transformers before 4.51 has no Qwen3: its side is
+// then hf_reference.py's own Qwen3ForCausalLM forward (Qwen3Reference, from transformers 4.51's
+// modeling_qwen3.py), which also checks the tensor names and shapes. Logits must
 // agree to a relative error of 1e-4 both ways:
 //   error(loom, transformers) = max |loom - transformers| / max |transformers|
 // The errors are printed and recorded as test properties.
@@ -135,6 +138,10 @@ const char* mistral_window =
 const char* qwen2_tied =
     "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
     "vocab_size: 300, qkv_bias: true, tie_word_embeddings: true}";
+const char* qwen3_tied =
+    "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 64, num_layers: 2, num_heads: 4, num_kv_heads: 1, "
+    "head_dim: 16, vocab_size: 300, use_qk_norm: true, tie_word_embeddings: true, rope: {theta: 1.0e6}, "
+    "layer_norm_epsilon: 1.0e-6}";
 const char* llama_bias =
     "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 64, num_layers: 2, num_heads: 4, num_kv_heads: 4, "
     "head_dim: 16, vocab_size: 300, use_bias: true, tie_word_embeddings: true, rope: {type: llama3, factor: 4, "
@@ -155,9 +162,9 @@ TEST(HfInterop, ParsesByteSizes) {
 
 TEST(HfInterop, RoundTripIsExactForEveryArchitecture) {
   Models models;
-  const std::map<std::string, std::string> expected_type = {{gpt2_tied, "gpt2"},   {gpt2_untied, "gpt2"},
-                                                            {llama_gqa, "llama"},  {mistral_window, "mistral"},
-                                                            {qwen2_tied, "qwen2"}, {llama_bias, "llama"}};
+  const std::map<std::string, std::string> expected_type = {
+      {gpt2_tied, "gpt2"},   {gpt2_untied, "gpt2"}, {llama_gqa, "llama"}, {mistral_window, "mistral"},
+      {qwen2_tied, "qwen2"}, {llama_bias, "llama"}, {qwen3_tied, "qwen3"}};
   for (const auto& [options, type] : expected_type) {
     SCOPED_TRACE(options);
     test::TempDir dir;
@@ -206,6 +213,21 @@ TEST(HfInterop, ConfigJsonCarriesTheArchitecture) {
   c = read_json(dir.path() / "qwen2" / "config.json");
   EXPECT_EQ(c["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
   EXPECT_FALSE(c.contains("head_dim"));  // Qwen2 derives it
+  // Qwen3: q/k norms, its own head width, no biases; the norms are per-head tensors of their own.
+  export_hf(*models.make(yaml(qwen3_tied), 1), nullptr, dir.path() / "qwen3");
+  c = read_json(dir.path() / "qwen3" / "config.json");
+  EXPECT_EQ(c["architectures"], nlohmann::json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(c["model_type"], "qwen3");
+  EXPECT_EQ(c["head_dim"], 16);
+  EXPECT_EQ(c["attention_bias"], false);
+  EXPECT_EQ(c["use_sliding_window"], false);
+  EXPECT_EQ(c["rope_theta"], 1e6);
+  EXPECT_EQ(c["tie_word_embeddings"], true);
+  const st::Reader qwen3_weights(dir.path() / "qwen3" / "model.safetensors");
+  EXPECT_EQ(qwen3_weights.info("model.layers.1.self_attn.q_norm.weight").shape, (Shape{16}));
+  EXPECT_EQ(qwen3_weights.info("model.layers.1.self_attn.k_norm.weight").shape, (Shape{16}));
+  EXPECT_EQ(qwen3_weights.info("model.layers.1.self_attn.q_proj.weight").shape, (Shape{64, 32}));
+  EXPECT_FALSE(qwen3_weights.contains("lm_head.weight"));
   export_hf(*models.make(yaml(gpt2_untied), 1), nullptr, dir.path() / "gpt2");
   c = read_json(dir.path() / "gpt2" / "config.json");
   EXPECT_EQ(c["architectures"], nlohmann::json::array({"GPT2LMHeadModel"}));
@@ -260,8 +282,11 @@ TEST(HfInterop, ShardsAboveTheLimitWithAnIndex) {
 TEST(HfInterop, ExportRefusesWhatHuggingFaceCannotHold) {
   Models models;
   test::TempDir dir;
-  auto qk = models.make(yaml(std::string(llama_gqa).replace(1, 0, "use_qk_norm: true, ")), 1);
-  EXPECT_NE(message_of([&] { export_hf(*qk, nullptr, dir.path() / "a"); }).find("model.use_qk_norm is true"),
+  // q/k norms are Qwen3's, which has no biases.
+  auto qk = models.make(yaml(std::string(qwen2_tied).replace(1, 0, "use_qk_norm: true, ")), 1);
+  EXPECT_NE(message_of([&] {
+              export_hf(*qk, nullptr, dir.path() / "a");
+            }).find("model.use_qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir.path() / "a"));
   auto no_bias = models.make(yaml(std::string(gpt2_tied).replace(1, 0, "use_bias: false, ")), 1);
@@ -295,7 +320,7 @@ TEST(HfInterop, ConfigMismatchesAreAllNamed) {
   c["model_type"] = "gpt2";
   write_json(dir.path() / "hf" / "config.json", c);
   const std::string other = message_of([&] { import_hf(*model, dir.path() / "hf"); });
-  EXPECT_NE(other.find("model_type is \"gpt2\"; the llama model loads Llama, Mistral, Mixtral and Qwen2"),
+  EXPECT_NE(other.find("model_type is \"gpt2\"; the llama model loads Llama, Mistral, Mixtral, Qwen2 and Qwen3"),
             std::string::npos)
       << other;
 }
@@ -705,6 +730,7 @@ class HfTransformers : public ::testing::Test {
     train_and_export();
     for (const auto& [name, options] : std::map<std::string, const char*>{{"mistral_window", mistral_window},
                                                                           {"qwen2_tied", qwen2_tied},
+                                                                          {"qwen3_tied", qwen3_tied},
                                                                           {"llama_bias_tied", llama_bias},
                                                                           {"gpt2_untied", gpt2_untied}}) {
       auto model = models_->make(yaml(options), 5);
@@ -732,7 +758,12 @@ class HfTransformers : public ::testing::Test {
                                       : "byte";
     const std::map<std::string, std::string> runs = {
         {"gpt2_trained", "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 2, num_heads: 4}"},
-        {"llama_trained", std::string(llama_gqa)}};
+        {"llama_trained", std::string(llama_gqa)},
+        // configs/qwen3-tiny.yaml's architecture, smaller.
+        {"qwen3_trained",
+         "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 96, num_layers: 2, num_heads: 4, "
+         "num_kv_heads: 1, use_qk_norm: true, rope: {theta: 1000000}, layer_norm_epsilon: 1.0e-6, "
+         "tie_word_embeddings: true}"}};
     for (const auto& [name, model] : runs) {
       const std::string tok = name == "gpt2_trained" ? tokenizer : "byte";
       const auto config = work_->write(name + ".yaml", "model: " + model + "\ntokenizer: " + tok + R"(
@@ -767,7 +798,9 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
       runtimes_.push_back(std::make_unique<Runtime>(reload));
       LoadedRun run = load_run(*runtimes_.back(), work_->path() / name);
       if (name == "gpt2_trained") tokenizer_ = run.tokenizer;
-      exports_[name] = {run.model, name == "gpt2_trained" ? "GPT2LMHeadModel" : "LlamaForCausalLM"};
+      exports_[name] = {run.model, name == "gpt2_trained"    ? "GPT2LMHeadModel"
+                                   : name == "qwen3_trained" ? "Qwen3ForCausalLM"
+                                                             : "LlamaForCausalLM"};
     }
     export_qlora();
   }
@@ -934,6 +967,17 @@ TEST_F(HfTransformers, ExportQwen2Tied) {
   check_export("qwen2_tied", "Qwen2ForCausalLM");
 }
 
+// Qwen3's q/k norms as model.layers.N.self_attn.{q,k}_norm.weight, read by Qwen3ForCausalLM (or,
+// before transformers 4.51, by hf_reference.py's Qwen3Reference: the report says which).
+TEST_F(HfTransformers, ExportQwen3TrainedAndTied) {
+  EXPECT_EQ(read_json(work_->path() / "export" / "qwen3_trained" / "config.json")["model_type"], "qwen3");
+  check_export("qwen3_trained", "Qwen3ForCausalLM");
+  check_export("qwen3_tied", "Qwen3ForCausalLM");
+  std::cout << "hf-interop qwen3 read by "
+            << read_json(work_->path() / "export_results" / "qwen3_tied.json")["implementation"].get<std::string>()
+            << "\n";
+}
+
 TEST_F(HfTransformers, ExportLlamaBiasesLlama3Rope) {
   check_export("llama_bias_tied", "LlamaForCausalLM");
 }
@@ -969,6 +1013,10 @@ TEST_F(HfTransformers, ImportMistralSlidingWindow) {
 
 TEST_F(HfTransformers, ImportQwen2) {
   check_import("qwen2_tied");
+}
+
+TEST_F(HfTransformers, ImportQwen3) {
+  check_import("qwen3_tied");
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // LlamaConfig describes it. RMSNorm pre-norm blocks, rotary position embeddings (optionally with
 // Llama 3.1's frequency rescaling), SwiGLU MLP, grouped-query attention; `sliding_window` gives
 // Mistral's local attention (with `max_window_layers`, Qwen2's on the upper layers only), `qkv_bias`
-// Qwen2's biases on q, k and v, and `use_qk_norm` Qwen3's
-// per-head RMSNorm of queries and keys, and `moe` Mixtral's sparse mixture of SwiGLU experts in
+// Qwen2's biases on q, k and v, `use_qk_norm` Qwen3's
+// per-head RMSNorm of queries and keys (before RoPE), and `moe` Mixtral's sparse mixture of SwiGLU experts in
 // place of the MLP (top-k routing, dropless, grouped matrix products over each expert's tokens,
 // load-balancing and z auxiliary losses). q, k and v come from one fused projection (qkv_proj, rows
 // [q heads | k heads | v heads]); the Hugging Face mapping (loom::HfModel) splits it into
@@ -85,7 +85,8 @@ Tensor value(const Parameter* p) {
 class LlamaModel final : public loom::models::TransformerLm {
  public:
   LlamaModel(const LlamaOptions& o, loom::Handle<loom::AttentionKernel> kernel, loom::ExecutionContext& execution)
-      : TransformerLm(o.path, {"llama", "mistral", "mixtral", "qwen2"}, "Llama, Mistral, Mixtral and Qwen2"),
+      : TransformerLm(o.path, {"llama", "mistral", "mixtral", "qwen2", "qwen3"},
+                      "Llama, Mistral, Mixtral, Qwen2 and Qwen3"),
         o_(o),
         kernel_(std::move(kernel)),
         execution_(&execution) {}
@@ -155,7 +156,8 @@ class LlamaModel final : public loom::models::TransformerLm {
 
   std::int64_t max_seq_len() const override { return o_.seq_len; }
 
-  // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) ----
+  // ---- Hugging Face (transformers' LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+  // Qwen2ForCausalLM, Qwen3ForCausalLM) ----
 
   loom::Value hf_config() const override {
     require_built("hf_config");
@@ -164,7 +166,8 @@ class LlamaModel final : public loom::models::TransformerLm {
     const char* architecture = type == "llama"     ? "LlamaForCausalLM"
                                : type == "mistral" ? "MistralForCausalLM"
                                : type == "mixtral" ? "MixtralForCausalLM"
-                                                   : "Qwen2ForCausalLM";
+                               : type == "qwen2"   ? "Qwen2ForCausalLM"
+                                                   : "Qwen3ForCausalLM";
     c.set("architectures", loom::Value::List{loom::Value(architecture)});
     c.set("model_type", type);
     c.set("vocab_size", vocab_);
@@ -173,7 +176,7 @@ class LlamaModel final : public loom::models::TransformerLm {
     c.set("num_hidden_layers", o_.num_layers);
     c.set("num_attention_heads", o_.num_heads);
     c.set("num_key_value_heads", o_.num_kv_heads);
-    if (type != "qwen2" && type != "mixtral") c.set("head_dim", o_.head_dim);  // the others derive it
+    if (type != "qwen2" && type != "mixtral") c.set("head_dim", o_.head_dim);  // those two derive it
     c.set("hidden_act", "silu");
     c.set("max_position_embeddings", o_.seq_len);
     c.set("initializer_range", o_.initializer_range);
@@ -196,7 +199,10 @@ class LlamaModel final : public loom::models::TransformerLm {
       c.set("output_router_logits", false);
       c.set("router_jitter_noise", 0.0);
     } else {
-      // Qwen2Config: layers with index >= max_window_layers use the window when use_sliding_window.
+      // Qwen3's attention_bias would put biases on q, k, v and o; loom exports Qwen3 without.
+      if (type == "qwen3") c.set("attention_bias", false);
+      // Qwen2Config and Qwen3Config: layers with index >= max_window_layers use the window when
+      // use_sliding_window.
       c.set("use_sliding_window", o_.sliding_window > 0);
       if (o_.sliding_window > 0) {
         c.set("sliding_window", o_.sliding_window);
@@ -267,24 +273,26 @@ class LlamaModel final : public loom::models::TransformerLm {
       check.mismatch(at + ".moe.num_experts is " + std::to_string(o_.moe.num_experts) + ", and " + type +
                      " checkpoints have a dense MLP (a Mixtral checkpoint has model_type \"mixtral\")");
     // An absent field takes its config class's default, as transformers 4.46.3 reads it
-    // (LlamaConfig, MistralConfig, Qwen2Config: they agree on those checked here unless noted);
-    // tests/interop/hf_config_defaults_test.cpp checks each against transformers.
-    check.expect_integer("vocab_size", type == "qwen2" ? 151936 : 32000, vocab_, "vocab_size");
+    // (LlamaConfig, MistralConfig, Qwen2Config; Qwen3Config as 4.51 reads it: they agree on those
+    // checked here unless noted); tests/interop/hf_config_defaults_test.cpp checks each against
+    // transformers.
+    const bool qwen = type == "qwen2" || type == "qwen3";
+    check.expect_integer("vocab_size", qwen ? 151936 : 32000, vocab_, "vocab_size");
     check.expect_integer("hidden_size", 4096, o_.hidden_dim, "hidden_dim");
     check.expect_integer("intermediate_size",
                          type == "mistral" ? 14336
-                         : type == "qwen2" ? 22016
+                         : qwen            ? 22016
                                            : 11008,
                          o_.intermediate_dim, "intermediate_dim");
     check.expect_integer("num_hidden_layers", 32, o_.num_layers, "num_layers");
     const std::int64_t heads = check.integer("num_attention_heads", 32);
     check.expect_integer("num_attention_heads", 32, o_.num_heads, "num_heads");
     // Absent: LlamaConfig's None (as many as the query heads), MistralConfig's 8, Qwen2Config's
-    // 32; an explicit null is as many as the query heads in all three.
+    // and Qwen3Config's 32; an explicit null is as many as the query heads in all of them.
     check.expect_integer("num_key_value_heads",
                          present(config, "num_key_value_heads") ? heads
                          : type == "mistral"                    ? 8
-                         : type == "qwen2"                      ? 32
+                         : qwen                                 ? 32
                                                                 : heads,
                          o_.num_kv_heads, "num_kv_heads");
     const std::int64_t hidden = check.integer("hidden_size", 4096);
@@ -293,6 +301,8 @@ class LlamaModel final : public loom::models::TransformerLm {
       if (o_.head_dim != derived_head_dim)
         check.mismatch("Qwen2's head width is hidden_size / num_attention_heads = " + std::to_string(derived_head_dim) +
                        ", " + at + ".head_dim is " + std::to_string(o_.head_dim));
+    } else if (type == "qwen3") {
+      check.expect_integer("head_dim", 128, o_.head_dim, "head_dim");  // Qwen3Config's default, not derived
     } else if (type == "mistral" && check.integer("head_dim", derived_head_dim) == 0) {
       // MistralConfig: `head_dim or hidden_size // num_attention_heads`, so 0 derives it too.
       if (o_.head_dim != derived_head_dim)
@@ -307,10 +317,14 @@ class LlamaModel final : public loom::models::TransformerLm {
     check.expect_number("rope_theta", 10000.0, o_.rope_options.theta, "rope.theta");
     check_rope_scaling(check, type);
     check.expect_boolean("tie_word_embeddings", false, o_.tie_word_embeddings, "tie_word_embeddings");
-    if (o_.use_qk_norm) check.mismatch(at + ".use_qk_norm is true, and " + type + " checkpoints have no q/k norms");
+    if (type == "qwen3" && !o_.use_qk_norm)
+      check.mismatch(at + ".use_qk_norm is false, and Qwen3 checkpoints have q/k norms (self_attn.q_norm, k_norm)");
+    if (type != "qwen3" && o_.use_qk_norm)
+      check.mismatch(at + ".use_qk_norm is true, and " + type + " checkpoints have no q/k norms");
 
     // Biases: Llama's attention_bias (q, k, v, o) and mlp_bias; Mistral has none; Qwen2 has them
-    // on q, k and v only.
+    // on q, k and v only; Qwen3's attention_bias (q, k, v, o, never the MLP) has no loom
+    // counterpart, so only its default, none, is read.
     const bool qkv = o_.use_bias || o_.qkv_bias;
     if (type == "llama") {
       check.expect_boolean("attention_bias", false, o_.use_bias, "use_bias");
@@ -323,21 +337,29 @@ class LlamaModel final : public loom::models::TransformerLm {
       if (qkv)
         check.mismatch(std::string("Mistral checkpoints have no biases, ") + at + "." +
                        (o_.use_bias ? "use_bias" : "qkv_bias") + " is true");
+    } else if (type == "qwen3") {
+      if (check.boolean("attention_bias", false))
+        check.mismatch(
+            "attention_bias is true (biases on q, k, v and o without the MLP's); loom's llama has biases on q, k and "
+            "v (qkv_bias) or on every projection (use_bias)");
+      if (qkv)
+        check.mismatch(std::string("Qwen3 checkpoints without attention_bias have no biases, ") + at + "." +
+                       (o_.use_bias ? "use_bias" : "qkv_bias") + " is true");
     } else {
       if (!o_.qkv_bias || o_.use_bias)
         check.mismatch("Qwen2 checkpoints have biases on q, k and v only; set " + at + ".qkv_bias: true and " + at +
                        ".use_bias: false");
     }
 
-    // Sliding window: Mistral's on every layer (null: none), none in Llama, Qwen2's on the layers
-    // from max_window_layers on when use_sliding_window.
+    // Sliding window: Mistral's on every layer (null: none), none in Llama, Qwen2's and Qwen3's on
+    // the layers from max_window_layers on when use_sliding_window.
     std::int64_t window = 0;
     if (type == "mistral") {
       // MistralConfig's default is 4096; an explicit null is no window.
       const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
       window = given && given->is_null() ? 0 : check.integer("sliding_window", 4096);
-    } else if (type == "qwen2" && check.boolean("use_sliding_window", false)) {
-      // Qwen2Config's defaults: 4096 and 28; a null window is none.
+    } else if (qwen && check.boolean("use_sliding_window", false)) {
+      // Qwen2Config's and Qwen3Config's defaults: 4096 and 28; a null window is none.
       const loom::Value* given = config.is_map() ? config.find("sliding_window") : nullptr;
       window = given && given->is_null() ? 0 : check.integer("sliding_window", 4096);
       if (window > 0) check.expect_integer("max_window_layers", 28, o_.max_window_layers, "max_window_layers");
@@ -374,10 +396,14 @@ class LlamaModel final : public loom::models::TransformerLm {
                               ") must be hidden_dim / num_heads to export a mixture of experts as Mixtral");
       return "mixtral";
     }
-    if (o_.use_qk_norm)
-      throw loom::UserError(at +
-                            ".use_qk_norm is true (Qwen3's q/k norms): loom exports llama models as Hugging Face "
-                            "Llama, Mistral or Qwen2, none of which has them");
+    if (o_.use_qk_norm) {
+      // Qwen3: q/k norms, any head width, no biases (its attention_bias would also bias o, and never
+      // the MLP: neither loom's qkv_bias nor its use_bias).
+      if (o_.use_bias || o_.qkv_bias)
+        throw loom::UserError(at + ".use_qk_norm with " + at + "." + (o_.use_bias ? "use_bias" : "qkv_bias") +
+                              " has no Hugging Face architecture (Qwen3, the one with q/k norms, has no biases)");
+      return "qwen3";
+    }
     if (o_.qkv_bias && !o_.use_bias) {
       if (o_.head_dim * o_.num_heads != o_.hidden_dim)
         throw loom::UserError(at + ".head_dim (" + std::to_string(o_.head_dim) +

@@ -101,27 +101,29 @@ Value gpt2_section(const Fields& f, const fs::path& file) {
 Value llama_section(const Fields& f, const std::string& type) {
   Value m = Value::map();
   m.set("type", "llama");
-  const bool mixtral = type == "mixtral", mistral = type == "mistral", qwen2 = type == "qwen2";
+  const bool mixtral = type == "mixtral", mistral = type == "mistral", qwen3 = type == "qwen3";
+  const bool qwen = type == "qwen2" || qwen3;  // Qwen3Config's defaults are Qwen2Config's unless noted
   const std::int64_t hidden = f.integer("hidden_size", 4096);
   const std::int64_t heads = f.integer("num_attention_heads", 32);
-  m.set("seq_len", f.integer("max_position_embeddings", mixtral || mistral ? 4096 * 32 : qwen2 ? 32768 : 2048));
+  m.set("seq_len", f.integer("max_position_embeddings", mixtral || mistral ? 4096 * 32 : qwen ? 32768 : 2048));
   m.set("hidden_dim", hidden);
-  m.set("intermediate_dim", f.integer("intermediate_size", mixtral || mistral ? 14336 : qwen2 ? 22016 : 11008));
+  m.set("intermediate_dim", f.integer("intermediate_size", mixtral || mistral ? 14336 : qwen ? 22016 : 11008));
   m.set("num_layers", f.integer("num_hidden_layers", 32));
   m.set("num_heads", heads);
   // Absent: LlamaConfig's None (as many as the query heads), Mistral's and Mixtral's 8, Qwen2's
-  // 32; null: as many as the query heads.
+  // and Qwen3's 32; null: as many as the query heads.
   m.set("num_kv_heads", f.integer("num_key_value_heads", f.has("num_key_value_heads") ? heads
                                                          : mistral || mixtral         ? 8
-                                                         : qwen2                      ? 32
+                                                         : qwen                       ? 32
                                                                                       : heads));
-  // Qwen2 and Mixtral derive the head width; Mistral's 0 or null derives it too.
-  const std::int64_t head_dim = qwen2 || mixtral ? 0 : f.integer("head_dim", 0);
+  // Qwen2 and Mixtral derive the head width; Mistral's 0 or null derives it too; Qwen3's is 128
+  // when absent.
+  const std::int64_t head_dim = qwen3 ? f.integer("head_dim", 128) : qwen || mixtral ? 0 : f.integer("head_dim", 0);
   m.set("head_dim", optional_positive(head_dim));
   m.set("layer_norm_epsilon", f.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
   m.set("initializer_range", f.number("initializer_range", 0.02));
   m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", false));
-  m.set("vocab_size", f.integer("vocab_size", qwen2 ? 151936 : 32000));
+  m.set("vocab_size", f.integer("vocab_size", qwen ? 151936 : 32000));
 
   Value rope = Value::map();
   rope.set("type", "default");
@@ -147,7 +149,11 @@ Value llama_section(const Fields& f, const std::string& type) {
 
   if (type == "llama") {
     m.set("use_bias", f.boolean("attention_bias", false));
-  } else if (qwen2) {
+  } else if (qwen3) {
+    // Per-head RMSNorm of q and k; no biases (an attention_bias of true is what the plugin's check
+    // of config.json then names: loom has no biases on q, k, v and o alone).
+    m.set("use_qk_norm", true);
+  } else if (qwen) {
     m.set("qkv_bias", true);  // Qwen2's q, k and v projections have biases, the others none
   }
 
@@ -156,7 +162,7 @@ Value llama_section(const Fields& f, const std::string& type) {
     window = f.is_null("sliding_window") ? 0 : f.integer("sliding_window", 4096);
   } else if (mixtral) {
     window = f.integer("sliding_window", 0);
-  } else if (qwen2 && f.boolean("use_sliding_window", false)) {
+  } else if (qwen && f.boolean("use_sliding_window", false)) {
     window = f.is_null("sliding_window") ? 0 : f.integer("sliding_window", 4096);
     if (window > 0) m.set("max_window_layers", f.integer("max_window_layers", 28));
   }
@@ -273,14 +279,14 @@ HfDirectoryConfig describe_hf_model_dir(const fs::path& dir) {
   try {
     if (type == "gpt2") {
       out.model = gpt2_section(f, file);
-    } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "mixtral") {
+    } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral") {
       out.model = llama_section(f, type);
     } else if (type == "gemma2") {
       out.model = gemma2_section(f);
     } else {
       throw UserError("'" + file.string() + "' has " +
                       (type.empty() ? std::string("no model_type") : "model_type " + Value(type).describe()) +
-                      "; loom reads gpt2 (gpt2), llama, mistral, qwen2, mixtral (llama) and gemma2 (gemma)");
+                      "; loom reads gpt2 (gpt2), llama, mistral, qwen2, qwen3, mixtral (llama) and gemma2 (gemma)");
     }
   } catch (const UserError& e) {
     throw UserError(std::string(e.what()) + how);

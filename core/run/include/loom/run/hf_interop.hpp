@@ -67,7 +67,7 @@ struct StoredWeights {
 bool is_hf_model_dir(const std::filesystem::path& dir);
 
 // The loom config sections that describe a Hugging Face model directory, for `loom eval HF_DIR`
-// without a config: `model` from config.json's model_type (gpt2 -> gpt2; llama, mistral, qwen2,
+// without a config: `model` from config.json's model_type (gpt2 -> gpt2; llama, mistral, qwen2, qwen3,
 // mixtral -> llama; gemma2 -> gemma) and its sizes, absent fields taking transformers' defaults;
 // `tokenizer` from its files (a byte-level BPE tokenizer.json or vocab.json with merges.txt ->
 // gpt2-bpe, with tokenizer_config.json's eos_token as its end of text; tokenizer.model ->
