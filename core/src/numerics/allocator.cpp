@@ -139,12 +139,15 @@ class CachingAllocator final : public BufferType {
   }
 
   // `b` keeps its identity (the tensors that refer to it) and takes a fresh block of `bytes`;
-  // its old block goes to the cache.
+  // its old block goes to the cache. Everything that describes the memory moves (a huge block's
+  // mapping too), only the Storage object stays.
   void rebind_block(Block* b, std::size_t bytes) {
     Block* fresh = allocate_block(bytes);
     std::swap(b->data, fresh->data);
     std::swap(b->bytes, fresh->bytes);
     std::swap(b->size_class, fresh->size_class);
+    std::swap(b->mapping, fresh->mapping);
+    std::swap(b->mapped, fresh->mapped);
     release_block(fresh);
   }
 
