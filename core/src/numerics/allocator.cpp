@@ -142,7 +142,7 @@ class CachingAllocator final : public BufferType {
   // its old block goes to the cache. Everything that describes the memory moves (a huge block's
   // mapping too), only the Storage object stays.
   void rebind_block(Block* b, std::size_t bytes) {
-    Block* fresh = allocate_block(bytes);
+    Block* fresh = allocate_block(bytes, /*zeroed=*/false);
     std::swap(b->data, fresh->data);
     std::swap(b->bytes, fresh->bytes);
     std::swap(b->size_class, fresh->size_class);
