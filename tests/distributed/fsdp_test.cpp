@@ -120,6 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"remat_full", config("quickstart.yaml"), kGpt2 + std::vector<std::string>{"model.remat=full"}, 2, kFsdp2},
         Case{"remat_save_dots", config("llama-tiny.yaml"), kLlama + std::vector<std::string>{"model.remat=save_dots"},
              2, kFsdp2},
+        Case{"frozen", config("quickstart.yaml"), kGpt2 + std::vector<std::string>{"trainer.frozen=[wpe.weight,h.0.*]"},
+             2, kFsdp2},
         Case{"no_reshard", config("quickstart.yaml"), kGpt2, 2,
              kFsdp2 + std::vector<std::string>{"trainer.fsdp.reshard_after_forward=false"}},
         Case{"no_prefetch", config("quickstart.yaml"), kGpt2, 2,
