@@ -102,6 +102,13 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     parallel.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
+    // FSDP's units live in host memory (the caching allocator's blocks change under them).
+    if (mesh.size(MeshAxis::fsdp) > 1 && &c.backend->buffer_type() != &host_buffer_type())
+      throw UserError("trainer.mesh (" + mesh.describe() +
+                      "): fully sharded data parallelism keeps the units in host "
+                      "memory, but backend '" +
+                      std::string(c.backend->name()) + "' computes in " + c.backend->buffer_type().device().str() +
+                      " memory; use the cpu or reference backend, or trainer.mesh.fsdp: 1");
     if (const std::int64_t group = c.objective->rows_per_example(); group > 1 && run.micro_size % group != 0)
       throw UserError(
           "the objective (" + run.config.at_path("objective.type")->as_string() + ") takes rows in groups of " +
