@@ -1,11 +1,13 @@
 // LoRA adapters against Hugging Face PEFT (docs/fine-tuning.md). For a gpt2 ([in, out] Conv1D
 // weights: fan_in_fan_out), a llama (a fused qkv_proj that PEFT sees as q_proj, k_proj and
 // v_proj), and a llama with PEFT's own target_modules [q_proj, v_proj] (adapters on rows of the
-// fused weight), with and without lm_head: a base run is exported with `loom export`, a LoRA run from its weights
-// exports its adapters (PEFT's files) and, with --merge-lora, the merged model. peft_reference.py (in the Python
-// environment of scripts/setup-python-env.sh with peft added, or LOOM_PEFT_PYTHON) loads base + adapters with
-// peft.PeftModel.from_pretrained, and the merged model with transformers. Their logits must agree with loom's adapted
-// model (Ops with the adapters) and loom's merged model to a relative error of 1e-4:
+// fused weight), with and without lm_head, and a llama with an nf4 base (lora.base_dtype: PEFT reads the
+// adapters over the run's stored base dequantized, and not over the float32 base it came from): a base run is exported
+// with `loom export`, a LoRA run from its weights exports its adapters (PEFT's files) and, with --merge-lora, the
+// merged model. peft_reference.py (in the Python environment of scripts/setup-python-env.sh with peft added, or
+// LOOM_PEFT_PYTHON) loads base + adapters with peft.PeftModel.from_pretrained, and the merged model with transformers.
+// Their logits must agree with loom's adapted model (Ops with the adapters) and loom's merged model to a relative error
+// of 1e-4:
 //   error = max |loom - reference| / max |reference|
 // The test skips, saying why, where peft is not installed.
 #include <gtest/gtest.h>
