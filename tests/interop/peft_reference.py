@@ -1,7 +1,8 @@
 """PEFT's side of loom's LoRA test (peft_test.cpp).
 
 For each case directory under WORK (gpt2, llama): base/ is the base model exported by
-`loom export`, adapters/ the run's adapters as `loom export` writes them (PEFT's
+`loom export` (for a run with a quantized base, lora.base_dtype, the run's stored base
+dequantized, with the float32 model it came from in base_f32/), adapters/ the run's adapters as `loom export` writes them (PEFT's
 adapter_model.safetensors and adapter_config.json), merged/ the model with the adapters merged
 (`loom export --merge-lora`). Loads base + adapters with peft.PeftModel.from_pretrained and the
 merged model with transformers, computes the logits of tokens.safetensors' "tokens" with each,
@@ -51,9 +52,18 @@ def run(case):
     merged.eval()
     with torch.no_grad():
         merged_logits = merged(tokens).logits
-    save_file({"peft_logits": peft_logits.contiguous(), "merged_logits": merged_logits.contiguous(),
-               "base_logits": base_logits.contiguous()},
-              os.path.join(case, "peft.safetensors"))
+    logits = {"peft_logits": peft_logits.contiguous(), "merged_logits": merged_logits.contiguous(),
+              "base_logits": base_logits.contiguous()}
+    # A quantized-base case (lora.base_dtype): base/ is the run's dequantized base, base_f32/ the
+    # float32 model it was quantized from; the same adapters over the latter, for contrast.
+    if os.path.isdir(os.path.join(case, "base_f32")):
+        f32 = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(case, "base_f32"),
+                                                                torch_dtype=torch.float32)
+        f32 = peft.PeftModel.from_pretrained(f32, os.path.join(case, "adapters"))
+        f32.eval()
+        with torch.no_grad():
+            logits["peft_f32_base_logits"] = f32(tokens).logits.contiguous()
+    save_file(logits, os.path.join(case, "peft.safetensors"))
     with open(os.path.join(case, "peft.json"), "w") as f:
         json.dump({"lora_modules": modules, "tensors": len(saved), "reached": reached}, f)
 
