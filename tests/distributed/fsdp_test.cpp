@@ -191,6 +191,38 @@ INSTANTIATE_TEST_SUITE_P(
                       Reshard{"data2_to_data2_fsdp2", 2, {}, 4, kData2Fsdp2, {"optimizer.type=muon"}}),
     [](const ::testing::TestParamInfo<Reshard>& info) { return info.param.name; });
 
+// `loom export`, `loom generate` and `trainer.init_from` read a checkpoint of slices: the exported
+// tensors are the run's final weights (the last checkpoint is the last step's).
+TEST(Fsdp, ExportGenerateAndInitFromReadACheckpointOfSlices) {
+  const fs::path run = scratch("export-run"), hf = scratch("export-hf"), from = scratch("export-init");
+  auto args = fsdp_args(run, config("quickstart.yaml"), 4,
+                        kGpt2 + kFsdp2 + std::vector<std::string>{"trainer.checkpoint.save_every_steps=5"});
+  const auto trained = mpirun(2, args);
+  ASSERT_EQ(trained.exit_code, 0) << trained.out << trained.err;
+  const fs::path checkpoint = run / "checkpoints" / "step-20";
+  ASSERT_TRUE(fs::exists(checkpoint / "model.rank-00001-of-00002.safetensors"));
+  const auto exported =
+      run_command({LOOM_BINARY, "export", checkpoint.string(), "--format", "hf", hf.string(), "--weights", "live"}, {});
+  ASSERT_EQ(exported.exit_code, 0) << exported.out << exported.err;
+  const auto final_weights = weights(run / "model.safetensors"), hf_weights = weights(hf / "model.safetensors");
+  ASSERT_EQ(final_weights.size(), hf_weights.size());
+  std::size_t equal = 0;
+  for (const auto& [name, values] : final_weights)
+    for (const auto& [hf_name, hf_values] : hf_weights)
+      if (hf_name.ends_with(name) && hf_values == values) ++equal;
+  EXPECT_EQ(equal, final_weights.size());
+  const auto generated = run_command(
+      {LOOM_BINARY, "generate", checkpoint.string(), "--prompt", "To be", "--max-new-tokens", "8", "--weights", "live"},
+      {});
+  EXPECT_EQ(generated.exit_code, 0) << generated.out << generated.err;
+  auto init = fsdp_args(from, config("quickstart.yaml"), 8,
+                        kGpt2 + std::vector<std::string>{"trainer.init_from=" + checkpoint.string()});
+  init.push_back("trainer.num_train_steps=1");
+  const auto initialised = run_command(init, {"LOOM_NUM_THREADS=1"});
+  EXPECT_EQ(initialised.exit_code, 0) << initialised.out << initialised.err;
+  EXPECT_NE(initialised.out.find("init_from"), std::string::npos) << initialised.out;
+}
+
 // LoRA: the frozen base sharded in units, the adapters replicated (their gradients summed over
 // every rank): the same adapters as one process.
 TEST(Fsdp, LoraAdaptersTrainOnAShardedBaseAsInOneProcess) {
