@@ -96,6 +96,43 @@ TEST(MemoryEstimate, LoraTrainsTheAdaptersAlone) {
   EXPECT_EQ(e.optimizer_state, adapters * 8);
 }
 
+// Fully sharded data parallelism: values, gradients, state and average divided by the fsdp axis,
+// no buckets, the gathered units (values of the two largest, gradients of the three largest), the
+// bf16 rounding of the largest unit only, whole copies for a whole-matrix optimizer, and the
+// start-up peak of the whole model; the refusal of a data-parallel run offers the fsdp mesh.
+TEST(MemoryEstimate, FullyShardedTermsAndTheRefusalOffersTheFsdpMesh) {
+  MemoryInputs in = small_inputs();
+  in.model->largest_units[0] = 10000;
+  in.model->largest_units[1] = 3000;
+  in.model->largest_units[2] = 2000;
+  in.ranks = 2;
+  in.fsdp = 2;
+  in.grad_bucket_bytes = 1000;
+  in.bf16_matmuls = true;
+  in.ema = true;
+  MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.parameters, 200000);
+  EXPECT_EQ(e.gradients, 200000);
+  EXPECT_EQ(e.optimizer_state, 400000);
+  EXPECT_EQ(e.ema, 200000);
+  EXPECT_EQ(e.buckets, 0);
+  EXPECT_EQ(e.gathered, 4 * (10000 + 3000) + 4 * (10000 + 3000 + 2000));
+  EXPECT_EQ(e.matmul_copies, 2 * 10000);
+  EXPECT_EQ(e.setup, 400000 + 2 * 200000 + kProcessOverheadBytes);
+  EXPECT_NE(e.describe().find("gathered units"), std::string::npos) << e.describe();
+  in.elementwise_optimizer = false;  // Muon: each rank's whole copies of what it owns
+  EXPECT_EQ(estimate_memory(in).optimizer_state, 400000 + 100000 * 8 / 2);
+
+  // A data-parallel run that does not fit where the fsdp one does: the refusal says so.
+  in.elementwise_optimizer = true;
+  const MemoryEstimate sharded = estimate_memory(in);
+  in.fsdp = 1;
+  const MemoryEstimate replicated = estimate_memory(in);
+  ASSERT_LT(sharded.total(), replicated.total());
+  const std::string text = memory_refusal(in, replicated, AvailableMemory{sharded.total(), "test"});
+  EXPECT_NE(text.find("trainer.mesh: {data: 1, fsdp: 2}"), std::string::npos) << text;
+}
+
 // lora.base_dtype: the frozen base in its stored bits, one dequantization panel instead of bf16
 // copies, and the float32 base's loading peak, which the total covers.
 TEST(MemoryEstimate, AQuantizedBaseCountsInItsStoredBits) {

@@ -130,14 +130,18 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     const std::int64_t whole = in.elementwise_optimizer ? 0 : e.trained_values * 8 / f;
     e.setup = in.parameter_bytes + in.parameter_bytes / f * 2 + kProcessOverheadBytes;
     e.parameters /= f;
-    e.matmul_copies /= f;  // of the slices' weights: the gathered units' are counted below
     e.gradients /= f;
     e.optimizer_state = static_cast<std::int64_t>(state / static_cast<double>(f)) + whole;
     e.ema /= f;
     e.buckets = 0;
+    // Gathered at once: the values of the unit computing and the one prefetched; the gradients of
+    // the unit computing and of the two being reduced (none under LoRA: the base is frozen).
     const std::int64_t* u = m.largest_units;
     const std::int64_t largest = u[0] > 0 ? u[0] : in.num_parameters;
     e.gathered = 4 * (largest + u[1]) + (in.lora_rank > 0 ? 0 : 4 * (largest + u[1] + u[2]));
+    // bf16 products round the weights of the unit computing (those of the next unit reuse the
+    // buffers), not of the whole model; a reference model is whole on every rank.
+    if (in.bf16_matmuls) e.matmul_copies = 2 * largest + (in.reference_model ? in.num_parameters * 2 : 0);
     e.kv_cache = 0;  // no samples under FSDP
   }
   return e;
