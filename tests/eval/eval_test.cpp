@@ -14,6 +14,7 @@
 #include <random>
 
 #include "../../core/run/src/eval/python_random.hpp"
+#include "../../core/run/src/interop/json_value.hpp"
 #include "../core/test_support.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
@@ -407,48 +408,13 @@ Lm make_lm(const test::TempDir& dir, const std::string& model_yaml) {
 
 // ---- A Hugging Face directory described by its own files ----
 
+// JSON <-> Value through the interop layer's own conversion (unordered JSON, as the test builds it).
 nlohmann::json to_json(const Value& v) {
-  switch (v.type()) {
-    case Value::Type::null:
-      return nullptr;
-    case Value::Type::boolean:
-      return v.as_bool();
-    case Value::Type::integer:
-      return v.as_int();
-    case Value::Type::number:
-      return v.as_double();
-    case Value::Type::string:
-      return v.as_string();
-    case Value::Type::list: {
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& e : v.as_list()) out.push_back(to_json(e));
-      return out;
-    }
-    case Value::Type::map: {
-      nlohmann::json out = nlohmann::json::object();
-      for (const auto& [k, e] : v.as_map()) out[k] = to_json(e);
-      return out;
-    }
-  }
-  return nullptr;
+  return nlohmann::json::parse(interop::to_json(v).dump());
 }
 
 Value to_value_for_test(const nlohmann::json& j) {
-  if (j.is_boolean()) return Value(j.get<bool>());
-  if (j.is_number_integer()) return Value(j.get<std::int64_t>());
-  if (j.is_number()) return Value(j.get<double>());
-  if (j.is_string()) return Value(j.get<std::string>());
-  if (j.is_array()) {
-    Value::List list;
-    for (const auto& e : j) list.push_back(to_value_for_test(e));
-    return Value(std::move(list));
-  }
-  if (j.is_object()) {
-    Value map = Value::map();
-    for (const auto& [k, e] : j.items()) map.set(k, to_value_for_test(e));
-    return map;
-  }
-  return Value();
+  return interop::to_value(nlohmann::ordered_json::parse(j.dump()));
 }
 
 // A directory with `config_json` and (empty) GPT-2 tokenizer files: describe_hf_model_dir's model
