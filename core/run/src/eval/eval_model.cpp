@@ -63,6 +63,13 @@ nlohmann::json number_or_null(double x) {
 
 std::string results_json(const std::vector<TaskResult>& results, const std::string& model_description) {
   nlohmann::json out;
+  // A task's metrics and their standard errors, as the harness's results name them.
+  auto add_metrics = [](nlohmann::json& entry, const std::vector<Metric>& metrics) {
+    for (const Metric& m : metrics) {
+      entry[m.name] = number_or_null(m.value);
+      entry[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
+    }
+  };
   out["model"] = model_description;
   out["results"] = nlohmann::json::object();
   for (const TaskResult& r : results) {
@@ -70,10 +77,7 @@ std::string results_json(const std::vector<TaskResult>& results, const std::stri
     task["task"] = family_name(r.family);
     task["docs"] = r.docs;
     task["seconds"] = r.seconds;
-    for (const Metric& m : r.metrics) {
-      task[m.name] = number_or_null(m.value);
-      task[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
-    }
+    add_metrics(task, r.metrics);
     out["results"][r.name] = task;
     // mmlu's categories and subjects: entries of their own, as the harness's results hold them.
     for (const TaskResult& sub : r.subtasks) {
@@ -81,10 +85,7 @@ std::string results_json(const std::vector<TaskResult>& results, const std::stri
       entry["task"] = family_name(sub.family);
       entry["group"] = sub.group;
       entry["docs"] = sub.docs;
-      for (const Metric& m : sub.metrics) {
-        entry[m.name] = number_or_null(m.value);
-        entry[m.name + "_stderr"] = m.stderr_value ? number_or_null(*m.stderr_value) : nlohmann::json(nullptr);
-      }
+      add_metrics(entry, sub.metrics);
       out["results"][sub.name] = entry;
     }
     if (r.samples.empty()) continue;

@@ -130,6 +130,7 @@ FullySharded::FullySharded(CollectiveGroup& world, std::shared_ptr<CollectiveGro
         Parameter& piece = pieces_.emplace_back(m.parameter->name(), unit.shard.slice(0, at, at + hi - lo));
         piece.set_grad_buffer(unit.shard_grad.slice(0, at, at + hi - lo));
         piece.set_requires_grad(settings_.elementwise_optimizer && m.trained);
+        m.piece = &piece;
         piece_of[m.parameter] = &piece;
         slices_.push_back({m.parameter, &piece, lo - m.offset, hi - m.offset});
       }
@@ -302,7 +303,7 @@ void FullySharded::gather(std::size_t u, bool wait) {
   const std::size_t full = static_cast<std::size_t>(unit.chunk * fsdp_->size());
   core::rebind_host_storage(unit.home, full * sizeof(float));
   unit.gathered = true;
-  bytes_per_step_ += static_cast<std::int64_t>(full * sizeof(float));
+  bytes_moved_ += static_cast<std::int64_t>(full * sizeof(float));
   unit.gathering =
       fsdp_->start_all_gather(std::span<const float>(unit.shard.data<float>(), static_cast<std::size_t>(unit.chunk)),
                               std::span<float>(unit.home.data<float>(), full));
@@ -347,7 +348,7 @@ void FullySharded::start_reduce(std::size_t u) {
     at = m.offset + m.numel;
   }
   if (full > at) std::memset(g + at, 0, static_cast<std::size_t>(full - at) * sizeof(float));
-  bytes_per_step_ += full * std::int64_t{4};
+  bytes_moved_ += full * std::int64_t{4};
   // Every rank's gradients are summed in world rank order, as one process sums its micro-batches
   // in order (the collective's reduce-scatter sums in rank order): one micro-batch per rank
   // trains bit for bit as one process does.
@@ -430,37 +431,25 @@ void FullySharded::end_micro_batch() {
 }
 
 void FullySharded::finish_gradients() {
-  std::vector<float> flags;
+  flags_.clear();
   for (const auto& u : units_)
     for (const auto& m : u.members)
-      if (m.trained) flags.push_back(m.had_grad ? 1.0f : 0.0f);
-  if (world_.size() > 1) world_.all_reduce(std::span<float>(flags), ReduceOp::max);
+      if (m.trained) flags_.push_back(m.had_grad ? 1.0f : 0.0f);
+  if (world_.size() > 1) world_.all_reduce(std::span<float>(flags_), ReduceOp::max);
   std::size_t i = 0;
-  std::unordered_map<const Parameter*, bool> reached;
   for (auto& u : units_)
     for (auto& m : u.members) {
       if (!m.trained) continue;
-      reached[m.parameter] = flags[i++] != 0.0f;
+      const bool reached = flags_[i++] != 0.0f;
       m.had_grad = false;
-    }
-  if (settings_.elementwise_optimizer) {
-    for (const auto& s : slices_) {
-      if (!s.piece->requires_grad()) continue;
-      if (reached[s.model])
-        s.piece->mark_grad_written();
+      // What this rank's optimizer updates of it: its slice, or its whole copy on the owner.
+      Parameter* updated = settings_.elementwise_optimizer ? m.piece : m.whole;
+      if (!updated) continue;
+      if (reached)
+        updated->mark_grad_written();
       else
-        s.piece->zero_grad();
+        updated->zero_grad();
     }
-  } else {
-    for (auto& u : units_)
-      for (auto& m : u.members) {
-        if (!m.whole) continue;
-        if (reached[m.parameter])
-          m.whole->mark_grad_written();
-        else
-          m.whole->zero_grad();
-      }
-  }
 }
 
 double FullySharded::sum_over_shards(double value) {
@@ -489,7 +478,7 @@ void FullySharded::owners_changed() {
         std::memcpy(home + m.offset, m.whole->data().data<float>(), static_cast<std::size_t>(m.numel) * sizeof(float));
     }
     fsdp_->all_reduce(std::span<float>(home, full));
-    bytes_per_step_ += static_cast<std::int64_t>(full * sizeof(float));
+    bytes_moved_ += static_cast<std::int64_t>(full * sizeof(float));
     std::memcpy(unit.shard.data<float>(), home + rank * unit.chunk,
                 static_cast<std::size_t>(unit.chunk) * sizeof(float));
     core::rebind_host_storage(unit.home, 0);
@@ -524,8 +513,8 @@ std::vector<std::pair<std::string, Tensor>> FullySharded::gather_full() {
 }
 
 std::int64_t FullySharded::take_bytes_moved() {
-  const std::int64_t b = bytes_per_step_;
-  bytes_per_step_ = 0;
+  const std::int64_t b = bytes_moved_;
+  bytes_moved_ = 0;
   return b;
 }
 

@@ -112,6 +112,7 @@ class FullySharded {
     std::uint64_t used_stamp = 0;  // the micro-batch that last took it
     bool had_grad = false;         // this step, on this rank
     int owner = 0;                 // whole-matrix optimizers: the rank that updates it
+    Parameter* piece = nullptr;    // its slice on this rank, if any
     Parameter* whole = nullptr;    // on the owner: its whole copy
     Tensor whole_grad;             // and its gradient buffer
   };
@@ -156,12 +157,12 @@ class FullySharded {
   bool in_backward_ = false;
   std::size_t current_ = static_cast<std::size_t>(-1);
   std::uint64_t micro_stamp_ = 0;
-  bool first_micro_ = true;  // the first micro-batch of the run records the orders
   std::vector<std::size_t> forward_order_, backward_order_;
   std::size_t forward_at_ = 0, backward_at_ = 0;
   bool orders_recorded_ = false;
   double communication_seconds_ = 0;
-  std::int64_t bytes_per_step_ = 0;
+  std::vector<float> flags_;  // finish_gradients(): which trained parameters any rank reached
+  std::int64_t bytes_moved_ = 0;
 };
 
 }  // namespace loom::training
