@@ -132,7 +132,23 @@ void fsdp_entries(const Run& run, checkpoint::Snapshot& snap) {
 
 }  // namespace
 
-checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record) {
+std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
+  const RunComponents& c = run.components;
+  std::unordered_map<std::string, Tensor> out;
+  if (!c.tensor) return out;
+  auto add = [&](const std::string& name, const Tensor& t) {
+    const PlannedParameter* e = c.tensor->planned(name);
+    if (e && e->placement.is_split()) out.emplace(name, c.tensor->whole(name, t));
+  };
+  for (const auto& p : c.saved_parameters()) add(p.parameter->name(), p.parameter->data());
+  for (auto& [name, t] : c.optimizer->state()) add(name, t);
+  if (run.state.ema)
+    for (auto& [name, t] : run.state.ema->state()) add(name, t);
+  return out;
+}
+
+checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
+                                   const std::unordered_map<std::string, Tensor>* wholes) {
   const RunComponents& c = run.components;
   const DataParallel& parallel = *run.parallel;
   checkpoint::Snapshot snap;
@@ -149,20 +165,26 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
     fsdp_entries(run, snap);
   } else {
     // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
+    // Under tensor parallelism, the whole tensors gathered for the entries of split parameters.
+    auto value = [&](const std::string& name, const Tensor& t) {
+      if (wholes)
+        if (const auto it = wholes->find(name); it != wholes->end()) return it->second;
+      return t;
+    };
     std::unordered_set<std::string> mine;
     for (const auto& p : c.saved_parameters())
       if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
-        snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+        snap.model.emplace_back(p.parameter->name(), value(p.parameter->name(), p.parameter->data()));
         mine.insert(p.parameter->name());
       }
     snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
     // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
-    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, t);
+    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, value(name, t));
     // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
     // rank holds all of it; each writes the average of the parameters it writes.
     if (run.state.ema)
       for (auto& [name, t] : run.state.ema->state())
-        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
+        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, value(name, t));
   }
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   if (parts && !parallel.is_primary()) return snap;

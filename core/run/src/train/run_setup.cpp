@@ -98,11 +98,25 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
 
   RunComponents& c = run.components;
   parallel.together([&] {
-    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
+    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.replicas());
     parallel.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
     // FSDP's units live in host memory (the caching allocator's blocks change under them).
+    if (mesh.size(MeshAxis::tensor) > 1 && &c.backend->buffer_type() != &host_buffer_type())
+      throw UserError("trainer.mesh (" + mesh.describe() +
+                      "): tensor parallelism's collectives compute on host memory, but backend '" +
+                      std::string(c.backend->name()) + "' computes in " + c.backend->buffer_type().device().str() +
+                      " memory; use the cpu or reference backend, or trainer.mesh.tensor: 1");
+    if (mesh.size(MeshAxis::tensor) > 1 && !trainer.get<std::string>("init_from").empty())
+      throw UserError("trainer.mesh (" + mesh.describe() +
+                      "): trainer.init_from does not combine with tensor parallelism yet (the weights it loads are "
+                      "whole); start the run with trainer.mesh.tensor: 1, or from scratch");
+    if (mesh.size(MeshAxis::tensor) > 1 && !c.optimizer->elementwise())
+      throw UserError("trainer.mesh (" + mesh.describe() + "): optimizer " +
+                      run.config.at_path("optimizer.type")->as_string() +
+                      " updates each matrix whole, which tensor parallelism splits; it does not combine with "
+                      "trainer.mesh.tensor > 1 yet: use an elementwise optimizer (adamw, sgd, lion) or tensor 1");
     if (mesh.size(MeshAxis::fsdp) > 1 && &c.backend->buffer_type() != &host_buffer_type())
       throw UserError("trainer.mesh (" + mesh.describe() +
                       "): fully sharded data parallelism keeps the units in host "
@@ -207,7 +221,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   std::vector<std::pair<std::string, Tensor>> saved_average;
   parallel.together([&] {
     run.seq_len = c.model->max_seq_len();
-    build_model_and_data(c, run.batch_size, run.seed);
+    build_model_and_data(c, run.batch_size, run.seed, parallel.tensor_group()->rank(), parallel.tensor_group()->size());
+    if (parallel.tensor_parallel()) {
+      c.tensor = std::make_shared<TensorParallel>(parallel.tensor_group(), *c.model,
+                                                  run.config.at_path("model.type")->as_string());
+      progress.say(c.tensor->describe());
+    }
     // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
     // to a shortened run) says what it changed.
     for (const auto& w :
@@ -215,6 +234,10 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       progress.say("warning: " + w);
     // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
     const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
+    if (c.tensor && c.lora)
+      throw UserError(
+          "trainer.mesh (" + parallel.mesh().describe() +
+          "): LoRA (lora.rank > 0) does not combine with tensor parallelism yet; use trainer.mesh.tensor: 1");
     // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
     const bool base_from_init = !resume || c.lora;
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
@@ -316,6 +339,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
           if (it == slice_of.end()) return std::nullopt;
           return std::pair{it->second->begin, it->second->end};
         };
+      }
+      if (c.tensor) {
+        share.whole_shape = [&](const std::string& name, const Shape& live) {
+          return c.tensor->whole_shape(name, live);
+        };
+        share.shard_of = [&](const std::string& name, const Tensor& whole) { return c.tensor->shard(name, whole); };
       }
       saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
       if (c.fsdp) c.fsdp->shards_changed();
