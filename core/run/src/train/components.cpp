@@ -52,7 +52,7 @@ RunComponents create_components(const Registry& registry, const Value& config) {
 }
 
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp) {
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp, int tensor) {
   // A second instance of the model, declared but not allocated: its shapes, before the run's own
   // model allocates anything.
   const Handle<Model> probe = create<Model>(registry, config, "model");
@@ -72,6 +72,7 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
   in.fsdp = fsdp;
+  in.tensor = tensor;
   in.elementwise_optimizer = c.optimizer->elementwise();
   in.ema = trainer.get<double>("ema_decay") > 0;
   in.grad_bucket_bytes = static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024);

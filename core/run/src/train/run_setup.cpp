@@ -136,7 +136,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   parallel.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
       return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size(),
-                           parallel.mesh().size(MeshAxis::fsdp));
+                           parallel.mesh().size(MeshAxis::fsdp), parallel.mesh().size(MeshAxis::tensor));
     });
     const MemoryEstimate estimate = estimate_memory(inputs);
     memory_line = estimate.describe();
