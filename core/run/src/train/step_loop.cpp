@@ -277,6 +277,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             scalars.emplace_back("throughput/fsdp_bytes_per_step",
                                  static_cast<double>(c.fsdp->take_bytes_moved()) /
                                      static_cast<double>(std::max<std::int64_t>(1, interval.steps)));
+          // Tensor parallelism: the payload of the model's collectives over the tensor group
+          // (activations and their gradients; evaluation's included when it ran).
+          if (c.tensor) {
+            const auto steps = static_cast<double>(std::max<std::int64_t>(1, interval.steps));
+            scalars.emplace_back("throughput/tensor_bytes_per_step",
+                                 static_cast<double>(c.tensor->take_bytes_moved()) / steps);
+            scalars.emplace_back("throughput/tensor_collectives_per_step",
+                                 static_cast<double>(c.tensor->take_collectives()) / steps);
+          }
         }
         // The model's own scalars (a mixture of experts' router losses and expert loads).
         for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);

@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "loom/error.hpp"
 
@@ -18,10 +19,57 @@ std::string parameter_of(const std::string& entry) {
   return slash == std::string::npos ? entry : entry.substr(slash + 1);
 }
 
+// A group that counts the payload of the operations' collectives and passes them on.
+class CountingGroup final : public CollectiveGroup {
+ public:
+  explicit CountingGroup(std::shared_ptr<CollectiveGroup> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_reduce(std::span<float> data, ReduceOp op) override {
+    count(data.size_bytes());
+    inner_->all_reduce(data, op);
+  }
+  void all_reduce(std::span<double> data, ReduceOp op) override {
+    count(data.size_bytes());
+    inner_->all_reduce(data, op);
+  }
+  void reduce_scatter(std::span<const float> in, std::span<float> out) override {
+    count(in.size_bytes());
+    inner_->reduce_scatter(in, out);
+  }
+  void all_gather(std::span<const float> in, std::span<float> out) override {
+    count(out.size_bytes());
+    inner_->all_gather(in, out);
+  }
+  void broadcast(std::span<std::byte> data, int root) override { inner_->broadcast(data, root); }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
+    count(data.size_bytes());
+    return inner_->start_all_reduce(data);
+  }
+  std::int64_t bytes = 0, calls = 0;
+
+ private:
+  void count(std::size_t n) {
+    bytes += static_cast<std::int64_t>(n);
+    ++calls;
+  }
+  std::shared_ptr<CollectiveGroup> inner_;
+};
+
 }  // namespace
 
+std::int64_t TensorParallel::take_bytes_moved() {
+  auto& g = static_cast<CountingGroup&>(*counted_);
+  return std::exchange(g.bytes, 0);
+}
+std::int64_t TensorParallel::take_collectives() {
+  auto& g = static_cast<CountingGroup&>(*counted_);
+  return std::exchange(g.calls, 0);
+}
+
 TensorParallel::TensorParallel(std::shared_ptr<CollectiveGroup> group, Model& model, std::string model_name)
-    : group_(std::move(group)), model_name_(std::move(model_name)) {
+    : group_(std::move(group)), counted_(std::make_shared<CountingGroup>(group_)), model_name_(std::move(model_name)) {
   auto plan = model.parallel_plan();
   if (!plan)
     throw UserError("trainer.mesh.tensor is " + std::to_string(group_->size()) + " but the model (" + model_name_ +

@@ -27,7 +27,12 @@ class TensorParallel {
   CollectiveGroup& group() const { return *group_; }
   int size() const { return group_->size(); }
   int rank() const { return group_->rank(); }
-  void attach(Ops& ops) const { ops.set_tensor_group(group_.get()); }
+  // The Ops's tensor group: the group itself, through a counter of what it moves.
+  void attach(Ops& ops) const { ops.set_tensor_group(counted_.get()); }
+  // The payload of the operations' collectives over the group since the last call (elements x 4
+  // bytes of each all-reduce, all-gather output and reduce-scatter input), and their number.
+  std::int64_t take_bytes_moved();
+  std::int64_t take_collectives();
 
   // The plan's entry for a parameter (by pointer), or null for one outside the plan (LoRA's
   // adapters, which are not split).
@@ -59,6 +64,7 @@ class TensorParallel {
 
  private:
   std::shared_ptr<CollectiveGroup> group_;
+  std::shared_ptr<CollectiveGroup> counted_;  // group_ behind a counter
   std::string model_name_;
   std::vector<PlannedParameter> plan_;
   std::unordered_map<const Parameter*, std::size_t> index_;
