@@ -68,6 +68,7 @@ const std::vector<std::string> kRemat{"model.remat=full"};
 const std::vector<std::string> kTensor2{"trainer.mesh.tensor=2"};
 const std::vector<std::string> kTensor4{"trainer.mesh.tensor=4"};
 const std::vector<std::string> kData2Tensor2{"trainer.mesh.data=2", "trainer.mesh.tensor=2"};
+const std::vector<std::string> kFsdp2Tensor2{"trainer.mesh.fsdp=2", "trainer.mesh.tensor=2"};
 
 class TensorParallelTrainsAsOneProcess : public ::testing::TestWithParam<Case> {};
 
@@ -117,6 +118,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_data2_tensor2_remat", config("llama-tiny.yaml"), kLlama + kRemat, 4, kData2Tensor2},
         Case{"gemma2_data2_tensor2", config("gemma2-tiny.yaml"), kTwoLayers, 4, kData2Tensor2},
         Case{"mixtral_data2_tensor2", config("mixtral-tiny.yaml"), kTwoLayers, 4, kData2Tensor2},
+        // Fsdp 2 x tensor 2: each fsdp group shards its tensor-parallel shards.
+        Case{"gpt2_fsdp2_tensor2", config("quickstart.yaml"), kTwoLayers, 4, kFsdp2Tensor2},
+        Case{"llama_fsdp2_tensor2_remat", config("llama-tiny.yaml"), kLlama + kRemat, 4, kFsdp2Tensor2},
+        Case{"gemma2_fsdp2_tensor2", config("gemma2-tiny.yaml"), kTwoLayers, 4, kFsdp2Tensor2},
+        Case{"mixtral_fsdp2_tensor2", config("mixtral-tiny.yaml"), kTwoLayers, 4, kFsdp2Tensor2},
         // The rest of the step: z-loss, the weight average, clipping; SGD and Lion; SFT and DPO
         // (its reference model split too).
         Case{"zloss_ema_clip", config("quickstart.yaml"),
@@ -173,9 +179,12 @@ TEST_P(TensorParallelCheckpoints, ResumeOnAnotherMeshAsInOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tensor, TensorParallelCheckpoints,
-    ::testing::Values(Reshard{"tensor2_to_one", config("quickstart.yaml"), kTwoLayers, 2, kTensor2, 1, {}},
-                      Reshard{"one_to_tensor2", config("llama-tiny.yaml"), kLlama, 1, {}, 2, kTensor2},
-                      Reshard{"tensor4_to_tensor2", config("mixtral-tiny.yaml"), kTwoLayers, 4, kTensor4, 2, kTensor2}),
+    ::testing::Values(
+        Reshard{"tensor2_to_one", config("quickstart.yaml"), kTwoLayers, 2, kTensor2, 1, {}},
+        Reshard{"one_to_tensor2", config("llama-tiny.yaml"), kLlama, 1, {}, 2, kTensor2},
+        Reshard{"tensor4_to_tensor2", config("mixtral-tiny.yaml"), kTwoLayers, 4, kTensor4, 2, kTensor2},
+        Reshard{"fsdp2_tensor2_to_tensor4", config("llama-tiny.yaml"), kLlama, 4, kFsdp2Tensor2, 4, kTensor4},
+        Reshard{"tensor2_to_fsdp2_tensor2", config("quickstart.yaml"), kTwoLayers, 2, kTensor2, 4, kFsdp2Tensor2}),
     [](const ::testing::TestParamInfo<Reshard>& info) { return info.param.name; });
 
 TEST(TensorParallel, ExportAndGenerateReadTheWholeTensorsOfARun) {
@@ -208,9 +217,8 @@ TEST(TensorParallel, WhatItDoesNotCombineWithIsOneClearError) {
     std::string message;
   };
   const std::vector<Refusal> refused = {
-      {4,
-       {"trainer.mesh.tensor=2", "trainer.mesh.fsdp=2"},
-       "tensor parallelism does not combine with an fsdp axis yet"},
+      {2, {"trainer.mesh.tensor=2", "trainer.shard_optimizer_state=true"}, "does not combine with tensor parallelism"},
+      {2, {"trainer.mesh.tensor=2", "lora.rank=4"}, "LoRA (lora.rank > 0) does not combine with tensor parallelism"},
       {2, {"trainer.mesh.tensor=2", "optimizer.type=muon"}, "optimizer muon updates each matrix whole"},
       {2, {"trainer.mesh.tensor=2", "trainer.mesh.data=3"}, "trainer.mesh {data: 3, fsdp: 1, tensor: 2} has 6 ranks"},
   };

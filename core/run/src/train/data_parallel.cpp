@@ -199,10 +199,6 @@ Mesh resolve_mesh(const Options& trainer, int world_size) {
   for (MeshAxis axis : mesh_axes)
     requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
   const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
-  if (mesh.size(MeshAxis::tensor) > 1 && mesh.size(MeshAxis::fsdp) > 1)
-    throw UserError("trainer.mesh (" + mesh.describe() +
-                    "): tensor parallelism does not combine with an fsdp axis yet (docs/distributed.md, \"Tensor "
-                    "parallelism\"); use data x tensor, or data x fsdp");
   if (mesh.size(MeshAxis::tensor) > 1 && trainer.get<bool>("shard_optimizer_state"))
     throw UserError("trainer.mesh (" + mesh.describe() +
                     "): trainer.shard_optimizer_state (ZeRO-1) does not combine with tensor parallelism yet; set it to "

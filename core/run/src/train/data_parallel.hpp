@@ -80,6 +80,7 @@ class DataParallel {
   bool tensor_parallel() const { return mesh_.size(MeshAxis::tensor) > 1; }
   // This rank's position among the ranks that take different rows of each batch (data x fsdp:
   // the members of one tensor group take the same rows), and their number.
+  CollectiveGroup& replica_group() const { return *replica_group_; }
   int replica_rank() const { return replica_rank_; }
   int replicas() const { return replicas_; }
 
@@ -136,7 +137,8 @@ class DataParallel {
   bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
   // Whether each rank writes its own part of a checkpoint (the ranks hold different state:
   // ZeRO-1's optimizer state; FSDP's shards), rather than rank 0 the whole of it.
-  bool writes_checkpoint_parts() const { return size_ > 1 && (sharded_ || fully_sharded()); }
+  // (Not under tensor parallelism, whose entries are gathered whole and written by rank 0.)
+  bool writes_checkpoint_parts() const { return size_ > 1 && (sharded_ || fully_sharded()) && !tensor_parallel(); }
   // The rank that writes `p` (its weights, its optimizer state and its weight average) into a
   // checkpoint of parts: its ZeRO-1 owner; rank 0 for a parameter that no rank updates.
   int checkpoint_writer_of(const Parameter* p) const {

@@ -157,8 +157,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   bool finished = false;
   // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
   // once shard() has run), and the name that their parts' staging directory shares.
-  const bool writes_parts =
-      parallel.size() > 1 && (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1);
+  const bool writes_parts = parallel.size() > 1 &&
+                            (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1) &&
+                            !parallel.tensor_parallel();
   std::string staging_token = std::to_string(::getpid());
   if (parallel.is_primary()) {
     run.directory = RunDirectory::open(trainer, run.config);
@@ -271,12 +272,16 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       std::unordered_set<const Parameter*> of_model;
       for (const auto& p : c.model->parameters()) of_model.insert(p.parameter);
       for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
-      c.fsdp = std::make_shared<FullySharded>(parallel.collective(), parallel.fsdp_group(), parallel.data_group(),
+      // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
+      // tensor axis); each fsdp group shards its tensor-parallel shards.
+      c.fsdp = std::make_shared<FullySharded>(parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(),
                                               *c.model, model_trained,
                                               FsdpSettings{fsdp.get<bool>("reshard_after_forward"),
                                                            fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
       c.parameters = c.fsdp->trained();
       c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
+      if (c.tensor)
+        for (const ParameterSlice& sl : c.fsdp->slices()) c.tensor->alias(sl.piece, sl.model);
     };
     for (const auto& note : initialize_parameters(
              c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },
@@ -341,10 +346,25 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
         };
       }
       if (c.tensor) {
-        share.whole_shape = [&](const std::string& name, const Shape& live) {
+        // Whole tensors are read and this rank's shard taken; under fsdp x tensor, this rank's
+        // slice of its shard (the checkpoint's whole tensors, whatever mesh wrote them).
+        share.range = nullptr;
+        const auto slice_for = [&](const std::string& name, const Shape& live) -> const ParameterSlice* {
+          const auto slash = name.find('/');
+          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
+          return it != slice_of.end() && live == it->second->piece->shape() ? it->second : nullptr;
+        };
+        share.whole_shape = [&, slice_for](const std::string& name, const Shape& live) {
+          if (const ParameterSlice* sl = slice_for(name, live)) return c.tensor->whole_shape(name, sl->model->shape());
           return c.tensor->whole_shape(name, live);
         };
-        share.shard_of = [&](const std::string& name, const Tensor& whole) { return c.tensor->shard(name, whole); };
+        share.shard_of = [&](const std::string& name, const Tensor& whole) {
+          const Tensor shard = c.tensor->shard(name, whole);
+          const auto slash = name.find('/');
+          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
+          if (it == slice_of.end() || !(shard.shape() == it->second->model->shape())) return shard;
+          return shard.view(Shape{shard.numel()}).slice(0, it->second->begin, it->second->end).clone();
+        };
       }
       saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
       if (c.fsdp) c.fsdp->shards_changed();

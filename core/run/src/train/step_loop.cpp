@@ -373,6 +373,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   if (trainer.get<bool>("save_final") && c.fsdp && !c.lora) {
     // Every rank gathers the units together; rank 0 writes the whole weights.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });
+    // fsdp x tensor: the tensor group's shards, whole.
+    if (c.tensor)
+      for (auto& [name, t] : full) t = c.tensor->whole(name, t);
     if (parallel.is_primary()) {
       std::deque<Parameter> values;
       std::vector<ModelParameter> saved;

@@ -99,6 +99,12 @@ const PlannedParameter* TensorParallel::planned(const Parameter* p) const {
   return it == index_.end() ? nullptr : &plan_[it->second];
 }
 
+void TensorParallel::alias(const Parameter* piece, const Parameter* model) {
+  const auto it = index_.find(model);
+  if (it == index_.end()) throw InternalError("tensor parallel: an alias of '" + model->name() + "', outside the plan");
+  index_[piece] = it->second;
+}
+
 const PlannedParameter* TensorParallel::planned(const std::string& entry) const {
   const auto it = by_name_.find(parameter_of(entry));
   return it == by_name_.end() ? nullptr : &plan_[it->second];

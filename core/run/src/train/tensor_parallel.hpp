@@ -43,6 +43,9 @@ class TensorParallel {
   }
   // The same by parameter name, for checkpoint entries ("exp_avg/layers.0.mlp.up_proj.weight").
   const PlannedParameter* planned(const std::string& entry) const;
+  // `piece` (fully sharded data parallelism's slice of `model`'s shard) stands for `model` in
+  // planned(): its gradient is summed and counted as the model parameter's.
+  void alias(const Parameter* piece, const Parameter* model);
 
   // After the data axis's reduction: the gradients of replicated_partial parameters summed over
   // the group. Every member calls it at the same point.
@@ -67,7 +70,7 @@ class TensorParallel {
   std::shared_ptr<CollectiveGroup> counted_;  // group_ behind a counter
   std::string model_name_;
   std::vector<PlannedParameter> plan_;
-  std::unordered_map<const Parameter*, std::size_t> index_;
+  std::unordered_map<const Parameter*, std::size_t> index_;  // the model's parameters and their aliases
   std::unordered_map<std::string, std::size_t> by_name_;
 };
 
