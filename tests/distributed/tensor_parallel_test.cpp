@@ -210,6 +210,24 @@ TEST(TensorParallel, ExportAndGenerateReadTheWholeTensorsOfARun) {
   }
 }
 
+// trainer.init_from (a loom run here; a Hugging Face directory takes the same path) is read whole
+// and each rank takes its shards: the run then trains as one process started from it does.
+TEST(TensorParallel, InitFromReadsTheWholeWeightsAndEachRankTakesItsShards) {
+  const fs::path source = scratch("init-source"), one = scratch("init-one"), two = scratch("init-tp");
+  auto first = tp_args(source, config("llama-tiny.yaml"), 8, kLlama);
+  first.push_back("trainer.num_train_steps=5");
+  const auto made = run_command(first, {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  const std::vector<std::string> from = kLlama + std::vector<std::string>{"trainer.init_from=" + source.string()};
+  const auto single = run_command(tp_args(one, config("llama-tiny.yaml"), 8, from), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  const auto parallel = mpirun(2, tp_args(two, config("llama-tiny.yaml"), 8, from + kTensor2));
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.out << parallel.err;
+  EXPECT_NE(parallel.out.find("took its shards of the whole weights"), std::string::npos) << parallel.out;
+  expect_close_losses(one, two);
+  EXPECT_LT(max_relative_difference(one / "model.safetensors", two / "model.safetensors"), kRelative);
+}
+
 TEST(TensorParallel, WhatItDoesNotCombineWithIsOneClearError) {
   struct Refusal {
     int ranks;

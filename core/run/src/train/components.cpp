@@ -132,6 +132,34 @@ std::string choose_trained_parameters(RunComponents& c, const Value& config, con
          ")";
 }
 
+namespace {
+
+// trainer.init_from under tensor parallelism: the weights are read into a whole model (initialised
+// first, as one process's is, for what the source does not hold), and each parameter's shard
+// copied out of it. The whole model lives only while it loads.
+std::vector<std::string> load_initial_shards(RunComponents& c, Model& target, const std::string& from,
+                                             WeightsChoice choice, std::uint64_t seed) {
+  const Handle<Model> whole = c.whole_model();
+  whole->initialize(seed);
+  std::vector<std::string> notes = load_initial_weights(*whole, from, choice);
+  std::unordered_map<std::string, Parameter*> by_name;
+  for (const auto& p : whole->parameters()) by_name[p.parameter->name()] = p.parameter;
+  const auto plan = target.parallel_plan();
+  if (!plan) throw InternalError("load_initial_shards: a model without a parallel plan");
+  for (const PlannedParameter& e : *plan) {
+    const auto it = by_name.find(e.parameter->name());
+    if (it == by_name.end() || !(it->second->shape() == e.whole))
+      throw InternalError("load_initial_shards: '" + e.parameter->name() + "' is not " + e.whole.str() +
+                          " in the whole model");
+    tensor_plan::extract_shard(it->second->data().data<float>(), e.whole, e.placement, c.tensor->rank(),
+                               c.tensor->size(), e.parameter->data().data<float>());
+  }
+  notes.push_back("tensor rank " + std::to_string(c.tensor->rank()) + " took its shards of the whole weights");
+  return notes;
+}
+
+}  // namespace
+
 std::vector<std::string> initialize_parameters(RunComponents& c, const Options& trainer, std::uint64_t seed,
                                                bool init_from, const std::function<bool(const Parameter*)>& optimizes,
                                                const std::function<void()>& shard) {
@@ -151,6 +179,10 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   std::vector<std::string> notes;
   if (!from.empty())
     notes = with_context("while loading trainer.init_from '" + from + "'", [&] {
+      if (c.tensor)
+        return load_initial_shards(
+            c, *c.model, from,
+            parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"), seed);
       return load_initial_weights(
           *c.model, from,
           parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"),
@@ -186,17 +218,36 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   return notes;
 }
 
+std::function<Handle<Model>()> whole_model_factory(const Registry& registry, const Value& config,
+                                                   const RunComponents& c) {
+  return [&registry, config, &c] {
+    Handle<Model> whole = create<Model>(registry, config, "model");
+    whole->build(ModelSetup{c.tokenizer->vocab_size()});
+    return whole;
+  };
+}
+
 void create_reference_model(RunComponents& c, const Registry& registry, const Value& config, const Options& trainer,
                             std::uint64_t seed) {
   if (!c.objective->needs_reference_model()) return;
   with_context("while making the reference model of the objective", [&] {
     c.reference = create<Model>(registry, config, "model");
-    c.reference->build(ModelSetup{c.tokenizer->vocab_size()});
+    ModelSetup setup;
+    setup.vocab_size = c.tokenizer->vocab_size();
+    if (c.tensor) {  // split as the trained model is: the objective runs both through one Ops
+      setup.tensor_rank = c.tensor->rank();
+      setup.tensor_size = c.tensor->size();
+    }
+    c.reference->build(setup);
     c.reference->initialize(seed);
-    if (const std::string from = trainer.get<std::string>("init_from"); !from.empty())
-      load_initial_weights(
-          *c.reference, from,
-          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights"));
+    if (const std::string from = trainer.get<std::string>("init_from"); !from.empty()) {
+      const WeightsChoice choice =
+          parse_weights_choice(trainer.get<std::string>("init_from_weights"), "trainer.init_from_weights");
+      if (c.tensor)
+        load_initial_shards(c, *c.reference, from, choice, seed);
+      else
+        load_initial_weights(*c.reference, from, choice);
+    }
     for (auto& p : c.reference->parameters()) p.parameter->set_requires_grad(false);
   });
 }

@@ -47,6 +47,9 @@ struct RunComponents {
   // and every Ops that runs it must carry the tensor group (TensorParallel::attach) on every
   // member.
   std::shared_ptr<TensorParallel> tensor;
+  // Under the tensor axis: a new whole model of the config (built, not initialised), into which
+  // trainer.init_from is read before each rank copies its shards out of it.
+  std::function<Handle<Model>()> whole_model;
   // What checkpoints and the final weights hold: every parameter of the model, or under LoRA the
   // adapters alone (the base comes from trainer.init_from).
   std::vector<ModelParameter> saved_parameters() const { return lora ? parameters : model->parameters(); }
@@ -95,6 +98,11 @@ std::vector<std::string> initialize_parameters(RunComponents& components, const 
 // model section, built like the first and holding the run's starting weights: the initialisation
 // of `seed`, then trainer.init_from, also when the run resumes (the reference never trains).
 // Its parameters take no gradient.
+// What RunComponents::whole_model calls: the config's model, built whole (its vocabulary from
+// the components' tokenizer), not initialised.
+std::function<Handle<Model>()> whole_model_factory(const Registry& registry, const Value& config,
+                                                   const RunComponents& components);
+
 void create_reference_model(RunComponents& components, const Registry& registry, const Value& config,
                             const Options& trainer, std::uint64_t seed);
 

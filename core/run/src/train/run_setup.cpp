@@ -108,10 +108,6 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
                       "): tensor parallelism's collectives compute on host memory, but backend '" +
                       std::string(c.backend->name()) + "' computes in " + c.backend->buffer_type().device().str() +
                       " memory; use the cpu or reference backend, or trainer.mesh.tensor: 1");
-    if (mesh.size(MeshAxis::tensor) > 1 && !trainer.get<std::string>("init_from").empty())
-      throw UserError("trainer.mesh (" + mesh.describe() +
-                      "): trainer.init_from does not combine with tensor parallelism yet (the weights it loads are "
-                      "whole); start the run with trainer.mesh.tensor: 1, or from scratch");
     if (mesh.size(MeshAxis::tensor) > 1 && !c.optimizer->elementwise())
       throw UserError("trainer.mesh (" + mesh.describe() + "): optimizer " +
                       run.config.at_path("optimizer.type")->as_string() +
@@ -227,6 +223,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       c.tensor = std::make_shared<TensorParallel>(parallel.tensor_group(), *c.model,
                                                   run.config.at_path("model.type")->as_string());
       progress.say(c.tensor->describe());
+      c.whole_model = whole_model_factory(runtime.registry(), run.config, c);
     }
     // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
     // to a shortened run) says what it changed.
