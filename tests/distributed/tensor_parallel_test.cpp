@@ -130,6 +130,10 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "optimizer.max_grad_norm=0.5"},
              2, kTensor2},
         Case{"lion", config("llama-tiny.yaml"), kLlama + std::vector<std::string>{"optimizer.type=lion"}, 2, kTensor2},
+        // Whole-matrix optimizers update whole copies of the split matrices.
+        Case{"muon", config("llama-tiny.yaml"), kLlama + std::vector<std::string>{"optimizer.type=muon"}, 2, kTensor2},
+        Case{"adafactor_ema", config("quickstart.yaml"),
+             kTwoLayers + std::vector<std::string>{"optimizer.type=adafactor", "trainer.ema_decay=0.9"}, 2, kTensor2},
         Case{"sft", config("sft-tiny.yaml"), {"data.paths=[" + config("data/sft-tiny.jsonl") + "]"}, 2, kTensor2},
         Case{"dpo", config("dpo-tiny.yaml"), {"data.paths=[" + config("data/preferences.jsonl") + "]"}, 2, kTensor2}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
@@ -181,6 +185,20 @@ INSTANTIATE_TEST_SUITE_P(
     Tensor, TensorParallelCheckpoints,
     ::testing::Values(
         Reshard{"tensor2_to_one", config("quickstart.yaml"), kTwoLayers, 2, kTensor2, 1, {}},
+        Reshard{"muon_tensor2_to_one",
+                config("llama-tiny.yaml"),
+                kLlama + std::vector<std::string>{"optimizer.type=muon"},
+                2,
+                kTensor2,
+                1,
+                {}},
+        Reshard{"muon_one_to_tensor2",
+                config("llama-tiny.yaml"),
+                kLlama + std::vector<std::string>{"optimizer.type=muon"},
+                1,
+                {},
+                2,
+                kTensor2},
         Reshard{"one_to_tensor2", config("llama-tiny.yaml"), kLlama, 1, {}, 2, kTensor2},
         Reshard{"tensor4_to_tensor2", config("mixtral-tiny.yaml"), kTwoLayers, 4, kTensor4, 2, kTensor2},
         Reshard{"fsdp2_tensor2_to_tensor4", config("llama-tiny.yaml"), kLlama, 4, kFsdp2Tensor2, 4, kTensor4},
@@ -237,7 +255,9 @@ TEST(TensorParallel, WhatItDoesNotCombineWithIsOneClearError) {
   const std::vector<Refusal> refused = {
       {2, {"trainer.mesh.tensor=2", "trainer.shard_optimizer_state=true"}, "does not combine with tensor parallelism"},
       {2, {"trainer.mesh.tensor=2", "lora.rank=4"}, "LoRA (lora.rank > 0) does not combine with tensor parallelism"},
-      {2, {"trainer.mesh.tensor=2", "optimizer.type=muon"}, "optimizer muon updates each matrix whole"},
+      {4,
+       {"trainer.mesh.tensor=2", "trainer.mesh.fsdp=2", "optimizer.type=muon"},
+       "optimizer muon updates each matrix whole"},
       {2, {"trainer.mesh.tensor=2", "trainer.mesh.data=3"}, "trainer.mesh {data: 3, fsdp: 1, tensor: 2} has 6 ranks"},
   };
   for (const auto& [ranks, overrides, message] : refused) {

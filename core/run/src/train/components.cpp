@@ -212,7 +212,9 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
         decay = decay_emb;
         break;
     }
-    opt_params.push_back({p.parameter, decay, p.role});
+    // Under tensor parallelism a whole-matrix optimizer updates whole copies of the split matrices.
+    Parameter* updated = c.tensor && !c.optimizer->elementwise() ? c.tensor->whole_copy(p.parameter) : p.parameter;
+    opt_params.push_back({updated, decay, p.role});
   }
   c.optimizer->init(OptimizerSetup{std::move(opt_params), c.backend.get()});
   return notes;

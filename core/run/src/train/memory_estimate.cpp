@@ -132,7 +132,12 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     e.reference /= t;
     e.matmul_copies /= t;
     e.gradients /= t;
-    e.optimizer_state /= t;
+    // A whole-matrix optimizer updates whole copies of the split matrices on every member: their
+    // values, gradients and state are whole.
+    if (!in.elementwise_optimizer)
+      e.optimizer_state += e.trained_values * 8;
+    else
+      e.optimizer_state /= t;
     e.ema /= t;
     e.buckets = std::min(e.buckets, e.gradients);
   }

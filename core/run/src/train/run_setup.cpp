@@ -108,11 +108,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
                       "): tensor parallelism's collectives compute on host memory, but backend '" +
                       std::string(c.backend->name()) + "' computes in " + c.backend->buffer_type().device().str() +
                       " memory; use the cpu or reference backend, or trainer.mesh.tensor: 1");
-    if (mesh.size(MeshAxis::tensor) > 1 && !c.optimizer->elementwise())
+    if (mesh.size(MeshAxis::tensor) > 1 && mesh.size(MeshAxis::fsdp) > 1 && !c.optimizer->elementwise())
       throw UserError("trainer.mesh (" + mesh.describe() + "): optimizer " +
                       run.config.at_path("optimizer.type")->as_string() +
-                      " updates each matrix whole, which tensor parallelism splits; it does not combine with "
-                      "trainer.mesh.tensor > 1 yet: use an elementwise optimizer (adamw, sgd, lion) or tensor 1");
+                      " updates each matrix whole, which needs whole copies of the split matrices under tensor "
+                      "parallelism and whole owners under an fsdp axis; the two together are not supported yet: use "
+                      "an elementwise optimizer (adamw, sgd, lion), or drop one of the axes");
     if (mesh.size(MeshAxis::fsdp) > 1 && &c.backend->buffer_type() != &host_buffer_type())
       throw UserError("trainer.mesh (" + mesh.describe() +
                       "): fully sharded data parallelism keeps the units in host "
@@ -365,6 +366,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       }
       saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
       if (c.fsdp) c.fsdp->shards_changed();
+      if (c.tensor) c.tensor->shards_changed();
       with_context("while reading " + (resume->dir / "state.json").string(),
                    [&] { restore_state(run, resume->record); });
       run.resumed_from = resume->record.step;

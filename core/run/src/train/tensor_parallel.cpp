@@ -134,7 +134,7 @@ Shape TensorParallel::whole_shape(const std::string& entry, const Shape& live) c
 
 Tensor TensorParallel::whole(const std::string& entry, const Tensor& live) const {
   const PlannedParameter* e = planned(entry);
-  if (!e || !e->placement.is_split() || !(live.shape() == e->parameter->shape())) return live;
+  if (!e || !e->placement.is_split() || !(live.shape() == e->parameter->shape()) || held_whole(entry)) return live;
   // The members' shards may differ in size (an uneven vocabulary): each is sent in a buffer of the
   // largest, then put in its place.
   std::int64_t largest = 0;
@@ -153,10 +153,47 @@ Tensor TensorParallel::whole(const std::string& entry, const Tensor& live) const
 
 Tensor TensorParallel::shard(const std::string& entry, const Tensor& whole) const {
   const PlannedParameter* e = planned(entry);
-  if (!e || !e->placement.is_split() || !(whole.shape() == e->whole)) return whole;
+  if (!e || !e->placement.is_split() || !(whole.shape() == e->whole) || held_whole(entry)) return whole;
   Tensor out = Tensor::zeros(tensor_plan::shard_shape(e->whole, e->placement, rank(), size()));
   tensor_plan::extract_shard(whole.data<float>(), e->whole, e->placement, rank(), size(), out.data<float>());
   return out;
+}
+
+Parameter* TensorParallel::whole_copy(Parameter* shard) {
+  const PlannedParameter* e = planned(shard);
+  if (!e || !e->placement.is_split()) return shard;
+  Parameter& whole = copy_storage_.emplace_back(shard->name(), this->whole(shard->name(), shard->data()));
+  Tensor grad = Tensor::zeros(e->whole);
+  whole.set_grad_buffer(grad);
+  whole.set_requires_grad(shard->requires_grad());
+  copies_.push_back({shard, &whole, grad});
+  copied_names_.insert(shard->name());
+  return &whole;
+}
+
+void TensorParallel::before_update() {
+  for (Copy& c : copies_) {
+    // Every member reached the parameter or none did (they run the same graph).
+    if (!c.shard->has_grad()) {
+      c.whole->zero_grad();
+      continue;
+    }
+    c.grad.copy_from(whole(c.shard->name(), c.shard->grad()));
+    c.whole->mark_grad_written();
+  }
+}
+
+void TensorParallel::after_update() {
+  for (Copy& c : copies_) c.shard->data().copy_from(shard(c.shard->name(), c.whole->data()));
+}
+
+void TensorParallel::shards_changed() {
+  for (Copy& c : copies_) c.whole->data().copy_from(whole(c.shard->name(), c.shard->data()));
+}
+
+bool TensorParallel::held_whole(const std::string& entry) const {
+  const auto slash = entry.find('/');
+  return slash != std::string::npos && !entry.starts_with("ema/") && copied_names_.contains(entry.substr(slash + 1));
 }
 
 std::string TensorParallel::describe() const {

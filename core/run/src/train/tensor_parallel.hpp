@@ -6,9 +6,11 @@
 // checkpoint written under any tensor size resumes under any other.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -62,6 +64,22 @@ class TensorParallel {
   // This member's shard of the whole tensor of entry `entry`.
   Tensor shard(const std::string& entry, const Tensor& whole) const;
 
+  // Whole-matrix optimizers (Muon, SOAP, Adafactor: Optimizer::elementwise() false) update every
+  // split parameter through a whole copy, the same on every member: whole_copy() makes it (from the
+  // members' shards; every member calls it for the same parameters in the same order) and returns
+  // what the optimizer is given instead of the shard; before each update the shards' gradients
+  // are gathered into the copies, after it each member takes its shard of the updated copy.
+  // (Correct and simple; each member then holds and updates every split matrix whole.)
+  Parameter* whole_copy(Parameter* shard);
+  void before_update();
+  void after_update();
+  // After the shards were written from outside (a checkpoint loaded): the copies follow.
+  void shards_changed();
+  bool has_whole_copies() const { return !copies_.empty(); }
+  // Whether entry `entry` (an optimizer state entry) belongs to a whole copy: held whole, the same
+  // on every member, not split.
+  bool held_whole(const std::string& entry) const;
+
   // "tensor 2: 26 of 30 parameters split (heads, width, vocabulary), 3.1 MiB of weights per rank"
   std::string describe() const;
 
@@ -72,6 +90,14 @@ class TensorParallel {
   std::vector<PlannedParameter> plan_;
   std::unordered_map<const Parameter*, std::size_t> index_;  // the model's parameters and their aliases
   std::unordered_map<std::string, std::size_t> by_name_;
+  struct Copy {
+    Parameter* shard;
+    Parameter* whole;
+    Tensor grad;
+  };
+  std::deque<Parameter> copy_storage_;  // stable addresses
+  std::vector<Copy> copies_;
+  std::unordered_set<std::string> copied_names_;
 };
 
 }  // namespace loom::training

@@ -63,7 +63,9 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   }
 
   clip_gradients(result.grad_norm, components_.max_grad_norm);
+  if (components_.tensor) components_.tensor->before_update();
   components_.optimizer->step(result.lr, step - state.skipped_steps);
+  if (components_.tensor) components_.tensor->after_update();
   parallel_.gather_parameters();
   if (components_.fsdp) components_.fsdp->owners_changed();
   ++state.step;
