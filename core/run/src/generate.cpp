@@ -109,8 +109,14 @@ DocumentBoundary document_boundary(const Tokenizer& tokenizer, bool separator_en
   return boundary;
 }
 
-TokenStream::TokenStream(Model& model, Backend& backend, DocumentBoundary boundary, ContextPolicy policy)
-    : model_(model), backend_(backend), boundary_(std::move(boundary)), policy_(policy), context_(model.max_seq_len()) {
+TokenStream::TokenStream(Model& model, Backend& backend, DocumentBoundary boundary, ContextPolicy policy,
+                         std::function<void(Ops&)> attach)
+    : model_(model),
+      backend_(backend),
+      boundary_(std::move(boundary)),
+      policy_(policy),
+      context_(model.max_seq_len()),
+      attach_(std::move(attach)) {
   if (boundary_.separator.empty()) throw InternalError("TokenStream: an empty separator");
   if (static_cast<std::int64_t>(boundary_.separator.size()) > context_)
     throw UserError("the document separator (" + std::to_string(boundary_.separator.size()) +
@@ -125,6 +131,7 @@ void TokenStream::run(std::span<const std::int32_t> tokens) {
   tape.set_enabled(false);
   Ops ops(backend_, &tape);
   ops.set_training(false);
+  if (attach_) attach_(ops);
   const Tensor input = Tensor::from(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())});
   logits_ = model_.next_logits(ops, input, *cache_).to_vector();
 }
@@ -186,7 +193,7 @@ Generation generate(Model& model, Backend& backend, const Tokenizer& tokenizer, 
   const std::optional<std::int32_t> eot = tokenizer.end_of_text();
   Generation out;
   if (options.max_new_tokens == 0) return out;
-  TokenStream stream(model, backend, boundary, options.at_context_end);
+  TokenStream stream(model, backend, boundary, options.at_context_end, options.attach);
   stream.start(prompt);
   // A model's vocabulary may be larger than its tokenizer's (padded to a multiple, as Hugging
   // Face files often are): the ids past the tokenizer's have no text, so they are never picked.

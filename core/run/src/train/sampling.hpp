@@ -21,7 +21,8 @@ class Sampler {
         model_(components.model),
         separator_ends_documents_(components.dataset->separator_ends_documents()),
         trainer_(trainer),
-        seed_(seed) {}
+        seed_(seed),
+        tensor_(components.tensor) {}
 
   // The prompt followed by up to `length` sampled tokens, as text; an empty prompt starts a new
   // document the way the training data starts one (see generate.hpp, document_boundary).
@@ -34,6 +35,8 @@ class Sampler {
   bool separator_ends_documents_;
   Options trainer_;
   std::uint64_t seed_ = 0;
+  // Under tensor parallelism every member of the group samples, through the group.
+  std::shared_ptr<TensorParallel> tensor_;
 };
 
 }  // namespace loom::training

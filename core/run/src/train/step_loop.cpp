@@ -95,15 +95,18 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
   TaskEvaluation task_evaluation(c, trainer);
-  // Under FSDP and tensor parallelism every rank runs the model together.
+  // Under FSDP and tensor parallelism every rank runs the model together: the validation loss
+  // always, samples under tensor parallelism alone (every member of a tensor group draws the same
+  // text through it; rank 0 reports), benchmark tasks under neither yet.
   const bool together = c.fsdp || c.tensor;
   const char* together_name = c.fsdp ? "fully sharded data parallelism" : "tensor parallelism";
+  const bool samples_here = c.fsdp ? false : c.tensor ? true : parallel.is_primary();
   if (together && task_evaluation.enabled())
     progress.say(std::string("note: trainer.eval_tasks is not run under ") + together_name +
                  " in this build; score "
                  "the final weights with `loom eval " +
                  run.directory.path().string() + " --tasks ...`");
-  if (together && sample_length > 0)
+  if (c.fsdp && sample_length > 0)
     progress.say(std::string("note: samples (trainer.sample_length) are not drawn under ") + together_name +
                  " in this build; `loom generate " + run.directory.path().string() +
                  "` draws them from the final weights");
@@ -307,8 +310,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         }
       }
       if (task_evaluation.due(step + 1) && !last) evaluate_tasks_now(step + 1);
-      if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary() &&
-          !together) {
+      if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && samples_here) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
@@ -404,7 +406,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
-  if (sample_length > 0 && parallel.is_primary() && !together) {
+  if (sample_length > 0 && samples_here) {
     summary.final_sample = with_adapters([&] { return sampler.sample(sample_length); });
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);

@@ -51,6 +51,10 @@ struct SamplingOptions {
   std::uint64_t seed = 0;
   bool stop_at_end_of_text = true;
   ContextPolicy at_context_end = ContextPolicy::slide;
+  // Called on every Ops the generation runs the model with, before it does: the trainer's
+  // samples under tensor parallelism attach the tensor group (every member of the group then
+  // generates the same text). Null: nothing.
+  std::function<void(Ops&)> attach;
 };
 
 // How the caller names each sampling option, for messages: "--top-k" on the command line,
@@ -91,7 +95,9 @@ DocumentBoundary document_boundary(const Tokenizer& tokenizer, bool separator_en
 // start() and after each append(), logits() are the model's logits for the next token.
 class TokenStream {
  public:
-  TokenStream(Model& model, Backend& backend, DocumentBoundary boundary, ContextPolicy policy = ContextPolicy::slide);
+  // `attach`: SamplingOptions::attach.
+  TokenStream(Model& model, Backend& backend, DocumentBoundary boundary, ContextPolicy policy = ContextPolicy::slide,
+              std::function<void(Ops&)> attach = {});
   ~TokenStream();
   TokenStream(const TokenStream&) = delete;
   TokenStream& operator=(const TokenStream&) = delete;
@@ -120,6 +126,7 @@ class TokenStream {
   std::vector<std::int32_t> held_;  // the tokens in the cache, from position 0
   bool new_document_ = false;       // the next token starts a document: empty the cache first
   std::vector<float> logits_;
+  std::function<void(Ops&)> attach_;
 };
 
 struct Generation {
