@@ -12,6 +12,8 @@ std::string_view mesh_axis_name(MeshAxis axis) {
       return "data";
     case MeshAxis::fsdp:
       return "fsdp";
+    case MeshAxis::tensor:
+      return "tensor";
   }
   return "?";
 }

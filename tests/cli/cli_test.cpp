@@ -477,13 +477,15 @@ TEST(Cli, AMeshThatDoesNotFitTheRanksIsRefusedBeforeTheRunStarts) {
   const auto never = dir.path() / "never";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"trainer.mesh={data: 1, fsdp: 2}",
-       "trainer.mesh {data: 1, fsdp: 2} has 2 ranks but the run has 1 rank: the sizes of the axes must multiply to "
+       "trainer.mesh {data: 1, fsdp: 2, tensor: 1} has 2 ranks but the run has 1 rank: the sizes of the axes must "
+       "multiply to "
        "the number of ranks (mpirun -np), or one may be -1 for the ranks the others leave"},
-      {"trainer.mesh.data=2", "trainer.mesh {data: 2, fsdp: 1} has 2 ranks but the run has 1 rank"},
+      {"trainer.mesh.data=2", "trainer.mesh {data: 2, fsdp: 1, tensor: 1} has 2 ranks but the run has 1 rank"},
       {"trainer.mesh={data: -1, fsdp: -1}", "only one axis may be -1"},
       {"trainer.mesh.fsdp=0", "trainer.mesh.fsdp is 0: each axis of the mesh is a number of ranks"},
       {"trainer.mesh.data=-2", "trainer.mesh.data"},
-      {"trainer.mesh.tensor=2", "trainer.mesh.tensor: unknown option"},
+      {"trainer.mesh.tensor=2", "trainer.mesh {data: -1, fsdp: 1, tensor: 2} does not divide the 1 rank of this run"},
+      {"trainer.mesh.pipeline=2", "trainer.mesh.pipeline: unknown option"},
   };
   for (const auto& [override_, message] : cases) {
     const auto r = loom({"train", file.string(), override_, "trainer.run_dir=" + never.string()});

@@ -54,12 +54,13 @@ loom::Collective& collective() {
   return *handle;
 }
 
-// Every mesh of the world's ranks: data x fsdp for each divisor.
+// Every mesh of the world's ranks: data x fsdp x tensor for each factorisation.
 std::vector<loom::Mesh> meshes() {
   const int n = collective().size();
   std::vector<loom::Mesh> out;
   for (int data = n; data >= 1; --data)
-    if (n % data == 0) out.emplace_back(loom::Mesh::Sizes{data, n / data});
+    for (int fsdp = n / data; fsdp >= 1; --fsdp)
+      if (n % (data * fsdp) == 0) out.emplace_back(loom::Mesh::Sizes{data, fsdp, n / (data * fsdp)});
   return out;
 }
 
@@ -449,7 +450,7 @@ TEST(CollectiveConformance, OperationsOfDifferentGroupsInterleave) {
 
 TEST(CollectiveConformance, AGroupOfAMeshOfAnotherWorldSizeIsAnInternalError) {
   auto& c = collective();
-  EXPECT_THROW(c.group(loom::Mesh(loom::Mesh::Sizes{c.size() + 1, 1}), loom::MeshAxis::data), loom::InternalError);
+  EXPECT_THROW(c.group(loom::Mesh(loom::Mesh::Sizes{c.size() + 1, 1, 1}), loom::MeshAxis::data), loom::InternalError);
 }
 
 }  // namespace

@@ -224,7 +224,7 @@ TEST(DataParallel, ZeroOneRanksWriteTheirOwnPartsAndTheCheckpointResumesOnAnyNum
   for (const auto& t : part0.tensors()) EXPECT_FALSE(part1.contains(t.name)) << t.name;
   r = run_command({LOOM_BINARY, "checkpoints", written.string()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("data 2 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data 2 x fsdp 1 x tensor 1   yes  (latest)"), std::string::npos) << r.out;
 
   const std::string from = "trainer.resume=" + step10.string();
   r = run_command(checkpointed(one, 20, {from, average}), {"LOOM_NUM_THREADS=1"});
@@ -236,7 +236,7 @@ TEST(DataParallel, ZeroOneRanksWriteTheirOwnPartsAndTheCheckpointResumesOnAnyNum
   r = mpirun(4, checkpointed(four_sharded, 20, {from, kZeroOne, average}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   r = run_command({LOOM_BINARY, "checkpoints", four_sharded.string()});
-  EXPECT_NE(r.out.find("data 4 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data 4 x fsdp 1 x tensor 1   yes  (latest)"), std::string::npos) << r.out;
 
   const auto l1 = losses(one), l4 = losses(four), l4z = losses(four_sharded);
   ASSERT_EQ(l1.size(), 10u);
@@ -265,7 +265,7 @@ TEST(DataParallel, ARankKilledWhileACheckpointIsWrittenLeavesThePreviousOneAndTh
     EXPECT_EQ(file_bytes(dir / "checkpoints" / "latest"), "step-5\n");
     EXPECT_FALSE(fs::exists(dir / "checkpoints" / "step-10"));
     r = run_command({LOOM_BINARY, "checkpoints", dir.string()});
-    EXPECT_NE(r.out.find("data 2 x fsdp 1   yes  (latest)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("data 2 x fsdp 1 x tensor 1   yes  (latest)"), std::string::npos) << r.out;
 
     r = mpirun(2, checkpointed(dir, 15, {kZeroOne}));  // the same command
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -408,14 +408,15 @@ TEST(DataParallel, TheMeshIsShownAndAMeshThatDoesNotFitIsRefusedFirst) {
   args.push_back("trainer.mesh={data: 2, fsdp: -1}");
   auto r = mpirun(2, args);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("data parallel: 2 ranks: data 2 x fsdp 1 ("), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("  2 ranks: data 2 x fsdp 1\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data parallel: 2 ranks: data 2 x fsdp 1 x tensor 1 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  2 ranks: data 2 x fsdp 1 x tensor 1\n"), std::string::npos) << r.out;
 
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"trainer.mesh.data=3", "trainer.mesh {data: 3, fsdp: 1} has 3 ranks but the run has 2 ranks"},
-      {"trainer.mesh={data: -1, fsdp: 3}", "trainer.mesh {data: -1, fsdp: 3} does not divide the 2 ranks of this run"},
+      {"trainer.mesh.data=3", "trainer.mesh {data: 3, fsdp: 1, tensor: 1} has 3 ranks but the run has 2 ranks"},
+      {"trainer.mesh={data: -1, fsdp: 3}",
+       "trainer.mesh {data: -1, fsdp: 3, tensor: 1} does not divide the 2 ranks of this run"},
       {"trainer.mesh={data: 1, fsdp: 2} trainer.shard_optimizer_state=true",
-       "trainer.mesh (data 1 x fsdp 2) shards the optimizer state along its fsdp axis already (ZeRO-3); "
+       "trainer.mesh (data 1 x fsdp 2 x tensor 1) shards the optimizer state along its fsdp axis already (ZeRO-3); "
        "trainer.shard_optimizer_state (ZeRO-1) is for the data axis of a mesh without one"},
   };
   for (const auto& [override_, message] : refused) {

@@ -66,6 +66,21 @@ TEST(MemoryEstimate, EveryTermOfOneProcess) {
   EXPECT_NE(e.describe().find("memory estimate per rank: "), std::string::npos);
 }
 
+TEST(MemoryEstimate, TensorParallelismDividesTheSplitWeightsTheirGradientsAndState) {
+  MemoryInputs in = small_inputs();
+  in.ranks = 4;
+  in.tensor = 2;
+  in.ema = true;
+  in.grad_bucket_bytes = 1 << 20;
+  const MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.parameters, 200000);
+  EXPECT_EQ(e.gradients, 200000);
+  EXPECT_EQ(e.optimizer_state, 400000);
+  EXPECT_EQ(e.ema, 200000);
+  EXPECT_EQ(e.buckets, 200000) << "a bucket is never larger than the gradients it sums";
+  EXPECT_EQ(e.activations, in.model->activation_bytes) << "counted whole: an upper bound";
+}
+
 TEST(MemoryEstimate, RematCopiesEmaSamplesAndDataParallelTerms) {
   MemoryInputs in = small_inputs();
   in.model->remat = true;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/kinds/collective.hpp"
 #include "numerics/ops_support.hpp"
 
 namespace loom {
@@ -238,6 +239,219 @@ struct LinearCrossEntropyRowsNode final : Node {
   }
 };
 
+// ---- Vocabulary parallelism (CrossEntropyOptions::vocab_size; Ops::tensor_group) ----
+
+struct VocabShard {
+  CollectiveGroup* group = nullptr;
+  std::int64_t begin = 0;  // the first whole-vocabulary row this member's weight holds
+  std::int64_t rows = 0;   // its rows
+};
+
+// Capped logits of rows [r0, r0 + n) of x times this member's weight: l [n, rows]; with a cap,
+// th holds tanh(logit / cap) for the backward factor.
+void vocab_logits(Backend& be, const quant::StoredMatrix* stored, const detail::Matrix& wm, const detail::Matrix& xm,
+                  std::int64_t r0, std::int64_t n, std::int64_t vl, float cap, float* l, float* th) {
+  detail::gemm_weight(be, stored, wm.data, wm.ld, true, n, vl, xm.cols, xm.data + r0 * xm.ld, xm.ld, 0.0f, l, vl);
+  if (cap > 0.0f)
+    for (std::int64_t i = 0; i < n * vl; ++i) {
+      const float h = std::tanh(l[i] / cap);
+      l[i] = cap * h;
+      if (th) th[i] = h;
+    }
+}
+
+// The log-sum-exp over the whole vocabulary of each of n rows, and each row's loss (lse minus
+// its target's logit; 0 where ignored): one all-reduce (max) and one (sum, in double) of the
+// members' parts.
+void vocab_lse(const VocabShard& v, const float* l, std::int64_t n, const std::int32_t* t, std::int32_t ignore,
+               float* lse, float* losses) {
+  const std::int64_t vl = v.rows;
+  std::vector<float> m(static_cast<std::size_t>(n));
+  for (std::int64_t r = 0; r < n; ++r) {
+    float mx = -INFINITY;
+    for (std::int64_t j = 0; j < vl; ++j) mx = std::max(mx, l[r * vl + j]);
+    m[static_cast<std::size_t>(r)] = mx;
+  }
+  v.group->all_reduce(std::span<float>(m), ReduceOp::max);
+  std::vector<double> sums(static_cast<std::size_t>(2 * n), 0.0);  // [sum exp | target logit]
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float mx = m[static_cast<std::size_t>(r)];
+    double s = 0.0;
+    for (std::int64_t j = 0; j < vl; ++j) s += std::exp(static_cast<double>(l[r * vl + j] - mx));
+    sums[static_cast<std::size_t>(r)] = s;
+    const std::int64_t local = static_cast<std::int64_t>(t[r]) - v.begin;
+    if (t[r] != ignore && local >= 0 && local < vl) sums[static_cast<std::size_t>(n + r)] = l[r * vl + local];
+  }
+  v.group->all_reduce(std::span<double>(sums));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const double z = m[static_cast<std::size_t>(r)] + std::log(sums[static_cast<std::size_t>(r)]);
+    lse[r] = static_cast<float>(z);
+    losses[r] = t[r] == ignore ? 0.0f : static_cast<float>(z - sums[static_cast<std::size_t>(n + r)]);
+  }
+}
+
+// Rows l [n, rows] of capped logits into d loss / d (uncapped) logits for seeds g[r] (or one g
+// for every row when seeds is null): g (softmax (1 + 2 w lse) - onehot), times 1 - tanh^2 with a
+// cap; 0 for ignored rows.
+void vocab_gradient(const VocabShard& v, float* l, std::int64_t n, const std::int32_t* t, std::int32_t ignore,
+                    const float* lse, const float* seeds, float g, float z_loss_weight, const float* th) {
+  const std::int64_t vl = v.rows;
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* row = l + r * vl;
+    const float gr = seeds ? seeds[r] : g;
+    if (t[r] == ignore || gr == 0.0f) {
+      std::fill_n(row, vl, 0.0f);
+      continue;
+    }
+    const float factor = gr * (1.0f + 2.0f * z_loss_weight * lse[r]);
+    for (std::int64_t j = 0; j < vl; ++j) row[j] = factor * std::exp(row[j] - lse[r]);
+    const std::int64_t local = static_cast<std::int64_t>(t[r]) - v.begin;
+    if (local >= 0 && local < vl) row[local] -= gr;
+  }
+  if (th)
+    for (std::int64_t i = 0; i < n * vl; ++i) l[i] *= 1.0f - th[i] * th[i];
+}
+
+// Reduction::none under vocabulary parallelism: the backward pass projects the chunks again and
+// applies each row's seed (no communication: the log-sum-exps were kept).
+struct VocabCrossEntropyRowsNode final : Node {
+  using Node::Node;
+  const char* name() const override { return "linear_cross_entropy (vocab parallel)"; }
+  Tensor x, weight, targets, lse;
+  const quant::StoredMatrix* stored = nullptr;
+  GradTarget tx, tweight;
+  VocabShard shard;
+  std::int64_t chunk = 1;
+  float cap = 0.0f, z_loss_weight = 0.0f;
+  std::int32_t ignore = -100;
+
+  void backward(BackwardPass& pass) override {
+    Backend& be = pass.backend();
+    const detail::Matrix xm = detail::as_matrix(x);
+    const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
+    const std::int64_t rows = xm.rows, dim = xm.cols, vl = shard.rows;
+    const std::vector<float> seeds = row_seeds(pass.output_grad(*this, 0), rows);
+    const std::int32_t* t = detail::ids_ptr(targets);
+    Tensor logits = pass.empty(Shape{chunk, vl});
+    Tensor th = cap > 0.0f ? pass.empty(Shape{chunk, vl}) : Tensor();
+    Tensor dx = tx.active() ? pass.empty(x.shape()) : Tensor();
+    Tensor dweight = tweight.active() ? pass.empty(weight.shape()) : Tensor();
+    float* l = ptr(logits);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      vocab_logits(be, stored, wm, xm, r0, n, vl, cap, l, th.defined() ? ptr(th) : nullptr);
+      vocab_gradient(shard, l, n, t + r0, ignore, ptr(lse) + r0, seeds.data() + r0, 0.0f, z_loss_weight,
+                     th.defined() ? ptr(th) : nullptr);
+      if (dx.defined())
+        detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vl, l, vl, 0.0f, ptr(dx) + r0 * dim, dim);
+      if (dweight.defined())
+        be.gemm(Transpose::yes, Transpose::no, vl, dim, n, 1.0f, l, vl, xm.data + r0 * xm.ld, xm.ld,
+                r0 == 0 ? 0.0f : 1.0f, ptr(dweight), dim);
+    }
+    if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
+    if (dx.defined()) pass.give(tx, std::move(dx));
+    if (dweight.defined()) pass.give(tweight, std::move(dweight));
+  }
+};
+
+// linear_cross_entropy's vocabulary-parallel form (CrossEntropyOptions::vocab_size > 0).
+Tensor vocab_parallel_cross_entropy(Ops& ops, Tape* tape, const Tensor& x, const Tensor& weight,
+                                    const quant::StoredMatrix* stored, const Tensor& targets,
+                                    const CrossEntropyOptions& options, float z_loss_weight) {
+  constexpr const char* op = "linear_cross_entropy";
+  CollectiveGroup* group = ops.tensor_group();
+  const std::int64_t vl = stored ? stored->rows : weight.size(0);
+  if (!group)
+    op_error(op,
+             "vocab_size " + std::to_string(options.vocab_size) + " (vocabulary parallelism) without a tensor group");
+  if (!(x.is_host_visible() && weight.is_host_visible() && targets.is_host_visible()))
+    op_error(op, "vocabulary parallelism computes on host-visible memory");
+  if (options.vocab_begin < 0 || options.vocab_begin + vl > options.vocab_size)
+    op_error(op, "rows [" + std::to_string(options.vocab_begin) + ", " + std::to_string(options.vocab_begin + vl) +
+                     ") of a vocabulary of " + std::to_string(options.vocab_size));
+  Backend& be = ops.backend();
+  const VocabShard shard{group, options.vocab_begin, vl};
+  const detail::Matrix xm = detail::as_matrix(x);
+  const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
+  const std::int64_t rows = xm.rows, dim = xm.cols;
+  const std::int64_t count = count_targets(targets, options.vocab_size, options.ignore_index, op);
+  const float scale = reduction_scale(options.reduction, count);
+  const float cap = options.logit_softcap;
+  const std::int32_t* t = detail::ids_ptr(targets);
+  std::int64_t chunk = options.chunk_tokens;
+  if (chunk == 0)
+    chunk = std::max<std::int64_t>(16, (std::int64_t{256} << 20) / (std::max<std::int64_t>(vl, 1) * 4) / 16 * 16);
+  chunk = std::max<std::int64_t>(1, std::min(chunk, rows));
+
+  auto* rec = detail::recording_state(tape, {&x, &weight}, op);
+  GradTarget tx, tw;
+  if (rec) {
+    tx = rec->target(x);
+    tw = rec->target(weight);
+  }
+  Tensor losses = detail::empty(ops, Shape{rows});
+  Tensor lse = detail::empty(ops, Shape{rows});
+  Tensor logits = detail::empty(ops, Shape{chunk, vl});
+  float* l = ptr(logits);
+  const bool per_row = options.reduction == Reduction::none;
+  // Mean and sum: the gradients for a seed of 1 are computed here, chunk by chunk, as
+  // LinearCrossEntropyNode's; none: the backward pass projects again.
+  const bool grads_now = rec && !per_row;
+  Tensor th = cap > 0.0f && grads_now ? detail::empty(ops, Shape{chunk, vl}) : Tensor();
+  Tensor dx = grads_now && tx.active() ? detail::empty(ops, x.shape()) : Tensor();
+  Tensor dweight = grads_now && tw.active() ? detail::empty(ops, weight.shape()) : Tensor();
+  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const std::int64_t n = std::min(chunk, rows - r0);
+    vocab_logits(be, stored, wm, xm, r0, n, vl, cap, l, th.defined() ? ptr(th) : nullptr);
+    vocab_lse(shard, l, n, t + r0, options.ignore_index, ptr(lse) + r0, ptr(losses) + r0);
+    if (!grads_now) continue;
+    vocab_gradient(shard, l, n, t + r0, options.ignore_index, ptr(lse) + r0, nullptr, scale, z_loss_weight,
+                   th.defined() ? ptr(th) : nullptr);
+    if (dx.defined())
+      detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vl, l, vl, 0.0f, ptr(dx) + r0 * dim, dim);
+    if (dweight.defined())
+      be.gemm(Transpose::yes, Transpose::no, vl, dim, n, 1.0f, l, vl, xm.data + r0 * xm.ld, xm.ld,
+              r0 == 0 ? 0.0f : 1.0f, ptr(dweight), dim);
+  }
+  logits.reset();
+  th.reset();
+  if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
+  if (per_row) {
+    Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight, targets.shape());
+    if (rec) {
+      auto* node = rec->record<VocabCrossEntropyRowsNode>(be);
+      node->x = x.detach();
+      node->weight = weight.detach();
+      node->stored = stored;
+      node->targets = targets;
+      node->lse = lse;
+      node->tx = tx;
+      node->tweight = tw;
+      node->shard = shard;
+      node->chunk = chunk;
+      node->cap = cap;
+      node->z_loss_weight = z_loss_weight;
+      node->ignore = options.ignore_index;
+      rec->add_output(*node, out);
+    }
+    return out;
+  }
+  float value = reduce(losses, scale);
+  if (z_loss_weight != 0.0f)
+    value += static_cast<float>(z_loss_weight * z_loss_sum(lse, t, rows, options.ignore_index) * scale);
+  Tensor loss = detail::scalar(ops.buffer_type(), value);
+  if (rec) {
+    auto* node = rec->record<LinearCrossEntropyNode>(be);
+    node->tx = tx;
+    node->tweight = tw;
+    node->dx = std::move(dx);
+    node->dweight = std::move(dweight);
+    rec->add_output(*node, loss);
+    rec->values_not_needed(weight);
+  }
+  return loss;
+}
+
 }  // namespace
 
 Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const CrossEntropyOptions& options) {
@@ -326,6 +540,8 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     const Parameter* p = weight.parameter();
     if (p && weight.shape() == p->shape() && weight.device_data<float>() == p->tensor().device_data<float>())
       if (const auto it = adapters_->find(p); it != adapters_->end() && !it->second.empty()) {
+        if (options.vocab_size > 0)
+          op_error(op, "low-rank adapters on a vocabulary-parallel output layer are not supported");
         Tensor logits = adapted_linear(it->second, x_in, weight, Tensor(), {});
         if (cap > 0.0f) logits = softcap(logits, cap);
         CrossEntropyOptions whole = options;
@@ -335,6 +551,9 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
       }
   }
   const Tensor x = x_in.is_row_strided() ? x_in : contiguous(x_in);
+  if (options.vocab_size > 0) {
+    return vocab_parallel_cross_entropy(*this, tape_, x, weight, stored, targets, options, z_loss_weight_);
+  }
   const detail::Matrix xm = detail::as_matrix(x);
   const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
   const std::int64_t rows = xm.rows, dim = xm.cols, vocab = weight.size(0);

@@ -268,6 +268,15 @@ struct CrossEntropyOptions {
   // Gemma 2's final_logit_softcapping) before the softmax; the backward pass includes the cap.
   // Host memory only.
   float logit_softcap = 0.0f;
+  // linear_cross_entropy only, vocabulary parallelism (Ops::tensor_group): when vocab_size > 0,
+  // the weight holds rows [vocab_begin, vocab_begin + rows) of a whole output layer of
+  // vocab_size rows split over the tensor group, and targets index the whole vocabulary. Each
+  // member computes its own logits only; the log-sum-exp and the targets' logits are combined
+  // by all-reduces of a few values per token, so the whole logits never exist anywhere, and the
+  // loss is the same on every member. x's gradient is this member's part: put x through
+  // Ops::tensor_copy, whose backward pass sums the parts. 0: the weight is the whole vocabulary.
+  std::int64_t vocab_size = 0;
+  std::int64_t vocab_begin = 0;
 };
 
 // Activation checkpointing (remat): what a checkpointed segment keeps for its backward pass.
@@ -279,6 +288,7 @@ enum class RematPolicy : std::uint8_t {
 };
 
 class Ops;
+class CollectiveGroup;
 // A segment of a forward pass for Ops::checkpoint: its outputs from its inputs.
 using Segment = std::function<std::vector<Tensor>(Ops& ops, std::span<const Tensor> inputs)>;
 
@@ -404,6 +414,34 @@ class Ops {
   // A contiguous copy when x is not contiguous (recorded, so gradients flow), else x itself.
   Tensor contiguous(const Tensor& x);
 
+  // ---- Tensor parallelism (trainer.mesh's tensor axis; parallel_plan.hpp, docs/distributed.md)
+  // The group of ranks that split the model's matrices between them, set by the run layer before
+  // the model runs (the group outlives this Ops); null, the default: none. Every member runs the
+  // same operations in the same order on the same rows, so the collectives below line up; each
+  // is recorded like any operation (its backward pass communicates too, and a checkpointed
+  // segment's recomputation communicates again). Host-visible memory only.
+  void set_tensor_group(CollectiveGroup* group) { tensor_group_ = group; }
+  CollectiveGroup* tensor_group() const { return tensor_group_; }
+  int tensor_rank() const;  // this member's rank in the group; 0 without one
+  int tensor_size() const;  // the group's size; 1 without one
+  // Megatron's f: a copy of x; backward, the sum over the members of the gradient (all-reduce).
+  // Before the column-parallel layers that read an input every member holds whole.
+  Tensor tensor_copy(const Tensor& x);
+  // Megatron's g: the sum over the members of x (all-reduce); backward, the gradient itself.
+  // After a row-parallel layer's partial products.
+  Tensor tensor_reduce(const Tensor& x);
+  // The members' x (each the same shape) concatenated along `dim` in rank order; backward, the
+  // sum over the members of this member's slice of the gradient (reduce-scatter).
+  Tensor tensor_all_gather(const Tensor& x, int dim);
+  // The sum over the members of x, and of it this member's slice along `dim` (whose extent the
+  // group's size divides); backward, the all-gather of the gradient.
+  Tensor tensor_reduce_scatter(const Tensor& x, int dim);
+  // Vocabulary-parallel embedding: `table` [rows, dim] holds rows [vocab_begin, vocab_begin +
+  // rows) of the whole table, split over the group; ids index the whole vocabulary. A member's
+  // lookup is zero for the ids outside its rows, and the members' lookups are summed (as
+  // tensor_reduce), so every member gets the whole result; the table's gradient is its rows'.
+  Tensor embedding_vocab_parallel(const Tensor& table, const Tensor& ids, std::int64_t vocab_begin);
+
   // ---- Activation checkpointing
   // segment(ops, inputs). With policy full or save_dots while recording, the segment's
   // operations are not recorded: one node keeps its inputs (and with save_dots the outputs of its
@@ -441,6 +479,7 @@ class Ops {
   std::uint64_t dropout_step_ = 0;
   std::uint64_t dropout_calls_ = 0;
   float z_loss_weight_ = 0.0f;
+  CollectiveGroup* tensor_group_ = nullptr;
 };
 
 }  // namespace loom

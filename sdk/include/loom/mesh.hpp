@@ -3,14 +3,16 @@
 //
 // Axes, outermost first:
 //   data  ranks that hold the same weights (replicas) and train on different rows of each batch;
-//   fsdp  ranks that each own 1/F of every parameter (fully sharded data parallelism; they train
-//         on different rows too).
-// A `tensor` axis (tensor parallelism) will be the innermost, after fsdp.
+//   fsdp    ranks that each own 1/F of every parameter (fully sharded data parallelism; they train
+//           on different rows too);
+//   tensor  ranks that split each layer's matrices between them (tensor parallelism, Megatron-LM)
+//           and run the same rows: every operation's activations are exchanged, so it is innermost.
 //
-// Ranks are numbered data-major, the last axis varying fastest: with data D and fsdp F, rank r
-// has coordinates (r / F, r % F), so the ranks of one fsdp group are neighbours (r = d F .. d F +
-// F - 1): on a multi-node job with consecutive ranks per node, the fsdp axis, which moves the
-// most bytes, stays within a node as long as F divides the ranks per node.
+// Ranks are numbered data-major, the last axis varying fastest: with data D, fsdp F and tensor T,
+// rank r has coordinates (r / (F T), (r / T) % F, r % T), so the ranks of one tensor group are
+// neighbours, and those of one fsdp group next: on a multi-node job with consecutive ranks per
+// node, the axes that move the most bytes stay within a node as long as their sizes divide the
+// ranks per node.
 //
 // A group along an axis is the set of ranks whose coordinates on every other axis are equal; its
 // members are ordered by their coordinate on the axis (which is their rank in the group).
@@ -24,11 +26,11 @@
 
 namespace loom {
 
-enum class MeshAxis : int { data = 0, fsdp = 1 };
-inline constexpr int mesh_axis_count = 2;
-inline constexpr std::array<MeshAxis, mesh_axis_count> mesh_axes{MeshAxis::data, MeshAxis::fsdp};
+enum class MeshAxis : int { data = 0, fsdp = 1, tensor = 2 };
+inline constexpr int mesh_axis_count = 3;
+inline constexpr std::array<MeshAxis, mesh_axis_count> mesh_axes{MeshAxis::data, MeshAxis::fsdp, MeshAxis::tensor};
 
-// "data", "fsdp": the axis's key in trainer.mesh.
+// "data", "fsdp", "tensor": the axis's key in trainer.mesh.
 std::string_view mesh_axis_name(MeshAxis axis);
 
 class Mesh {
@@ -61,7 +63,7 @@ class Mesh {
   // order of their first members (the same on every member: the colour of a split).
   int group_index(int rank, MeshAxis axis) const;
 
-  // "data 2 x fsdp 1": every axis with its size, outermost first.
+  // "data 2 x fsdp 1 x tensor 1": every axis with its size, outermost first.
   std::string describe() const;
 
   bool operator==(const Mesh&) const = default;

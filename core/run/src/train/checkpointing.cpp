@@ -1,7 +1,10 @@
 #include "train/checkpointing.hpp"
 
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 #include <unordered_set>
 
@@ -132,7 +135,89 @@ void fsdp_entries(const Run& run, checkpoint::Snapshot& snap) {
 
 }  // namespace
 
-checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record) {
+namespace {
+
+std::string parameter_of(const std::string& entry) {
+  const auto slash = entry.find('/');
+  return slash == std::string::npos ? entry : entry.substr(slash + 1);
+}
+
+// fsdp x tensor: every entry whole. A rank holds a slice (possibly none) of each tensor-parallel
+// shard; the slices of the fsdp group are disjoint, so each shard is the sum over the group of
+// the members' slices put in place in zeros (exact), and the shards of the tensor group then make
+// the whole. Every rank walks the same entries: the model's parameters, and the union over the
+// ranks of the optimizer state's and the weight average's entries (a rank holding no slice of a
+// parameter has none of its state).
+std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& run) {
+  const RunComponents& c = run.components;
+  DataParallel& parallel = *run.parallel;
+  std::unordered_map<std::string, const ParameterSlice*> slice_of;
+  for (const ParameterSlice& s : c.fsdp->slices()) slice_of[s.model->name()] = &s;
+  std::unordered_map<std::string, const Parameter*> model_of;
+  for (const auto& p : c.model->parameters()) model_of[p.parameter->name()] = p.parameter;
+  std::map<std::string, Tensor> local;  // this rank's pieces, by entry name
+  for (auto& [name, t] : c.optimizer->state()) local.emplace(name, t);
+  if (run.state.ema)
+    for (auto& [name, t] : run.state.ema->state()) local.emplace(name, t);
+  std::set<std::string> names;
+  for (int r = 0; r < parallel.size(); ++r) {
+    std::string text;
+    if (r == parallel.rank())
+      for (const auto& [name, t] : local) text += name + "\n";
+    parallel.broadcast(text, r);
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = text.find('\n', at);
+      names.insert(text.substr(at, end - at));
+      at = end + 1;
+    }
+  }
+  std::unordered_map<std::string, Tensor> out;
+  auto assemble = [&](const std::string& name, const Tensor* piece) {
+    const auto m = model_of.find(parameter_of(name));
+    if (m == model_of.end()) {  // not a parameter's entry: this rank's own, as without fsdp
+      if (piece) out.emplace(name, *piece);
+      return;
+    }
+    Tensor shard = Tensor::zeros(m->second->shape());
+    const auto s = slice_of.find(m->first);
+    if (piece && s != slice_of.end() && piece->numel() == s->second->end - s->second->begin)
+      std::memcpy(shard.data<float>() + s->second->begin, piece->data<float>(),
+                  static_cast<std::size_t>(piece->numel()) * sizeof(float));
+    parallel.fsdp_group()->all_reduce(std::span<float>(shard.data<float>(), static_cast<std::size_t>(shard.numel())));
+    out.emplace(name, c.tensor->whole(name, shard));
+  };
+  for (const auto& p : c.model->parameters()) {
+    const auto s = slice_of.find(p.parameter->name());
+    const Tensor piece = s != slice_of.end() ? s->second->piece->data() : Tensor();
+    assemble(p.parameter->name(), s != slice_of.end() ? &piece : nullptr);
+  }
+  for (const std::string& name : names) {
+    const auto it = local.find(name);
+    assemble(name, it != local.end() ? &it->second : nullptr);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
+  const RunComponents& c = run.components;
+  std::unordered_map<std::string, Tensor> out;
+  if (!c.tensor) return out;
+  if (c.fsdp) return gather_fsdp_tensor_entries(run);
+  auto add = [&](const std::string& name, const Tensor& t) {
+    const PlannedParameter* e = c.tensor->planned(name);
+    if (e && e->placement.is_split()) out.emplace(name, c.tensor->whole(name, t));
+  };
+  for (const auto& p : c.saved_parameters()) add(p.parameter->name(), p.parameter->data());
+  for (auto& [name, t] : c.optimizer->state()) add(name, t);
+  if (run.state.ema)
+    for (auto& [name, t] : run.state.ema->state()) add(name, t);
+  return out;
+}
+
+checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
+                                   const std::unordered_map<std::string, Tensor>* wholes) {
   const RunComponents& c = run.components;
   const DataParallel& parallel = *run.parallel;
   checkpoint::Snapshot snap;
@@ -145,24 +230,43 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
     snap.shards = parallel.size();
     snap.rank = parallel.rank();
   }
-  if (c.fsdp) {
+  if (c.fsdp && c.tensor) {
+    // fsdp x tensor: every entry gathered whole (gather_whole_entries), written by rank 0 alone.
+    if (wholes) {
+      std::set<std::string> model_names;
+      for (const auto& p : c.model->parameters()) {
+        snap.model.emplace_back(p.parameter->name(), wholes->at(p.parameter->name()));
+        model_names.insert(p.parameter->name());
+      }
+      std::map<std::string, Tensor> rest(wholes->begin(), wholes->end());  // in name order
+      for (const auto& [name, t] : rest)
+        if (!model_names.contains(name)) snap.optimizer.emplace_back(name, t);
+    }
+    snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
+  } else if (c.fsdp) {
     fsdp_entries(run, snap);
   } else {
     // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
+    // Under tensor parallelism, the whole tensors gathered for the entries of split parameters.
+    auto value = [&](const std::string& name, const Tensor& t) {
+      if (wholes)
+        if (const auto it = wholes->find(name); it != wholes->end()) return it->second;
+      return t;
+    };
     std::unordered_set<std::string> mine;
     for (const auto& p : c.saved_parameters())
       if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
-        snap.model.emplace_back(p.parameter->name(), p.parameter->data());
+        snap.model.emplace_back(p.parameter->name(), value(p.parameter->name(), p.parameter->data()));
         mine.insert(p.parameter->name());
       }
     snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
     // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
-    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, t);
+    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, value(name, t));
     // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
     // rank holds all of it; each writes the average of the parameters it writes.
     if (run.state.ema)
       for (auto& [name, t] : run.state.ema->state())
-        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, t);
+        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, value(name, t));
   }
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   if (parts && !parallel.is_primary()) return snap;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <unordered_map>
 
 #include "checkpoint/checkpoint_store.hpp"
 #include "checkpoint/checkpoint_writer.hpp"
@@ -54,7 +55,12 @@ class CheckpointPolicy {
 // the entries it owns, each whole or as its range of elements (checkpoint::Entry), and, on rank 0,
 // the text files.
 checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds);
-checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record);
+checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
+                                   const std::unordered_map<std::string, Tensor>* wholes = nullptr);
+// Tensor parallelism: the whole tensor of every checkpoint entry of a split parameter (its
+// weights, optimizer state and weight average), gathered from the tensor group's members, for
+// live_snapshot. Every rank calls it at the same point.
+std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run);
 
 // The commit of a checkpoint whose parts the ranks write (docs/checkpoints.md#sharded-checkpoints):
 // every rank's writer writes its part into the staging directory in the background; between

@@ -52,7 +52,7 @@ RunComponents create_components(const Registry& registry, const Value& config) {
 }
 
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp) {
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp, int tensor) {
   // A second instance of the model, declared but not allocated: its shapes, before the run's own
   // model allocates anything.
   const Handle<Model> probe = create<Model>(registry, config, "model");
@@ -72,6 +72,7 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
   in.fsdp = fsdp;
+  in.tensor = tensor;
   in.elementwise_optimizer = c.optimizer->elementwise();
   in.ema = trainer.get<double>("ema_decay") > 0;
   in.grad_bucket_bytes = static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024);
@@ -81,18 +82,24 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   return in;
 }
 
-void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64_t seed) {
+void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64_t seed, int tensor_rank,
+                          int tensor_size) {
   const std::int64_t seq_len = c.model->max_seq_len();
   auto prepare_data = [&](std::int64_t vocab_size) {
     with_context("while preparing the data (data)", [&] {
       c.dataset->prepare(DatasetSetup{c.tokenizer, seq_len, batch_size, stream_key(seed, 2, 0), vocab_size});
     });
   };
+  ModelSetup setup;
+  setup.tensor_rank = tensor_rank;
+  setup.tensor_size = tensor_size;
   if (c.tokenizer->needs_fit()) {
     prepare_data(0);
-    c.model->build(ModelSetup{c.tokenizer->vocab_size()});
+    setup.vocab_size = c.tokenizer->vocab_size();
+    c.model->build(setup);
   } else {
-    c.model->build(ModelSetup{c.tokenizer->vocab_size()});
+    setup.vocab_size = c.tokenizer->vocab_size();
+    c.model->build(setup);
     prepare_data(c.model->vocab_size());
   }
 }

@@ -21,6 +21,7 @@
 #include "loom/run/lora.hpp"
 #include "train/fsdp.hpp"
 #include "train/memory_estimate.hpp"
+#include "train/tensor_parallel.hpp"
 
 namespace loom::training {
 
@@ -42,6 +43,10 @@ struct RunComponents {
   // are this rank's slices (or whole owned parameters), and every Ops that runs the model must be
   // attached to it (FullySharded::attach) on every rank.
   std::shared_ptr<FullySharded> fsdp;
+  // Under trainer.mesh's tensor axis: the model holds this rank's shards of the split parameters,
+  // and every Ops that runs it must carry the tensor group (TensorParallel::attach) on every
+  // member.
+  std::shared_ptr<TensorParallel> tensor;
   // What checkpoints and the final weights hold: every parameter of the model, or under LoRA the
   // adapters alone (the base comes from trainer.init_from).
   std::vector<ModelParameter> saved_parameters() const { return lora ? parameters : model->parameters(); }
@@ -57,14 +62,16 @@ RunComponents create_components(const Registry& registry, const Value& config);
 // What the start-up memory estimate needs (memory_estimate.hpp), from a declared but unallocated
 // instance of the configured model and the options: nothing of the run is allocated.
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp = 1);
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp = 1, int tensor = 1);
 
 // Prepares the data (batches of batch_size x the model's context, in the order of the data
 // stream of `seed`) and builds the model for the tokenizer's vocabulary. A tokenizer that learns
 // its vocabulary from the training text (char) is fitted when the dataset prepares, so the data
 // comes first; otherwise the model is built first and the dataset checks every id against the
 // model's vocabulary.
-void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed);
+// `tensor_rank`, `tensor_size`: the model's shard along the mesh's tensor axis (ModelSetup).
+void build_model_and_data(RunComponents& components, std::int64_t batch_size, std::uint64_t seed, int tensor_rank = 0,
+                          int tensor_size = 1);
 
 // Applies the `lora` section and trainer.trainable / trainer.frozen to the built model: the
 // adapters are created, the frozen parameters stop requiring gradients, and `parameters` lists

@@ -199,6 +199,10 @@ Mesh resolve_mesh(const Options& trainer, int world_size) {
   for (MeshAxis axis : mesh_axes)
     requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
   const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
+  if (mesh.size(MeshAxis::tensor) > 1 && trainer.get<bool>("shard_optimizer_state"))
+    throw UserError("trainer.mesh (" + mesh.describe() +
+                    "): trainer.shard_optimizer_state (ZeRO-1) does not combine with tensor parallelism yet; set it to "
+                    "false, or trainer.mesh.tensor to 1");
   if (mesh.size(MeshAxis::fsdp) > 1 && trainer.get<bool>("shard_optimizer_state"))
     throw UserError("trainer.mesh (" + mesh.describe() +
                     ") shards the optimizer state along its fsdp axis already (ZeRO-3); "
@@ -212,15 +216,23 @@ void DataParallel::set_mesh(const Mesh& mesh) {
   mesh_ = mesh;
   data_group_ = collective_->group(mesh_, MeshAxis::data);
   fsdp_group_ = collective_->group(mesh_, MeshAxis::fsdp);
-  // Every rank takes its own rows of each batch, whatever the mesh. Without an fsdp axis the data
-  // axis is every rank, in the same order (so the same bits as the world); with one, the
-  // gradients of the parameters outside FSDP's units are summed over every rank.
-  if (mesh_.size(MeshAxis::fsdp) == 1 && (data_group_->size() != size_ || data_group_->rank() != rank_))
-    throw InternalError("data parallel: the data axis of mesh " + mesh_.describe() + " is not every rank");
+  tensor_group_ = collective_->group(mesh_, MeshAxis::tensor);
+  // Every rank takes its own rows of each batch, except that the members of a tensor group take
+  // the same ones: the rows are dealt over the ranks of one tensor coordinate, in rank order.
+  replica_group_ = mesh_.size(MeshAxis::tensor) == 1
+                       ? std::shared_ptr<CollectiveGroup>(std::shared_ptr<CollectiveGroup>{}, collective_.get())
+                       : collective_->split(mesh_.coordinate(rank_, MeshAxis::tensor), rank_);
+  replica_rank_ = replica_group_->rank();
+  replicas_ = replica_group_->size();
+  // Without an fsdp axis the data axis is every such rank, in the same order (so the same bits
+  // as the world); with one, the gradients of the parameters outside FSDP's units are summed
+  // over all of them.
+  if (mesh_.size(MeshAxis::fsdp) == 1 && (data_group_->size() != replicas_ || data_group_->rank() != replica_rank_))
+    throw InternalError("data parallel: the data axis of mesh " + mesh_.describe() + " is not every replica");
 }
 
 void DataParallel::check_batch(std::int64_t batch_size, std::int64_t micro_size) const {
-  if (batch_size % (static_cast<std::int64_t>(size_) * micro_size) != 0)
+  if (batch_size % (static_cast<std::int64_t>(replicas_) * micro_size) != 0)
     throw UserError("trainer.train_batch_size (" + std::to_string(batch_size) + ") must be a multiple of " +
                     std::to_string(size_) + " ranks x the micro-batch size (" + std::to_string(micro_size) +
                     "): every rank takes an equal slice of each global batch, in whole micro-batches");
@@ -244,11 +256,19 @@ void DataParallel::check_same_parameters(const std::vector<ModelParameter>& para
     const Tensor t = p.parameter->data();  // contiguous, as every parameter
     crc = crc32(std::as_bytes(std::span(t.data<float>(), static_cast<std::size_t>(t.numel()))), crc);
   }
-  const auto flags = gather_flags(*collective_, differs_from_rank0(*collective_, crc));
+  // Each rank's checksum against that of the first rank of its tensor coordinate (rank t: the
+  // tensor axis is innermost), which holds the same shards.
+  std::vector<double> crcs(static_cast<std::size_t>(size_), 0.0);
+  crcs[static_cast<std::size_t>(rank_)] = crc;
+  collective_->all_reduce(std::span<double>(crcs));
+  const int first = mesh_.coordinate(rank_, MeshAxis::tensor);
+  const auto flags = gather_flags(*collective_, crcs[static_cast<std::size_t>(first)] != crc);
   if (const std::string ranks = flagged_ranks(flags); !ranks.empty())
-    throw UserError("the initial weights of rank " + ranks +
-                    " differ from rank 0's (checksum of every parameter): the ranks must initialise from the same "
-                    "trainer.seed and trainer.init_from; is the same loom and plugin build on every node?");
+    throw UserError("the initial weights of rank " + ranks + " differ from rank " +
+                    (mesh_.size(MeshAxis::tensor) > 1 ? std::string("0's (or, along the tensor axis, rank t's)")
+                                                      : std::string("0's")) +
+                    " (checksum of every parameter): the ranks must initialise from the same trainer.seed and "
+                    "trainer.init_from; is the same loom and plugin build on every node?");
 }
 
 void DataParallel::attach(const std::vector<ModelParameter>& parameters, std::int64_t bucket_bytes) {
@@ -409,8 +429,8 @@ void DataParallel::reduce_gradients() {
 }
 
 double DataParallel::sum(double value) {
-  if (size_ == 1) return value;
-  collective_->all_reduce(std::span<double>(&value, 1));
+  if (replicas_ == 1) return value;
+  replica_group_->all_reduce(std::span<double>(&value, 1));
   return value;
 }
 

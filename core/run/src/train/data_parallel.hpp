@@ -74,13 +74,21 @@ class DataParallel {
   // The groups along the mesh's axes (after set_mesh).
   const std::shared_ptr<CollectiveGroup>& data_group() const { return data_group_; }
   const std::shared_ptr<CollectiveGroup>& fsdp_group() const { return fsdp_group_; }
+  // The ranks that split each layer's matrices (the tensor axis; a group of one without it).
+  const std::shared_ptr<CollectiveGroup>& tensor_group() const { return tensor_group_; }
   bool fully_sharded() const { return mesh_.size(MeshAxis::fsdp) > 1; }
+  bool tensor_parallel() const { return mesh_.size(MeshAxis::tensor) > 1; }
+  // This rank's position among the ranks that take different rows of each batch (data x fsdp:
+  // the members of one tensor group take the same rows), and their number.
+  CollectiveGroup& replica_group() const { return *replica_group_; }
+  int replica_rank() const { return replica_rank_; }
+  int replicas() const { return replicas_; }
 
   // Rows [first, first + count) of a global batch of `batch_size` sequences are this rank's.
   // batch_size must be a multiple of size() * micro_size (a UserError says so otherwise).
   void check_batch(std::int64_t batch_size, std::int64_t micro_size) const;
-  std::int64_t first_row(std::int64_t batch_size) const { return batch_size / size_ * rank_; }
-  std::int64_t row_count(std::int64_t batch_size) const { return batch_size / size_; }
+  std::int64_t first_row(std::int64_t batch_size) const { return batch_size / replicas_ * replica_rank_; }
+  std::int64_t row_count(std::int64_t batch_size) const { return batch_size / replicas_; }
 
   // Every rank must run the same config: a UserError naming the ranks whose resolved config
   // differs from rank 0's.
@@ -129,7 +137,8 @@ class DataParallel {
   bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
   // Whether each rank writes its own part of a checkpoint (the ranks hold different state:
   // ZeRO-1's optimizer state; FSDP's shards), rather than rank 0 the whole of it.
-  bool writes_checkpoint_parts() const { return size_ > 1 && (sharded_ || fully_sharded()); }
+  // (Not under tensor parallelism, whose entries are gathered whole and written by rank 0.)
+  bool writes_checkpoint_parts() const { return size_ > 1 && (sharded_ || fully_sharded()) && !tensor_parallel(); }
   // The rank that writes `p` (its weights, its optimizer state and its weight average) into a
   // checkpoint of parts: its ZeRO-1 owner; rank 0 for a parameter that no rank updates.
   int checkpoint_writer_of(const Parameter* p) const {
@@ -145,7 +154,8 @@ class DataParallel {
   // Sums every gradient over the ranks (and marks those that only another rank's micro-batches
   // reached): starts the buckets not started yet and waits for all of them.
   void reduce_gradients();
-  // The sum over ranks.
+  // The sum over the ranks that take different rows (the members of a tensor group count once:
+  // they compute the same losses).
   double sum(double value);
   // Rank `root`'s `text`, on every rank.
   void broadcast(std::string& text, int root = 0);
@@ -170,13 +180,16 @@ class DataParallel {
   Mesh mesh_;
   // The ranks that sum their gradients: along the data axis (released before collective_).
   std::shared_ptr<CollectiveGroup> data_group_;
-  std::shared_ptr<CollectiveGroup> fsdp_group_;  // the ranks that share one set of shards
+  std::shared_ptr<CollectiveGroup> fsdp_group_;    // the ranks that share one set of shards
+  std::shared_ptr<CollectiveGroup> tensor_group_;  // the ranks that split each layer
+  // The ranks of this rank's tensor coordinate (data x fsdp), in rank order: they take different
+  // rows; every rank when there is no tensor axis.
+  std::shared_ptr<CollectiveGroup> replica_group_;
+  int replica_rank_ = 0, replicas_ = 1;
   // Where the buckets' gradients (parameters every rank holds whole) are summed: the data axis,
   // which is every rank without an fsdp axis; with one, every rank (LoRA's adapters beside FSDP's
   // units).
-  CollectiveGroup& replicated_group() {
-    return fully_sharded() ? static_cast<CollectiveGroup&>(*collective_) : *data_group_;
-  }
+  CollectiveGroup& replicated_group() { return fully_sharded() ? *replica_group_ : *data_group_; }
   int rank_ = 0, size_ = 1;
   std::function<void(const Error&)> report_;
   std::vector<PeerProcess> same_host_peers_;

@@ -123,6 +123,19 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   e.activations = m.remat ? m.activation_bytes_remat : m.activation_bytes;
   e.kv_cache = in.sample_positions * m.kv_cache_bytes_per_position;
   e.overhead = kProcessOverheadBytes;
+  if (in.tensor > 1) {
+    // Each rank holds 1/tensor of the split weights (every matrix and the embeddings; the norms
+    // it keeps whole are a thousandth of a transformer), with their gradients, state and average.
+    // The activations are counted whole (an upper bound: the heads' and the MLP's are split too).
+    const std::int64_t t = in.tensor;
+    e.parameters /= t;
+    e.reference /= t;
+    e.matmul_copies /= t;
+    e.gradients /= t;
+    e.optimizer_state /= t;
+    e.ema /= t;
+    e.buckets = std::min(e.buckets, e.gradients);
+  }
   if (in.fsdp > 1) {
     // Each rank holds 1/fsdp of the values, gradients, state and average; no buckets. Whole-matrix
     // optimizers add the whole values and gradients of the parameters a rank updates.

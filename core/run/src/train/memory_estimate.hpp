@@ -30,6 +30,7 @@ struct MemoryInputs {
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
   int fsdp = 1;                        // trainer.mesh's fsdp axis: parameters, gradients, state divided
+  int tensor = 1;                      // trainer.mesh's tensor axis: the split weights divided too
   bool elementwise_optimizer = true;   // else FSDP keeps whole copies of the parameters a rank updates
   bool ema = false;                    // trainer.ema_decay > 0
   std::int64_t grad_bucket_bytes = 0;  // data parallel: one bucket in flight

@@ -271,7 +271,7 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
   // Every parameter by name and shape (only their shapes: under FSDP their values live in units).
   for (const auto& mp : c.saved_parameters()) {
     const std::string& name = mp.parameter->name();
-    const Shape& shape = mp.parameter->shape();
+    const Shape shape = share.whole_shape ? share.whole_shape(name, mp.parameter->shape()) : mp.parameter->shape();
     names.insert(name);
     if (!model.contains(name))
       problems.push_back("'" + name + "' is not in the checkpoint");
@@ -305,9 +305,10 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
       const auto it = live.find(info.name);
       if (it == live.end())
         mismatch.push_back("'" + info.name + "' is in the checkpoint but not in the optimizer");
-      else if (!(share.range && share.range(info.name)) && !(it->second.shape() == info.shape))
-        mismatch.push_back("'" + info.name + "' is " + info.shape.str() + " there and " + it->second.shape().str() +
-                           " now");
+      else if (const Shape now =
+                   share.whole_shape ? share.whole_shape(info.name, it->second.shape()) : it->second.shape();
+               !(share.range && share.range(info.name)) && !(now == info.shape))
+        mismatch.push_back("'" + info.name + "' is " + info.shape.str() + " there and " + now.str() + " now");
     }
     for (const auto& [name, t] : live)
       if (!seen.contains(name)) mismatch.push_back("'" + name + "' is not in the checkpoint");
@@ -326,24 +327,34 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
   with_context("while reading " + model.describe(), [&] {
     for (const auto& [p, shape] : targets) {
       const auto range = range_of(model, p->name());
-      check_size(p->name(), range, p->shape().numel());
+      check_size(p->name(), range,
+                 share.whole_shape ? share.whole_shape(p->name(), p->shape()).numel() : p->shape().numel());
       model.check_covered(p->name(), range.first, range.second);
     }
   });
   with_context("while reading " + optimizer.describe(), [&] {
-    for (const auto& [name, t] : live) saved.emplace_back(name, read_part(optimizer, name, t.shape()));
+    for (const auto& [name, t] : live)
+      if (share.shard_of)
+        saved.emplace_back(name, share.shard_of(name, read_part(optimizer, name, share.whole_shape(name, t.shape()))));
+      else
+        saved.emplace_back(name, read_part(optimizer, name, t.shape()));
     for (const auto& info : optimizer.entries())
       if (info.name.starts_with("ema/") && (!share.keeps_average || share.keeps_average(info.name))) {
         // The whole average of a parameter, or this rank's range of it.
         const auto range = share.range ? share.range(info.name) : std::nullopt;
-        average.emplace_back(info.name,
-                             read_part(optimizer, info.name,
-                                       range ? Shape{range->second - range->first} : optimizer.info(info.name).shape));
+        Tensor part = read_part(optimizer, info.name,
+                                range ? Shape{range->second - range->first} : optimizer.info(info.name).shape);
+        average.emplace_back(info.name, share.shard_of ? share.shard_of(info.name, part) : part);
       }
   });
   with_context("while loading " + model.describe(), [&] {
     for (const auto& [p, shape] : targets) {
       const auto range = range_of(model, p->name());
+      if (share.shard_of) {  // the whole tensor, then this rank's shard of it
+        const Tensor whole = read_part(model, p->name(), share.whole_shape(p->name(), p->shape()));
+        p->data().copy_from(share.shard_of(p->name(), whole));
+        continue;
+      }
       model.read_range_into(p->name(), range.first, range.second, p->data());
     }
   });

@@ -80,6 +80,11 @@ struct RankShare {
   // FSDP: the parameters the weights load into, with the global shape each is a range of (in
   // place of the model's own parameters, whose values live in sharded units).
   std::vector<std::pair<Parameter*, Shape>> weights;
+  // Tensor parallelism: the whole shape of entry `name` whose live tensor (this rank's shard) has
+  // shape `live`, and this rank's shard of the whole tensor read. Unset: the live tensors are
+  // whole.
+  std::function<Shape(const std::string& name, const Shape& live)> whole_shape;
+  std::function<Tensor(const std::string& name, const Tensor& whole)> shard_of;
 };
 
 // Once the components are built and the optimizer initialised: checks the tokenizer's vocabulary

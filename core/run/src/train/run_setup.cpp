@@ -98,11 +98,25 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
 
   RunComponents& c = run.components;
   parallel.together([&] {
-    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.size());
+    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.replicas());
     parallel.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
     // FSDP's units live in host memory (the caching allocator's blocks change under them).
+    if (mesh.size(MeshAxis::tensor) > 1 && &c.backend->buffer_type() != &host_buffer_type())
+      throw UserError("trainer.mesh (" + mesh.describe() +
+                      "): tensor parallelism's collectives compute on host memory, but backend '" +
+                      std::string(c.backend->name()) + "' computes in " + c.backend->buffer_type().device().str() +
+                      " memory; use the cpu or reference backend, or trainer.mesh.tensor: 1");
+    if (mesh.size(MeshAxis::tensor) > 1 && !trainer.get<std::string>("init_from").empty())
+      throw UserError("trainer.mesh (" + mesh.describe() +
+                      "): trainer.init_from does not combine with tensor parallelism yet (the weights it loads are "
+                      "whole); start the run with trainer.mesh.tensor: 1, or from scratch");
+    if (mesh.size(MeshAxis::tensor) > 1 && !c.optimizer->elementwise())
+      throw UserError("trainer.mesh (" + mesh.describe() + "): optimizer " +
+                      run.config.at_path("optimizer.type")->as_string() +
+                      " updates each matrix whole, which tensor parallelism splits; it does not combine with "
+                      "trainer.mesh.tensor > 1 yet: use an elementwise optimizer (adamw, sgd, lion) or tensor 1");
     if (mesh.size(MeshAxis::fsdp) > 1 && &c.backend->buffer_type() != &host_buffer_type())
       throw UserError("trainer.mesh (" + mesh.describe() +
                       "): fully sharded data parallelism keeps the units in host "
@@ -122,7 +136,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   parallel.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
       return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size(),
-                           parallel.mesh().size(MeshAxis::fsdp));
+                           parallel.mesh().size(MeshAxis::fsdp), parallel.mesh().size(MeshAxis::tensor));
     });
     const MemoryEstimate estimate = estimate_memory(inputs);
     memory_line = estimate.describe();
@@ -143,8 +157,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   bool finished = false;
   // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
   // once shard() has run), and the name that their parts' staging directory shares.
-  const bool writes_parts =
-      parallel.size() > 1 && (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1);
+  const bool writes_parts = parallel.size() > 1 &&
+                            (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1) &&
+                            !parallel.tensor_parallel();
   std::string staging_token = std::to_string(::getpid());
   if (parallel.is_primary()) {
     run.directory = RunDirectory::open(trainer, run.config);
@@ -207,7 +222,12 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   std::vector<std::pair<std::string, Tensor>> saved_average;
   parallel.together([&] {
     run.seq_len = c.model->max_seq_len();
-    build_model_and_data(c, run.batch_size, run.seed);
+    build_model_and_data(c, run.batch_size, run.seed, parallel.tensor_group()->rank(), parallel.tensor_group()->size());
+    if (parallel.tensor_parallel()) {
+      c.tensor = std::make_shared<TensorParallel>(parallel.tensor_group(), *c.model,
+                                                  run.config.at_path("model.type")->as_string());
+      progress.say(c.tensor->describe());
+    }
     // A schedule whose options fit no run says so now; one it adapts to this run (a warmup clamped
     // to a shortened run) says what it changed.
     for (const auto& w :
@@ -215,6 +235,10 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       progress.say("warning: " + w);
     // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
     const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
+    if (c.tensor && c.lora)
+      throw UserError(
+          "trainer.mesh (" + parallel.mesh().describe() +
+          "): LoRA (lora.rank > 0) does not combine with tensor parallelism yet; use trainer.mesh.tensor: 1");
     // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
     const bool base_from_init = !resume || c.lora;
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
@@ -248,12 +272,16 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       std::unordered_set<const Parameter*> of_model;
       for (const auto& p : c.model->parameters()) of_model.insert(p.parameter);
       for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
-      c.fsdp = std::make_shared<FullySharded>(parallel.collective(), parallel.fsdp_group(), parallel.data_group(),
+      // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
+      // tensor axis); each fsdp group shards its tensor-parallel shards.
+      c.fsdp = std::make_shared<FullySharded>(parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(),
                                               *c.model, model_trained,
                                               FsdpSettings{fsdp.get<bool>("reshard_after_forward"),
                                                            fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
       c.parameters = c.fsdp->trained();
       c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
+      if (c.tensor)
+        for (const ParameterSlice& sl : c.fsdp->slices()) c.tensor->alias(sl.piece, sl.model);
     };
     for (const auto& note : initialize_parameters(
              c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },
@@ -315,6 +343,27 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
           const auto it = slice_of.find(parameter_of(entry));
           if (it == slice_of.end()) return std::nullopt;
           return std::pair{it->second->begin, it->second->end};
+        };
+      }
+      if (c.tensor) {
+        // Whole tensors are read and this rank's shard taken; under fsdp x tensor, this rank's
+        // slice of its shard (the checkpoint's whole tensors, whatever mesh wrote them).
+        share.range = nullptr;
+        const auto slice_for = [&](const std::string& name, const Shape& live) -> const ParameterSlice* {
+          const auto slash = name.find('/');
+          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
+          return it != slice_of.end() && live == it->second->piece->shape() ? it->second : nullptr;
+        };
+        share.whole_shape = [&, slice_for](const std::string& name, const Shape& live) {
+          if (const ParameterSlice* sl = slice_for(name, live)) return c.tensor->whole_shape(name, sl->model->shape());
+          return c.tensor->whole_shape(name, live);
+        };
+        share.shard_of = [&](const std::string& name, const Tensor& whole) {
+          const Tensor shard = c.tensor->shard(name, whole);
+          const auto slash = name.find('/');
+          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
+          if (it == slice_of.end() || !(shard.shape() == it->second->model->shape())) return shard;
+          return shard.view(Shape{shard.numel()}).slice(0, it->second->begin, it->second->end).clone();
         };
       }
       saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);

@@ -95,20 +95,22 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
   TaskEvaluation task_evaluation(c, trainer);
-  if (c.fsdp && task_evaluation.enabled())
-    progress.say(
-        "note: trainer.eval_tasks is not run under fully sharded data parallelism in this build; score "
-        "the final weights with `loom eval " +
-        run.directory.path().string() + " --tasks ...`");
-  if (c.fsdp && sample_length > 0)
-    progress.say(
-        "note: samples (trainer.sample_length) are not drawn under fully sharded data parallelism in this "
-        "build; `loom generate " +
-        run.directory.path().string() + "` draws them from the final weights");
+  // Under FSDP and tensor parallelism every rank runs the model together.
+  const bool together = c.fsdp || c.tensor;
+  const char* together_name = c.fsdp ? "fully sharded data parallelism" : "tensor parallelism";
+  if (together && task_evaluation.enabled())
+    progress.say(std::string("note: trainer.eval_tasks is not run under ") + together_name +
+                 " in this build; score "
+                 "the final weights with `loom eval " +
+                 run.directory.path().string() + " --tasks ...`");
+  if (together && sample_length > 0)
+    progress.say(std::string("note: samples (trainer.sample_length) are not drawn under ") + together_name +
+                 " in this build; `loom generate " + run.directory.path().string() +
+                 "` draws them from the final weights");
   // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees.
   auto evaluate_tasks_now = [&](std::int64_t step) {
     // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
-    if (!task_evaluation.enabled() || !parallel.is_primary() || c.fsdp) return;
+    if (!task_evaluation.enabled() || !parallel.is_primary() || together) return;
     const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
     for (auto& t : c.trackers) t->log_scalars(step, scalars);
     progress.say("tasks at step " + std::to_string(step) + ": " + line);
@@ -120,13 +122,17 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   std::vector<std::pair<std::string, double>> eval_parts;
   auto evaluate_now = [&] {
     eval_parts.clear();
-    // Under FSDP every rank runs the evaluation (its units are gathered together); rank 0 reports.
-    if (!parallel.is_primary() && !c.fsdp) return Evaluation{};
+    // Under FSDP (its units are gathered together) and tensor parallelism (every member computes
+    // its part) every rank runs the evaluation; rank 0 reports.
+    if (!parallel.is_primary() && !together) return Evaluation{};
     Evaluation e = with_average([&] {
       return with_adapters([&] {
-        return evaluate(
-            *c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts,
-            c.fsdp ? std::function<void(Ops&)>([&](Ops& ops) { c.fsdp->attach(ops); }) : std::function<void(Ops&)>());
+        return evaluate(*c.objective, models, *c.backend, *c.dataset, max_eval_batches, run.micro_size, &eval_parts,
+                        together ? std::function<void(Ops&)>([&](Ops& ops) {
+                          if (c.fsdp) c.fsdp->attach(ops);
+                          if (c.tensor) c.tensor->attach(ops);
+                        })
+                                 : std::function<void(Ops&)>());
       });
     });
     if (c.fsdp) c.fsdp->release();
@@ -189,11 +195,13 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   auto save_checkpoint = [&](bool wait) {
     last_saved = state.step;
     policy.saved(Clock::now());
+    // Tensor parallelism: every member gathers the whole tensors; rank 0 writes them.
+    const auto wholes = gather_whole_entries(run);
     if (!writer) return;
     // The previous checkpoint is committed before the next is written.
     if (parts) commit.settle(/*wait=*/true);
     for (auto& t : c.trackers) t->flush();
-    writer->save(live_snapshot(run, train_record(run, elapsed())));
+    writer->save(live_snapshot(run, train_record(run, elapsed()), &wholes));
     if (parts) {
       commit.started();
       if (wait) commit.settle(/*wait=*/true);
@@ -204,7 +212,8 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
 
   bool reserved = false;
   auto reserve_if_soon = [&] {
-    if (!writer || reserved || !policy.soon(Clock::now())) return;
+    // (Not under tensor parallelism, whose whole tensors are gathered when saving.)
+    if (!writer || reserved || c.tensor || !policy.soon(Clock::now())) return;
     writer->reserve(live_snapshot(run, train_record(run, 0)));
     reserved = true;
   };
@@ -268,6 +277,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             scalars.emplace_back("throughput/fsdp_bytes_per_step",
                                  static_cast<double>(c.fsdp->take_bytes_moved()) /
                                      static_cast<double>(std::max<std::int64_t>(1, interval.steps)));
+          // Tensor parallelism: the payload of the model's collectives over the tensor group
+          // (activations and their gradients; evaluation's included when it ran).
+          if (c.tensor) {
+            const auto steps = static_cast<double>(std::max<std::int64_t>(1, interval.steps));
+            scalars.emplace_back("throughput/tensor_bytes_per_step",
+                                 static_cast<double>(c.tensor->take_bytes_moved()) / steps);
+            scalars.emplace_back("throughput/tensor_collectives_per_step",
+                                 static_cast<double>(c.tensor->take_collectives()) / steps);
+          }
         }
         // The model's own scalars (a mixture of experts' router losses and expert loads).
         for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);
@@ -290,7 +308,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       }
       if (task_evaluation.due(step + 1) && !last) evaluate_tasks_now(step + 1);
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && parallel.is_primary() &&
-          !c.fsdp) {
+          !together) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);
         progress.sample(step + 1, text);
@@ -355,6 +373,23 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   if (trainer.get<bool>("save_final") && c.fsdp && !c.lora) {
     // Every rank gathers the units together; rank 0 writes the whole weights.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });
+    // fsdp x tensor: the tensor group's shards, whole.
+    if (c.tensor)
+      for (auto& [name, t] : full) t = c.tensor->whole(name, t);
+    if (parallel.is_primary()) {
+      std::deque<Parameter> values;
+      std::vector<ModelParameter> saved;
+      for (auto& [name, t] : full) saved.push_back({&values.emplace_back(name, std::move(t))});
+      run.directory.save_weights(saved, num_steps, run.state.ema != nullptr);
+    }
+  } else if (trainer.get<bool>("save_final") && c.tensor) {
+    // Every member gathers the whole weights; rank 0 writes them.
+    std::vector<std::pair<std::string, Tensor>> full = with_average([&] {
+      std::vector<std::pair<std::string, Tensor>> out;
+      for (const auto& p : c.model->parameters())
+        out.emplace_back(p.parameter->name(), c.tensor->whole(p.parameter->name(), p.parameter->data()));
+      return out;
+    });
     if (parallel.is_primary()) {
       std::deque<Parameter> values;
       std::vector<ModelParameter> saved;
@@ -369,7 +404,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
         run.directory.save_weights(c.saved_parameters(), num_steps, run.state.ema != nullptr);
       return 0;
     });
-  if (sample_length > 0 && parallel.is_primary() && !c.fsdp) {
+  if (sample_length > 0 && parallel.is_primary() && !together) {
     summary.final_sample = with_adapters([&] { return sampler.sample(sample_length); });
     for (auto& t : c.trackers) t->log_text(num_steps, "sample", summary.final_sample);
     progress.final_sample(summary.final_sample);

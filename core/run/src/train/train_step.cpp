@@ -47,6 +47,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   } else {
     parallel_.reduce_gradients();
   }
+  if (components_.tensor) components_.tensor->reduce_partial_gradients(components_.parameters);
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
@@ -110,6 +111,7 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         ops.set_z_loss_weight(settings_.z_loss_weight);
         if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
         if (fsdp) fsdp->attach(ops);
+        if (components_.tensor) components_.tensor->attach(ops);
         ObjectiveLoss loss = objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
         const std::int64_t counted =
             objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
@@ -191,14 +193,21 @@ double TrainStep::global_grad_norm() const {
   // adapters), whose squares are not summed over the shards.
   const std::size_t sharded = components_.fsdp ? components_.fsdp->trained().size() : components_.parameters.size();
   std::size_t sharded_chunks = 0;
+  // Tensor parallelism: the chunks of split parameters' shards, whose squares are summed over the
+  // tensor group's members (the replicated ones are the same on every member: counted once).
+  std::vector<bool>& split_chunk = norm_split_;
+  split_chunk.clear();
   for (std::size_t i = 0; i < components_.parameters.size(); ++i) {
     if (i == sharded) sharded_chunks = chunks.size();
     const ModelParameter& p = components_.parameters[i];
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
     const float* d = g.data<float>();
-    for (std::int64_t i = 0; i < g.numel(); i += kNormChunk)
+    const bool split = components_.tensor && components_.tensor->is_split(p.parameter);
+    for (std::int64_t i = 0; i < g.numel(); i += kNormChunk) {
       chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i)});
+      split_chunk.push_back(split);
+    }
   }
   std::vector<double>& partial = norm_partials_;
   partial.resize(chunks.size());
@@ -208,8 +217,10 @@ double TrainStep::global_grad_norm() const {
                                                partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
                                            });
   if (sharded == components_.parameters.size()) sharded_chunks = chunks.size();
-  double sum_squares = 0, replicated = 0;
-  for (std::size_t c = 0; c < partial.size(); ++c) (c < sharded_chunks ? sum_squares : replicated) += partial[c];
+  double sum_squares = 0, replicated = 0, split = 0;
+  for (std::size_t c = 0; c < partial.size(); ++c)
+    (split_chunk[c] ? split : c < sharded_chunks ? sum_squares : replicated) += partial[c];
+  if (components_.tensor) sum_squares += components_.tensor->sum_over_members(split);
   if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
   // FSDP: each rank holds its slices (or its whole parameters) once along the fsdp axis; the
   // replicas along the data axis hold the same.

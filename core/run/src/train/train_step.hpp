@@ -73,6 +73,7 @@ class TrainStep {
   };
   mutable std::vector<NormChunk> norm_chunks_;
   mutable std::vector<double> norm_partials_;
+  mutable std::vector<bool> norm_split_;
 };
 
 }  // namespace loom::training

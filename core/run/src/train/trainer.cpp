@@ -116,9 +116,16 @@ OptionSchema trainer_schema() {
                "optimizer state, gathering a sharding unit (a transformer block) just before it runs and freeing it "
                "after (docs/distributed.md, \"Fully sharded data parallelism\").")
       .min(-1);
+  mesh.integer("tensor", 1,
+               "Tensor parallelism (Megatron-LM): ranks that split each layer's matrices between them (attention by "
+               "heads, the MLP by its width, embeddings and output by vocabulary, a mixture's experts) and run the "
+               "same rows, exchanging activations in every layer; the model must declare a parallel plan "
+               "(docs/distributed.md, \"Tensor parallelism\").")
+      .min(-1);
   s.object("mesh", std::move(mesh),
-           "How the ranks of `mpirun -np N` are laid out: data x fsdp = N, data-major (ranks of one fsdp group are "
-           "neighbours); one axis may be -1, the ranks the others leave (docs/distributed.md, \"The mesh\").");
+           "How the ranks of `mpirun -np N` are laid out: data x fsdp x tensor = N, data-major (ranks of one tensor "
+           "group are neighbours, then those of one fsdp group); one axis may be -1, the ranks the others leave "
+           "(docs/distributed.md, \"The mesh\").");
   OptionSchema fsdp;
   fsdp.boolean("reshard_after_forward", true,
                "Free each unit's gathered weights after its forward pass and gather them again for its backward "

@@ -22,6 +22,7 @@
 
 #include "loom/autograd.hpp"
 #include "loom/component.hpp"
+#include "loom/parallel_plan.hpp"
 
 namespace loom {
 
@@ -32,6 +33,14 @@ struct ModelSetup {
   // nothing else) answers for shapes too large for this machine (a model may ignore it and
   // allocate anyway).
   bool allocate = true;
+  // Tensor parallelism (trainer.mesh's tensor axis): this process is member tensor_rank of
+  // tensor_size that split the model as its parallel_plan() says. The model allocates and
+  // initialises only this member's shard of each split parameter, and its forward pass
+  // communicates through Ops::tensor_group. 0 and 1: the whole model (every model accepts
+  // those; one without a plan may ignore the fields, and the run layer refuses tensor_size > 1
+  // for it).
+  int tensor_rank = 0;
+  int tensor_size = 1;
 };
 
 // How a parameter is used, so the trainer can mask weight decay (none on norms, biases and
@@ -134,6 +143,14 @@ class Model : public Component {
   // none, and the whole model is one unit (correct, but every rank then holds all the weights
   // while the forward and backward passes run).
   virtual std::vector<ShardingUnit> sharding_units() { return {}; }
+
+  // Its parallel plan (parallel_plan.hpp): every parameter of parameters(), in the same order,
+  // with its whole shape and its placement along the mesh's tensor axis (split by heads, by
+  // width, by vocabulary, by experts, or replicated). The trainer, the optimizers, the gradient
+  // norm, checkpoints and export read it; nothing else in the core knows a model's layout.
+  // Valid after build. Default: none (nullopt), and the run layer refuses trainer.mesh.tensor > 1
+  // naming the model.
+  virtual std::optional<std::vector<PlannedParameter>> parallel_plan() { return std::nullopt; }
 
   // Scalars about the last loss() (a mixture of experts' auxiliary losses and per-expert load),
   // by name ("router_aux_loss", "expert_load/3"); the trainer logs them under "model/" with the
