@@ -56,7 +56,7 @@ class GemmaModel final : public loom::models::TransformerLm {
   void build(const loom::ModelSetup& setup) override {
     begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim;
-    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_, vocab_parallel());
     layers_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
       Layer& y = layers_[static_cast<std::size_t>(l)];
@@ -71,7 +71,8 @@ class GemmaModel final : public loom::models::TransformerLm {
       store_.declare(p + "post_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_feedforward_norm);
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     if (!finish_build(setup)) return;
     ones_ = Tensor::zeros(Shape{c});
     loom::models::fill_constant(ones_, 1.0f);
@@ -90,7 +91,7 @@ class GemmaModel final : public loom::models::TransformerLm {
       if (params[i].role == ParameterRole::norm)
         loom::models::fill_constant(t, 0.0f);
       else
-        loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+        loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
     }
   }
 
@@ -199,11 +200,14 @@ class GemmaModel final : public loom::models::TransformerLm {
     a.params.softcap = static_cast<float>(o_.attn_logit_softcapping);
     a.params.scale = static_cast<float>(1.0 / std::sqrt(o_.query_pre_attn_scalar));
     a.params.window = is_sliding(l) ? o_.sliding_window : 0;
+    a.model = "model (gemma)";
     return a;
   }
 
   const char* name() const override { return "gemma"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
+  CacheShape cache_shape() const override {
+    return {o_.num_layers, layers_.front().attention.local_kv_heads(), o_.head_dim};
+  }
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
   float final_logit_softcap() const override { return static_cast<float>(o_.final_logit_softcapping); }
 
@@ -220,7 +224,7 @@ class GemmaModel final : public loom::models::TransformerLm {
                                              .cache = cache,
                                              .rope = &*rope_};
 
-    Tensor h = ops.scale(ops.embedding(embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
+    Tensor h = ops.scale(embed(ops, embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
     Tensor x = ops.rms_norm(h, scale_of(ops, layers_.front().input_norm), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       std::tie(h, x) = loom::models::run_layer(

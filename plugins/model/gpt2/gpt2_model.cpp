@@ -56,7 +56,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
     begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim;
     const bool bias = o_.use_bias;
-    store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_);
+    store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_, vocab_parallel());
     store_.declare("wpe.weight", Shape{o_.seq_len, c}, ParameterRole::embedding, &wpe_);
     blocks_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
@@ -80,7 +80,8 @@ class Gpt2Model final : public loom::models::TransformerLm {
     }
     store_.declare("ln_f.weight", Shape{c}, ParameterRole::norm, &ln_f_weight_);
     if (bias) store_.declare("ln_f.bias", Shape{c}, ParameterRole::norm, &ln_f_bias_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     finish_build(setup);
   }
 
@@ -102,7 +103,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
         loom::models::fill_constant(p->data(), 0.0f);
       } else {
         const bool residual = p->name().ends_with("c_proj.weight");
-        loom::models::fill_normal(p->data(), key, residual ? residual_std : std, *execution_);
+        loom::models::fill_normal(store_, i, key, residual ? residual_std : std, *execution_);
       }
     }
   }
@@ -143,10 +144,11 @@ class Gpt2Model final : public loom::models::TransformerLm {
     require_built("hf_tensors");
     loom::HfTensorLayout layout;
     layout.base_model_prefix = "transformer";
-    for (const auto& p : store_.parameters()) {
-      const std::string& name = p.parameter->name();
+    const auto& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {  // whole tensors: export assembles the shards
+      const std::string& name = params[i].parameter->name();
       layout.tensors.push_back(
-          {name == "lm_head.weight" ? name : "transformer." + name, name, 0, p.parameter->data().size(0)});
+          {name == "lm_head.weight" ? name : "transformer." + name, name, 0, store_.whole_shape(i)[0]});
     }
     // OpenAI's files and older transformers keep each layer's causal mask ("attn.bias") and
     // masked-score constant ("attn.masked_bias") as tensors; transformers rebuilds both.
@@ -172,6 +174,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
       a.params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
     a.qkv_name = "c_attn";
     a.out_name = "c_proj";
+    a.model = "model (gpt2)";
     return a;
   }
   loom::models::TransformerShape transformer_shape() const override {
@@ -214,7 +217,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
   }
 
   const char* name() const override { return "gpt2"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_heads, head_dim_}; }
+  CacheShape cache_shape() const override { return {o_.num_layers, blocks_.front().attn.local_kv_heads(), head_dim_}; }
 
   Tensor head() const override { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
 
@@ -228,7 +231,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
       pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(offset + i % seq);
     const Tensor positions = Tensor::from(std::span<const std::int32_t>(pos), Shape{batch, seq});
 
-    const Tensor tok = ops.embedding(wte_->tensor(), tokens);
+    const Tensor tok = embed(ops, wte_->tensor(), tokens);
     const Tensor pe = ops.embedding(wpe_->tensor(), positions);
     const Block& first = blocks_.front();
     Tensor h, x;

@@ -70,7 +70,7 @@ class LlamaModel final : public loom::models::TransformerLm {
   void build(const loom::ModelSetup& setup) override {
     begin_build(o_.vocab_size, setup);
     const std::int64_t c = o_.hidden_dim;
-    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_, vocab_parallel());
     layers_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
       Layer& y = layers_[static_cast<std::size_t>(l)];
@@ -90,7 +90,8 @@ class LlamaModel final : public loom::models::TransformerLm {
                      .bias = o_.use_bias});
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     if (!finish_build(setup)) return;
     rope_.emplace(o_.rope, o_.head_dim, o_.seq_len);
   }
@@ -109,6 +110,7 @@ class LlamaModel final : public loom::models::TransformerLm {
     a.norm_eps = static_cast<float>(o_.layer_norm_epsilon);
     a.params.causal = true;
     a.params.window = window_of(l);
+    a.model = "model (llama)";
     return a;
   }
 
@@ -127,7 +129,7 @@ class LlamaModel final : public loom::models::TransformerLm {
           loom::models::fill_constant(t, 0.0f);
           break;
         default:
-          loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+          loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
       }
     }
   }
@@ -487,7 +489,9 @@ class LlamaModel final : public loom::models::TransformerLm {
   }
 
   const char* name() const override { return "llama"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
+  CacheShape cache_shape() const override {
+    return {o_.num_layers, layers_.front().attention.local_kv_heads(), o_.head_dim};
+  }
 
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
 
@@ -504,7 +508,7 @@ class LlamaModel final : public loom::models::TransformerLm {
                                              .rope = &*rope_};
 
     routers_.clear();
-    Tensor h = ops.embedding(embed_->tensor(), tokens);
+    Tensor h = embed(ops, embed_->tensor(), tokens);
     Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const loom::models::LayerBody body = [=, this](Ops& ops, Tensor h, Tensor x) {
@@ -626,6 +630,7 @@ LlamaOptions read_options(const loom::Options& options) {
   o.moe = loom::models::read_moe_options(options.object("moe"), at);
   o.moe.hidden_dim = o.hidden_dim;
   o.moe.intermediate_dim = o.intermediate_dim;
+  o.moe.model = "model (llama)";
   o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
   if (o.moe.num_experts > 0 && o.use_bias)
     throw loom::UserError(at + ".use_bias with " + at +

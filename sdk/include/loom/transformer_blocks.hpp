@@ -11,6 +11,12 @@
 //     with RouterRecords for moe_auxiliary_loss (load balancing, z-loss) and run_moe_layer for
 //     activation checkpointing;
 //   * the option reading and Hugging Face mapping these blocks share across models.
+// Each block also writes its parameters' parallel plan (parallel_plan.hpp): declared into a store
+// split over a tensor group (ParameterStore::set_tensor_split), it allocates this member's shard
+// and its forward pass communicates through Ops' tensor collectives (Megatron-LM's layout:
+// attention by heads, the MLP by its width, experts whole, each block's input through f =
+// tensor_copy and its output through g = tensor_reduce). Over one member every path is the
+// single-process one.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +44,14 @@ inline Tensor tensor_or_none(const Parameter* p) {
   return p ? p->tensor() : Tensor();
 }
 
+// The bias of a row-parallel layer, whose members' partial products g sums: member 0 adds it, so
+// that it is added once; the others add it times 0, so that its (partial, zero) gradient exists
+// on every member for the run layer's sum over the group.
+inline Tensor row_parallel_bias(Ops& ops, int rank, const Parameter* bias) {
+  if (!bias) return Tensor();
+  return rank == 0 ? bias->tensor() : ops.scale(bias->tensor(), 0.0f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Attention
 
@@ -54,6 +68,7 @@ struct AttentionConfig {
   // Parameter names under the block's prefix: "<qkv_name>.weight", "<out_name>.weight",
   // "q_norm.weight", "k_norm.weight".
   std::string qkv_name = "qkv_proj", out_name = "o_proj";
+  std::string model = "model";  // "model (llama)", for messages
 };
 
 // Where the tokens of one forward call sit and what they see.
@@ -70,34 +85,93 @@ class AttentionBlock {
  public:
   // Declares, in this order, the fused q/k/v projection (and its bias), the q and k norms, the
   // output projection (and its bias) under `prefix` ("layers.3.self_attn.").
+  //
+  // Tensor parallelism over T members: the query heads are split (T divides num_heads), each
+  // member computing heads [r H/T, (r + 1) H/T); the key/value heads are split too when T
+  // divides num_kv_heads, else (T a multiple of num_kv_heads) the fused projection is
+  // replicated and each member slices the one key/value head its query heads share: the
+  // replicated rows' gradients are then partial (replicated_partial), summed by the run layer.
+  // The q/k norms see only the member's heads: partial too. The output projection is
+  // row-parallel; its bias, added by member 0 alone before g's sum, has a partial gradient.
   void declare(ParameterStore& store, const std::string& prefix, AttentionConfig config) {
     c_ = std::move(config);
-    const std::int64_t qkv = (c_.num_heads + 2 * c_.num_kv_heads) * c_.head_dim, q = c_.num_heads * c_.head_dim;
-    const std::int64_t c = c_.hidden_dim, d = c_.head_dim;
-    const std::string in = prefix + c_.qkv_name, out = prefix + c_.out_name;
-    store.declare(in + ".weight", c_.weight_in_out ? Shape{c, qkv} : Shape{qkv, c}, ParameterRole::weight,
-                  &qkv_weight_);
-    if (c_.qkv_bias) store.declare(in + ".bias", Shape{qkv}, ParameterRole::bias, &qkv_bias_);
-    if (c_.qk_norm) {
-      store.declare(prefix + "q_norm.weight", Shape{d}, ParameterRole::norm, &q_norm_);
-      store.declare(prefix + "k_norm.weight", Shape{d}, ParameterRole::norm, &k_norm_);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
+    const std::int64_t heads = c_.num_heads, kv_heads = c_.num_kv_heads, d = c_.head_dim;
+    if (size_ > 1) {
+      const std::string t = std::to_string(size_);
+      if (heads % size_ != 0)
+        throw UserError(c_.model + ": tensor parallelism over " + t +
+                        " ranks splits attention by query heads, and num_heads (" + std::to_string(heads) +
+                        ") is not a multiple of " + t);
+      if (kv_heads % size_ != 0 && size_ % kv_heads != 0)
+        throw UserError(c_.model + ": tensor parallelism over " + t + " ranks splits the " + std::to_string(kv_heads) +
+                        " key/value heads (num_kv_heads) when " + t +
+                        " divides them, or replicates them when they "
+                        "divide " +
+                        t + "; " + std::to_string(kv_heads) + " does neither");
     }
-    store.declare(out + ".weight", c_.weight_in_out ? Shape{q, c} : Shape{c, q}, ParameterRole::weight, &out_weight_);
-    if (c_.out_bias) store.declare(out + ".bias", Shape{c}, ParameterRole::bias, &out_bias_);
+    replicated_kv_ = size_ > 1 && kv_heads % size_ != 0;
+    if (replicated_kv_ && c_.weight_in_out)
+      throw InternalError("AttentionBlock: replicated key/value heads in a Conv1D layout");
+    local_heads_ = heads / size_;
+    local_kv_heads_ = replicated_kv_ ? 1 : kv_heads / size_;
+    const std::int64_t q = heads * d, kv = kv_heads * d, qkv = q + 2 * kv, c = c_.hidden_dim;
+    const std::string in = prefix + c_.qkv_name, out = prefix + c_.out_name;
+    const bool split = size_ > 1;
+    const TensorPlacement partial = TensorPlacement::replicated_partial();
+    // By heads: the q, k and v rows (Conv1D: columns) are three parts, each split evenly.
+    const auto by_heads = [&](int dim) {
+      if (!split) return TensorPlacement::replicated();
+      return replicated_kv_ ? partial : TensorPlacement::split_along(dim, "column", {q, kv, kv});
+    };
+    const TensorPlacement row =
+        split ? TensorPlacement::split_along(c_.weight_in_out ? 0 : 1, "row") : TensorPlacement::replicated();
+    store.declare(in + ".weight", c_.weight_in_out ? Shape{c, qkv} : Shape{qkv, c}, ParameterRole::weight, &qkv_weight_,
+                  by_heads(c_.weight_in_out ? 1 : 0));
+    if (c_.qkv_bias) store.declare(in + ".bias", Shape{qkv}, ParameterRole::bias, &qkv_bias_, by_heads(0));
+    if (c_.qk_norm) {
+      const TensorPlacement norm = split ? partial : TensorPlacement::replicated();
+      store.declare(prefix + "q_norm.weight", Shape{d}, ParameterRole::norm, &q_norm_, norm);
+      store.declare(prefix + "k_norm.weight", Shape{d}, ParameterRole::norm, &k_norm_, norm);
+    }
+    store.declare(out + ".weight", c_.weight_in_out ? Shape{q, c} : Shape{c, q}, ParameterRole::weight, &out_weight_,
+                  row);
+    if (c_.out_bias)
+      store.declare(out + ".bias", Shape{c}, ParameterRole::bias, &out_bias_,
+                    split ? partial : TensorPlacement::replicated());
   }
 
   // x [batch, seq, hidden] (normed) -> the output projection's [batch, seq, hidden].
   Tensor forward(Ops& ops, const Tensor& x, const AttentionInput& in) const {
-    const std::int64_t heads = c_.num_heads, kv_heads = c_.num_kv_heads, d = c_.head_dim;
+    const std::int64_t heads = local_heads_, kv_heads = local_kv_heads_, d = c_.head_dim;
     LinearOptions layout;
     layout.weight_in_out = c_.weight_in_out;
-    // One GEMM for q, k and v; the three are slices of its output, which the attention kernel
-    // reads in place (and whose gradients land in one buffer).
-    const Tensor qkv = ops.linear(x, qkv_weight_->tensor(), tensor_or_none(qkv_bias_), layout)
-                           .view(Shape{in.batch, in.seq, heads + 2 * kv_heads, d});
-    Tensor q = qkv.slice(2, 0, heads);
-    Tensor k = qkv.slice(2, heads, heads + kv_heads);
-    Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+    Tensor q, k, v;
+    if (replicated_kv_) {
+      // This member's query heads, and the key/value head they share, from the whole projection.
+      const Tensor xin = ops.tensor_copy(x);
+      const std::int64_t q_rows = c_.num_heads * d, kv_rows = c_.num_kv_heads * d;
+      const std::int64_t kv_head = rank_ * c_.num_kv_heads / size_;
+      const auto rows = [&](std::int64_t begin, std::int64_t count) {
+        const Tensor w = qkv_weight_->tensor().slice(0, begin, begin + count);
+        const Tensor b = qkv_bias_ ? qkv_bias_->tensor().slice(0, begin, begin + count) : Tensor();
+        return ops.linear(xin, w, b, layout).view(Shape{in.batch, in.seq, count / d, d});
+      };
+      q = rows(rank_ * heads * d, heads * d);
+      k = rows(q_rows + kv_head * d, d);
+      v = rows(q_rows + kv_rows + kv_head * d, d);
+    } else {
+      // One GEMM for q, k and v; the three are slices of its output, which the attention kernel
+      // reads in place (and whose gradients land in one buffer). Split, this member's shard is
+      // [its q heads | its k heads | its v heads].
+      const Tensor xin = size_ > 1 ? ops.tensor_copy(x) : x;
+      const Tensor qkv = ops.linear(xin, qkv_weight_->tensor(), tensor_or_none(qkv_bias_), layout)
+                             .view(Shape{in.batch, in.seq, heads + 2 * kv_heads, d});
+      q = qkv.slice(2, 0, heads);
+      k = qkv.slice(2, heads, heads + kv_heads);
+      v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+    }
     if (c_.qk_norm) {
       q = ops.rms_norm(q, q_norm_->tensor(), c_.norm_eps);
       k = ops.rms_norm(k, k_norm_->tensor(), c_.norm_eps);
@@ -109,16 +183,22 @@ class AttentionBlock {
     if (in.cache) std::tie(k, v) = in.cache->append(in.layer, k, v);
     const Tensor a =
         ops.attention(*kernel_, q, k, v, c_.params, in.segments, in.segments).view(Shape{in.batch, in.seq, heads * d});
-    return ops.linear(a, out_weight_->tensor(), tensor_or_none(out_bias_), layout);
+    if (size_ == 1) return ops.linear(a, out_weight_->tensor(), tensor_or_none(out_bias_), layout);
+    return ops.tensor_reduce(ops.linear(a, out_weight_->tensor(), row_parallel_bias(ops, rank_, out_bias_), layout));
   }
 
   // The kernel is the model's (one for every layer); set before the first forward pass.
   void set_kernel(AttentionKernel& kernel) { kernel_ = &kernel; }
   const AttentionConfig& config() const { return c_; }
+  // The key/value heads this member caches (all of them over one member).
+  std::int64_t local_kv_heads() const { return local_kv_heads_; }
 
  private:
   AttentionConfig c_;
   AttentionKernel* kernel_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  bool replicated_kv_ = false;
+  std::int64_t local_heads_ = 0, local_kv_heads_ = 0;
   Parameter *qkv_weight_ = nullptr, *qkv_bias_ = nullptr, *q_norm_ = nullptr, *k_norm_ = nullptr;
   Parameter *out_weight_ = nullptr, *out_bias_ = nullptr;
 };
@@ -144,31 +224,53 @@ struct MlpConfig {
 class MlpBlock {
  public:
   // Declares, in this order, the gate (gated kinds), up and down projections, each followed by
-  // its bias.
+  // its bias. Tensor parallelism splits the intermediate width: gate and up column-parallel (and
+  // their biases), down row-parallel, its bias added by member 0 alone before g's sum (a partial
+  // gradient).
   void declare(ParameterStore& store, const std::string& prefix, MlpConfig config) {
     c_ = std::move(config);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
+    const bool split = size_ > 1;
     const std::int64_t c = c_.hidden_dim, f = c_.intermediate_dim;
     const Shape widen = c_.weight_in_out ? Shape{c, f} : Shape{f, c};
     const Shape narrow = c_.weight_in_out ? Shape{f, c} : Shape{c, f};
-    const auto matrix = [&](const std::string& name, const Shape& shape, std::int64_t out, Parameter** w,
-                            Parameter** b) {
-      store.declare(prefix + name + ".weight", shape, ParameterRole::weight, w);
-      if (c_.bias) store.declare(prefix + name + ".bias", Shape{out}, ParameterRole::bias, b);
+    const auto place = [&](int dim, const char* style) {
+      return split ? TensorPlacement::split_along(dim, style) : TensorPlacement::replicated();
     };
-    if (c_.kind != MlpKind::gelu) matrix(c_.gate_name, widen, f, &gate_weight_, &gate_bias_);
-    matrix(c_.up_name, widen, f, &up_weight_, &up_bias_);
-    matrix(c_.down_name, narrow, c, &down_weight_, &down_bias_);
+    const TensorPlacement column = place(c_.weight_in_out ? 1 : 0, "column"), column_bias = place(0, "column");
+    const TensorPlacement row = place(c_.weight_in_out ? 0 : 1, "row");
+    const TensorPlacement row_bias = split ? TensorPlacement::replicated_partial() : TensorPlacement::replicated();
+    const auto matrix = [&](const std::string& name, const Shape& shape, std::int64_t out, Parameter** w, Parameter** b,
+                            const TensorPlacement& wp, const TensorPlacement& bp) {
+      store.declare(prefix + name + ".weight", shape, ParameterRole::weight, w, wp);
+      if (c_.bias) store.declare(prefix + name + ".bias", Shape{out}, ParameterRole::bias, b, bp);
+    };
+    if (c_.kind != MlpKind::gelu) matrix(c_.gate_name, widen, f, &gate_weight_, &gate_bias_, column, column_bias);
+    matrix(c_.up_name, widen, f, &up_weight_, &up_bias_, column, column_bias);
+    matrix(c_.down_name, narrow, c, &down_weight_, &down_bias_, row, row_bias);
   }
 
   // x [..., hidden] (normed) -> [..., hidden].
-  Tensor forward(Ops& ops, const Tensor& x) const {
+  Tensor forward(Ops& ops, const Tensor& input) const {
+    if (size_ > 1) {
+      return ops.tensor_reduce(product(ops, ops.tensor_copy(input), row_parallel_bias(ops, rank_, down_bias_)));
+    }
+    return product(ops, input, tensor_or_none(down_bias_));
+  }
+
+  const MlpConfig& config() const { return c_; }
+
+ private:
+  // The MLP of x with `down_bias` (this member's part under tensor parallelism).
+  Tensor product(Ops& ops, const Tensor& x, const Tensor& down_bias) const {
     LinearOptions layout;
     layout.weight_in_out = c_.weight_in_out;
     if (c_.kind == MlpKind::gelu) {
       LinearOptions gelu = layout;
       gelu.activation = Activation::gelu_tanh;
       const Tensor m = ops.linear(x, up_weight_->tensor(), tensor_or_none(up_bias_), gelu);
-      return ops.linear(m, down_weight_->tensor(), tensor_or_none(down_bias_), layout);
+      return ops.linear(m, down_weight_->tensor(), down_bias, layout);
     }
     Tensor hidden;
     if (c_.kind == MlpKind::swiglu) {
@@ -182,13 +284,11 @@ class MlpBlock {
       const Tensor up = ops.linear(x, up_weight_->tensor(), tensor_or_none(up_bias_), layout);
       hidden = ops.mul(gate, up);
     }
-    return ops.linear(hidden, down_weight_->tensor(), tensor_or_none(down_bias_), layout);
+    return ops.linear(hidden, down_weight_->tensor(), down_bias, layout);
   }
 
-  const MlpConfig& config() const { return c_; }
-
- private:
   MlpConfig c_;
+  int rank_ = 0, size_ = 1;
   Parameter *gate_weight_ = nullptr, *gate_bias_ = nullptr, *up_weight_ = nullptr, *up_bias_ = nullptr;
   Parameter *down_weight_ = nullptr, *down_bias_ = nullptr;
 };
@@ -201,6 +301,7 @@ struct MoeConfig {
   std::int64_t num_experts = 0, experts_per_token = 2;
   bool softmax_after_top_k = true;  // Mixtral; false: DeepSeek's probabilities of the full softmax
   double aux_loss_coef = 0.0, z_loss_coef = 0.0;
+  std::string model = "model";  // "model (llama)", for messages
 };
 
 // The `moe` options (a model's `moe:` object); num_experts 0 is a dense MLP.
@@ -246,13 +347,28 @@ class MoeBlock {
   // Declares the router "gate.weight" [experts, hidden] and every expert's w1 (gate), w3 (up) and
   // w2 (down) stacked along rows, Mixtral's names: "experts.w1.weight" [experts * intermediate,
   // hidden], "experts.w3.weight" the same, "experts.w2.weight" [experts * hidden, intermediate].
+  //
+  // Tensor parallelism places whole experts (expert parallelism within the tensor group): member
+  // r holds experts [r E/T, (r + 1) E/T) (T divides E). The router is replicated and every
+  // member routes every token alike (they hold the same tokens), runs its experts on their
+  // tokens, and the members' partial outputs are summed as a row-parallel layer's (g). The gate
+  // weights pass through f, so the router's gradient, summed from the members' experts, is the
+  // same on every member.
   void declare(ParameterStore& store, const std::string& prefix, MoeConfig config) {
-    c_ = config;
+    c_ = std::move(config);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
     const std::int64_t e = c_.num_experts, c = c_.hidden_dim, f = c_.intermediate_dim;
+    if (size_ > 1 && e % size_ != 0)
+      throw UserError(c_.model + ": tensor parallelism over " + std::to_string(size_) +
+                      " ranks places whole experts on each, and moe.num_experts (" + std::to_string(e) +
+                      ") is not a multiple of " + std::to_string(size_));
+    const TensorPlacement experts =
+        size_ > 1 ? TensorPlacement::split_along(0, "experts") : TensorPlacement::replicated();
     store.declare(prefix + "gate.weight", Shape{e, c}, ParameterRole::weight, &router_);
-    store.declare(prefix + "experts.w1.weight", Shape{e * f, c}, ParameterRole::weight, &w1_);
-    store.declare(prefix + "experts.w3.weight", Shape{e * f, c}, ParameterRole::weight, &w3_);
-    store.declare(prefix + "experts.w2.weight", Shape{e * c, f}, ParameterRole::weight, &w2_);
+    store.declare(prefix + "experts.w1.weight", Shape{e * f, c}, ParameterRole::weight, &w1_, experts);
+    store.declare(prefix + "experts.w3.weight", Shape{e * f, c}, ParameterRole::weight, &w3_, experts);
+    store.declare(prefix + "experts.w2.weight", Shape{e * c, f}, ParameterRole::weight, &w2_, experts);
   }
 
   // The sparse mixture of experts over x [batch, seq, hidden] (normed):
@@ -270,6 +386,9 @@ class MoeBlock {
     const std::int64_t tokens = x.numel() / c;
     const Tensor xf = x.view(Shape{tokens, c});
     const Tensor logits = ops.linear(xf, router_->tensor());  // [tokens, experts]
+    // This member's experts [first, last) (all of them over one member).
+    const std::int64_t first = rank_ * e_count / size_, last = (rank_ + 1) * e_count / size_;
+    const bool split = size_ > 1;
     const Tensor host_logits = logits.is_host_visible() ? logits : logits.to(Device::host());
     const float* r = host_logits.data<float>();
 
@@ -294,14 +413,22 @@ class MoeBlock {
         routed[static_cast<std::size_t>(e)].push_back(static_cast<std::int32_t>(t));
       }
     }
-    // slot_of counted within each expert; shift by the rows of the experts before it.
+    // slot_of counted within each expert; shift by the rows of the experts before it. Split, a
+    // choice of another member's expert takes the zero row after this member's rows.
     std::vector<std::int32_t> expert_begin(static_cast<std::size_t>(e_count + 1), 0);
-    for (std::int64_t e = 0; e < e_count; ++e)
+    for (std::int64_t e = 0; e < e_count; ++e) {
+      const bool mine = e >= first && e < last;
       expert_begin[static_cast<std::size_t>(e + 1)] =
           expert_begin[static_cast<std::size_t>(e)] +
-          static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
-    for (std::size_t tj = 0; tj < slot_of.size(); ++tj)
-      slot_of[tj] += expert_begin[static_cast<std::size_t>(record.selected[tj])];
+          (mine ? static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size()) : 0);
+    }
+    for (std::size_t tj = 0; tj < slot_of.size(); ++tj) {
+      const std::int64_t e = record.selected[tj];
+      if (e >= first && e < last)
+        slot_of[tj] += expert_begin[static_cast<std::size_t>(e)];
+      else
+        slot_of[tj] = expert_begin[static_cast<std::size_t>(e_count)];
+    }
 
     const auto ids = [](const std::vector<std::int32_t>& v, Shape shape) {
       return Tensor::from(std::span<const std::int32_t>(v), shape);
@@ -314,18 +441,28 @@ class MoeBlock {
             : ops.embedding(probs.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k});
 
     std::vector<Tensor> outputs;
-    for (std::int64_t e = 0; e < e_count; ++e) {
+    const Tensor xin = split ? ops.tensor_copy(xf) : xf;
+    for (std::int64_t e = first; e < last; ++e) {
       const auto& rows = routed[static_cast<std::size_t>(e)];
       if (rows.empty()) continue;
       const auto n = static_cast<std::int64_t>(rows.size());
-      const Tensor xe = ops.embedding(xf, ids(rows, Shape{n}));  // [n, hidden]
-      const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, e * f, (e + 1) * f));
-      const Tensor up = ops.linear(xe, w3_->tensor().slice(0, e * f, (e + 1) * f));
-      outputs.push_back(ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, e * c, (e + 1) * c)));
+      const std::int64_t local = e - first;                       // its rows in this member's shards
+      const Tensor xe = ops.embedding(xin, ids(rows, Shape{n}));  // [n, hidden]
+      const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, local * f, (local + 1) * f));
+      const Tensor up = ops.linear(xe, w3_->tensor().slice(0, local * f, (local + 1) * f));
+      outputs.push_back(ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, local * c, (local + 1) * c)));
+    }
+    if (split) {
+      // The zero row of the other members' choices, taken from xin so that f's backward pass (an
+      // all-reduce every member must join) runs even on a member none of whose experts got tokens.
+      const std::vector<std::int32_t> first_row{0};
+      outputs.push_back(ops.scale(ops.embedding(xin, ids(first_row, Shape{1})), 0.0f));
     }
     const Tensor expert_out = ops.concat(outputs);                                  // [tokens * k, hidden]
     const Tensor mine = ops.embedding(expert_out, ids(slot_of, Shape{tokens, k}));  // [tokens, k, hidden]
-    const Tensor out = ops.matmul(gates.view(Shape{tokens, 1, k}), mine);           // [tokens, 1, hidden]
+    const Tensor weights = split ? ops.tensor_copy(gates) : gates;
+    Tensor out = ops.matmul(weights.view(Shape{tokens, 1, k}), mine);  // [tokens, 1, hidden]
+    if (split) out = ops.tensor_reduce(out);
     record.logits = logits;
     record.probs = probs;
     records.push_back(std::move(record));
@@ -336,6 +473,7 @@ class MoeBlock {
 
  private:
   MoeConfig c_;
+  int rank_ = 0, size_ = 1;
   Parameter *router_ = nullptr, *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
 };
 
@@ -464,8 +602,10 @@ inline HfTensorLayout llama_layout(const ParameterStore& store, std::int64_t voc
   HfTensorLayout layout;
   layout.base_model_prefix = "model";
   const std::int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
-  for (const auto& p : store.parameters()) {
-    const std::string& name = p.parameter->name();
+  const auto& params = store.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].parameter->name();
+    const std::int64_t rows = store.whole_shape(i)[0];  // the whole tensor's: export assembles shards
     if (name == "lm_head.weight") {
       layout.tensors.push_back({name, name, 0, vocab});
       continue;
@@ -474,12 +614,12 @@ inline HfTensorLayout llama_layout(const ParameterStore& store, std::int64_t voc
     if (experts != std::string::npos && num_experts > 0) {
       const std::string head = "model." + name.substr(0, experts) + experts_name;
       const std::string tail = name.substr(experts + experts_name.size());  // w1.weight
-      const std::int64_t n = p.parameter->data().size(0) / num_experts;
+      const std::int64_t n = rows / num_experts;
       for (std::int64_t e = 0; e < num_experts; ++e)
         layout.tensors.push_back({head + std::to_string(e) + "." + tail, name, e * n, (e + 1) * n});
       continue;
     }
-    add_llama_layout_tensors(layout, name, p.parameter->data().size(0), q, kv);
+    add_llama_layout_tensors(layout, name, rows, q, kv);
   }
   return layout;
 }
