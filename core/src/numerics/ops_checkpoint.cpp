@@ -19,6 +19,7 @@ struct CheckpointNode final : Node {
   std::uint64_t dropout_seed = 0, dropout_step = 0, dropout_calls = 0;
   const LinearAdapters* adapters = nullptr;            // the first run's low-rank adapters
   std::function<void(Parameter&)> parameter_observer;  // the first run's
+  CollectiveGroup* tensor_group = nullptr;             // the first run's: the recomputation communicates alike
 
   void backward(BackwardPass& pass) override {
     Tape tape;
@@ -28,6 +29,7 @@ struct CheckpointNode final : Node {
     ops.dropout_calls_ = dropout_calls;  // the dropout masks of the first run
     ops.adapters_ = adapters;
     ops.parameter_observer_ = parameter_observer;
+    ops.tensor_group_ = tensor_group;
     if (policy == RematPolicy::save_dots) ops.remat_replay_ = &saved;
     // The inputs become leaves of the inner tape (parameters of their own) where a gradient is
     // wanted; the segment's parameters are the model's, and accumulate as usual.
@@ -118,6 +120,7 @@ std::vector<Tensor> Ops::checkpoint(std::span<const Tensor> inputs_in, const Seg
   node->dropout_calls = dropout_calls;
   node->adapters = adapters_;
   node->parameter_observer = parameter_observer_;
+  node->tensor_group = tensor_group_;
   for (Tensor& out : outputs) {
     if (!out.defined() || !out.is_contiguous() || out.dtype() != DType::f32)
       detail::op_error(op, "the segment's outputs must be contiguous f32 tensors made by its operations");

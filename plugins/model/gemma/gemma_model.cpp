@@ -12,6 +12,7 @@
 #include <loom/kinds/model.hpp>
 #include <loom/model_support.hpp>
 #include <loom/plugin.hpp>
+#include <loom/transformer_blocks.hpp>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,10 +39,13 @@ struct GemmaOptions {
   loom::RematPolicy remat = loom::RematPolicy::none;
 };
 
+// One decoder layer: attention and MLP, each between a norm before and a norm after.
 struct Layer {
-  Parameter *input_norm = nullptr, *qkv_weight = nullptr, *o_weight = nullptr;
-  Parameter *post_attention_norm = nullptr, *pre_feedforward_norm = nullptr, *post_feedforward_norm = nullptr;
-  Parameter *gate_weight = nullptr, *up_weight = nullptr, *down_weight = nullptr;
+  Parameter* input_norm = nullptr;
+  loom::models::AttentionBlock attention;
+  Parameter *post_attention_norm = nullptr, *pre_feedforward_norm = nullptr;
+  loom::models::MlpBlock mlp;
+  Parameter* post_feedforward_norm = nullptr;
 };
 
 class GemmaModel final : public loom::models::TransformerLm {
@@ -51,25 +55,24 @@ class GemmaModel final : public loom::models::TransformerLm {
 
   void build(const loom::ModelSetup& setup) override {
     begin_build(o_.vocab_size, setup);
-    const std::int64_t c = o_.hidden_dim, q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
-    const std::int64_t mlp = o_.intermediate_dim;
-    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    const std::int64_t c = o_.hidden_dim;
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_, vocab_parallel());
     layers_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
       Layer& y = layers_[static_cast<std::size_t>(l)];
       const std::string p = "layers." + std::to_string(l) + ".";
       store_.declare(p + "input_layernorm.weight", Shape{c}, ParameterRole::norm, &y.input_norm);
-      store_.declare(p + "self_attn.qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &y.qkv_weight);
-      store_.declare(p + "self_attn.o_proj.weight", Shape{c, q}, ParameterRole::weight, &y.o_weight);
+      y.attention.declare(store_, p + "self_attn.", attention_config(l));
+      y.attention.set_kernel(*kernel_);
       store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
       store_.declare(p + "pre_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.pre_feedforward_norm);
-      store_.declare(p + "mlp.gate_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.gate_weight);
-      store_.declare(p + "mlp.up_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.up_weight);
-      store_.declare(p + "mlp.down_proj.weight", Shape{c, mlp}, ParameterRole::weight, &y.down_weight);
+      y.mlp.declare(store_, p + "mlp.",
+                    {.hidden_dim = c, .intermediate_dim = o_.intermediate_dim, .kind = loom::models::MlpKind::geglu});
       store_.declare(p + "post_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_feedforward_norm);
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     if (!finish_build(setup)) return;
     ones_ = Tensor::zeros(Shape{c});
     loom::models::fill_constant(ones_, 1.0f);
@@ -88,7 +91,7 @@ class GemmaModel final : public loom::models::TransformerLm {
       if (params[i].role == ParameterRole::norm)
         loom::models::fill_constant(t, 0.0f);
       else
-        loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+        loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
     }
   }
 
@@ -126,17 +129,8 @@ class GemmaModel final : public loom::models::TransformerLm {
 
   loom::HfTensorLayout hf_tensors() const override {
     require_built("hf_tensors");
-    loom::HfTensorLayout layout;
-    layout.base_model_prefix = "model";
-    const std::int64_t q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
-    for (const auto& p : store_.parameters()) {
-      const std::string& name = p.parameter->name();
-      if (name == "lm_head.weight") {
-        layout.tensors.push_back({name, name, 0, vocab_});
-        continue;
-      }
-      loom::models::add_llama_layout_tensors(layout, name, p.parameter->data().size(0), q, kv);
-    }
+    loom::HfTensorLayout layout =
+        loom::models::llama_layout(store_, vocab_, o_.num_heads, o_.num_kv_heads, o_.head_dim);
     if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
     return layout;
   }
@@ -194,8 +188,26 @@ class GemmaModel final : public loom::models::TransformerLm {
 
   bool is_sliding(std::int64_t layer) const { return o_.sliding_window > 0 && layer % 2 == 0; }
 
+  // Layer l's attention: grouped-query, RoPE, soft-capped scores, queries scaled by
+  // query_pre_attn_scalar^-1/2, the window on sliding layers.
+  loom::models::AttentionConfig attention_config(std::int64_t l) const {
+    loom::models::AttentionConfig a;
+    a.hidden_dim = o_.hidden_dim;
+    a.num_heads = o_.num_heads;
+    a.num_kv_heads = o_.num_kv_heads;
+    a.head_dim = o_.head_dim;
+    a.params.causal = true;
+    a.params.softcap = static_cast<float>(o_.attn_logit_softcapping);
+    a.params.scale = static_cast<float>(1.0 / std::sqrt(o_.query_pre_attn_scalar));
+    a.params.window = is_sliding(l) ? o_.sliding_window : 0;
+    a.model = "model (gemma)";
+    return a;
+  }
+
   const char* name() const override { return "gemma"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
+  CacheShape cache_shape() const override {
+    return {o_.num_layers, layers_.front().attention.local_kv_heads(), o_.head_dim};
+  }
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
   float final_logit_softcap() const override { return static_cast<float>(o_.final_logit_softcapping); }
 
@@ -203,37 +215,27 @@ class GemmaModel final : public loom::models::TransformerLm {
   Tensor scale_of(Ops& ops, const Parameter* p) const { return ops.add(ones_, p->tensor()); }
 
   Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) override {
-    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), d = o_.head_dim;
-    const std::int64_t heads = o_.num_heads, kv_heads = o_.num_kv_heads;
-    const std::int64_t offset = cache ? cache->length() : 0;
+    const std::int64_t seq = tokens.size(1);
     const auto eps = static_cast<float>(o_.layer_norm_epsilon);
-    loom::AttentionParams params;
-    params.causal = true;
-    params.softcap = static_cast<float>(o_.attn_logit_softcapping);
-    params.scale = static_cast<float>(1.0 / std::sqrt(o_.query_pre_attn_scalar));
+    const loom::models::AttentionInput input{.batch = tokens.size(0),
+                                             .seq = seq,
+                                             .offset = cache ? cache->length() : 0,
+                                             .segments = segments,
+                                             .cache = cache,
+                                             .rope = &*rope_};
 
-    Tensor h = ops.scale(ops.embedding(embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
+    Tensor h = ops.scale(embed(ops, embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
     Tensor x = ops.rms_norm(h, scale_of(ops, layers_.front().input_norm), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      params.window = is_sliding(static_cast<std::int64_t>(l)) ? o_.sliding_window : 0;
       std::tie(h, x) = loom::models::run_layer(
           ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
             const Layer& y = layers_[l];
-            const Tensor qkv = ops.linear(x, y.qkv_weight->tensor()).view(Shape{batch, seq, heads + 2 * kv_heads, d});
-            Tensor q = ops.rope(qkv.slice(2, 0, heads), *rope_, Tensor(), offset);
-            Tensor k = ops.rope(qkv.slice(2, heads, heads + kv_heads), *rope_, Tensor(), offset);
-            Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-            const Tensor a =
-                ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, heads * d});
+            loom::models::AttentionInput in = input;
+            in.layer = static_cast<std::int64_t>(l);
             const Tensor attn_out =
-                ops.rms_norm(ops.linear(a, y.o_weight->tensor()), scale_of(ops, y.post_attention_norm), eps);
+                ops.rms_norm(y.attention.forward(ops, x, in), scale_of(ops, y.post_attention_norm), eps);
             std::tie(h, x) = ops.add_rms_norm(h, attn_out, scale_of(ops, y.pre_feedforward_norm), eps);
-            const Tensor gate =
-                ops.linear(x, y.gate_weight->tensor(), Tensor(), {.activation = loom::Activation::gelu_tanh});
-            const Tensor up = ops.linear(x, y.up_weight->tensor());
-            const Tensor mlp_out = ops.rms_norm(ops.linear(ops.mul(gate, up), y.down_weight->tensor()),
-                                                scale_of(ops, y.post_feedforward_norm), eps);
+            const Tensor mlp_out = ops.rms_norm(y.mlp.forward(ops, x), scale_of(ops, y.post_feedforward_norm), eps);
             const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
             return ops.add_rms_norm(h, mlp_out, scale_of(ops, next), eps);
           });
@@ -280,7 +282,7 @@ loom::OptionSchema gemma_schema() {
 }
 
 GemmaOptions read_options(const loom::Options& options) {
-  const std::string at = options.path().empty() ? "model" : options.path();
+  const std::string at = loom::models::options_path(options);
   GemmaOptions o;
   o.seq_len = options.get<std::int64_t>("seq_len");
   o.hidden_dim = options.get<std::int64_t>("hidden_dim");
@@ -301,12 +303,8 @@ GemmaOptions read_options(const loom::Options& options) {
   o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
   o.path = at;
   o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
-  if (o.num_heads % o.num_kv_heads != 0)
-    throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +
-                          std::to_string(o.num_heads) + ")");
-  if (o.head_dim % 2 != 0)
-    throw loom::UserError(at + ": head_dim is " + std::to_string(o.head_dim) +
-                          "; rotary embeddings rotate pairs of features, so it must be even");
+  loom::models::check_kv_heads(at, o.num_heads, o.num_kv_heads);
+  loom::models::check_rotary_head_dim(at, o.head_dim);
   return o;
 }
 

@@ -9,6 +9,7 @@
 #include <loom/kinds/model.hpp>
 #include <loom/model_support.hpp>
 #include <loom/plugin.hpp>
+#include <loom/transformer_blocks.hpp>
 #include <memory>
 #include <span>
 #include <string>
@@ -17,7 +18,6 @@
 
 namespace {
 
-using loom::Activation;
 using loom::Ops;
 using loom::Parameter;
 using loom::ParameterRole;
@@ -33,18 +33,15 @@ struct Gpt2Options {
   loom::RematPolicy remat = loom::RematPolicy::none;
 };
 
+// One block: LayerNorm, attention, LayerNorm, MLP.
 struct Block {
   Parameter *ln_1_weight = nullptr, *ln_1_bias = nullptr;
-  Parameter *c_attn_weight = nullptr, *c_attn_bias = nullptr;
-  Parameter *attn_proj_weight = nullptr, *attn_proj_bias = nullptr;
+  loom::models::AttentionBlock attn;
   Parameter *ln_2_weight = nullptr, *ln_2_bias = nullptr;
-  Parameter *c_fc_weight = nullptr, *c_fc_bias = nullptr;
-  Parameter *mlp_proj_weight = nullptr, *mlp_proj_bias = nullptr;
+  loom::models::MlpBlock mlp;
 };
 
-Tensor value(const Parameter* p) {
-  return p ? p->tensor() : Tensor();
-}
+using loom::models::tensor_or_none;
 
 class Gpt2Model final : public loom::models::TransformerLm {
  public:
@@ -57,9 +54,9 @@ class Gpt2Model final : public loom::models::TransformerLm {
 
   void build(const loom::ModelSetup& setup) override {
     begin_build(o_.vocab_size, setup);
-    const std::int64_t c = o_.hidden_dim, mlp = o_.hidden_dim * o_.mlp_scale;
+    const std::int64_t c = o_.hidden_dim;
     const bool bias = o_.use_bias;
-    store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_);
+    store_.declare("wte.weight", Shape{vocab_, c}, ParameterRole::embedding, &wte_, vocab_parallel());
     store_.declare("wpe.weight", Shape{o_.seq_len, c}, ParameterRole::embedding, &wpe_);
     blocks_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
@@ -67,20 +64,24 @@ class Gpt2Model final : public loom::models::TransformerLm {
       const std::string p = "h." + std::to_string(l) + ".";
       store_.declare(p + "ln_1.weight", Shape{c}, ParameterRole::norm, &b.ln_1_weight);
       if (bias) store_.declare(p + "ln_1.bias", Shape{c}, ParameterRole::norm, &b.ln_1_bias);
-      store_.declare(p + "attn.c_attn.weight", Shape{c, 3 * c}, ParameterRole::weight, &b.c_attn_weight);
-      if (bias) store_.declare(p + "attn.c_attn.bias", Shape{3 * c}, ParameterRole::bias, &b.c_attn_bias);
-      store_.declare(p + "attn.c_proj.weight", Shape{c, c}, ParameterRole::weight, &b.attn_proj_weight);
-      if (bias) store_.declare(p + "attn.c_proj.bias", Shape{c}, ParameterRole::bias, &b.attn_proj_bias);
+      b.attn.declare(store_, p + "attn.", attention_config(l));
+      b.attn.set_kernel(*kernel_);
       store_.declare(p + "ln_2.weight", Shape{c}, ParameterRole::norm, &b.ln_2_weight);
       if (bias) store_.declare(p + "ln_2.bias", Shape{c}, ParameterRole::norm, &b.ln_2_bias);
-      store_.declare(p + "mlp.c_fc.weight", Shape{c, mlp}, ParameterRole::weight, &b.c_fc_weight);
-      if (bias) store_.declare(p + "mlp.c_fc.bias", Shape{mlp}, ParameterRole::bias, &b.c_fc_bias);
-      store_.declare(p + "mlp.c_proj.weight", Shape{mlp, c}, ParameterRole::weight, &b.mlp_proj_weight);
-      if (bias) store_.declare(p + "mlp.c_proj.bias", Shape{c}, ParameterRole::bias, &b.mlp_proj_bias);
+      // Conv1D's [in, out] weights: "mlp.c_fc" widens, "mlp.c_proj" narrows.
+      b.mlp.declare(store_, p + "mlp.",
+                    {.hidden_dim = c,
+                     .intermediate_dim = o_.hidden_dim * o_.mlp_scale,
+                     .kind = loom::models::MlpKind::gelu,
+                     .bias = bias,
+                     .weight_in_out = true,
+                     .up_name = "c_fc",
+                     .down_name = "c_proj"});
     }
     store_.declare("ln_f.weight", Shape{c}, ParameterRole::norm, &ln_f_weight_);
     if (bias) store_.declare("ln_f.bias", Shape{c}, ParameterRole::norm, &ln_f_bias_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     finish_build(setup);
   }
 
@@ -102,7 +103,7 @@ class Gpt2Model final : public loom::models::TransformerLm {
         loom::models::fill_constant(p->data(), 0.0f);
       } else {
         const bool residual = p->name().ends_with("c_proj.weight");
-        loom::models::fill_normal(p->data(), key, residual ? residual_std : std, *execution_);
+        loom::models::fill_normal(store_, i, key, residual ? residual_std : std, *execution_);
       }
     }
   }
@@ -143,10 +144,11 @@ class Gpt2Model final : public loom::models::TransformerLm {
     require_built("hf_tensors");
     loom::HfTensorLayout layout;
     layout.base_model_prefix = "transformer";
-    for (const auto& p : store_.parameters()) {
-      const std::string& name = p.parameter->name();
+    const auto& params = store_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {  // whole tensors: export assembles the shards
+      const std::string& name = params[i].parameter->name();
       layout.tensors.push_back(
-          {name == "lm_head.weight" ? name : "transformer." + name, name, 0, p.parameter->data().size(0)});
+          {name == "lm_head.weight" ? name : "transformer." + name, name, 0, store_.whole_shape(i)[0]});
     }
     // OpenAI's files and older transformers keep each layer's causal mask ("attn.bias") and
     // masked-score constant ("attn.masked_bias") as tensors; transformers rebuilds both.
@@ -157,6 +159,24 @@ class Gpt2Model final : public loom::models::TransformerLm {
 
  private:
   loom::RematPolicy remat_policy() const override { return o_.remat; }
+
+  // Block l's attention: as many key/value heads as query heads, no rotary embedding; q, k and v
+  // from one Conv1D "attn.c_attn" [hidden, 3 * hidden], the output "attn.c_proj".
+  loom::models::AttentionConfig attention_config(std::int64_t l) const {
+    loom::models::AttentionConfig a;
+    a.hidden_dim = o_.hidden_dim;
+    a.num_heads = a.num_kv_heads = o_.num_heads;
+    a.head_dim = head_dim_;
+    a.weight_in_out = true;
+    a.qkv_bias = a.out_bias = o_.use_bias;
+    a.params.causal = true;
+    if (o_.scale_attn_by_inverse_layer_idx)
+      a.params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
+    a.qkv_name = "c_attn";
+    a.out_name = "c_proj";
+    a.model = "model (gpt2)";
+    return a;
+  }
   loom::models::TransformerShape transformer_shape() const override {
     loom::models::TransformerShape s;
     s.num_layers = o_.num_layers;
@@ -197,21 +217,21 @@ class Gpt2Model final : public loom::models::TransformerLm {
   }
 
   const char* name() const override { return "gpt2"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_heads, head_dim_}; }
+  CacheShape cache_shape() const override { return {o_.num_layers, blocks_.front().attn.local_kv_heads(), head_dim_}; }
 
   Tensor head() const override { return o_.tie_word_embeddings ? wte_->tensor() : lm_head_->tensor(); }
 
   // The final hidden states (after ln_f) of `tokens` [batch, seq]. With a cache, the tokens
   // follow the cached positions, and their keys and values are appended to it.
   Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) override {
-    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), c = o_.hidden_dim, heads = o_.num_heads;
+    const std::int64_t batch = tokens.size(0), seq = tokens.size(1);
     const std::int64_t offset = cache ? cache->length() : 0;
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch * seq));
     for (std::int64_t i = 0; i < batch * seq; ++i)
       pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(offset + i % seq);
     const Tensor positions = Tensor::from(std::span<const std::int32_t>(pos), Shape{batch, seq});
 
-    const Tensor tok = ops.embedding(wte_->tensor(), tokens);
+    const Tensor tok = embed(ops, wte_->tensor(), tokens);
     const Tensor pe = ops.embedding(wpe_->tensor(), positions);
     const Block& first = blocks_.front();
     Tensor h, x;
@@ -219,43 +239,28 @@ class Gpt2Model final : public loom::models::TransformerLm {
     const auto resid_pdrop = static_cast<float>(o_.resid_pdrop);
     if (o_.embed_pdrop > 0.0 && ops.training()) {
       h = ops.dropout(ops.add(tok, pe), static_cast<float>(o_.embed_pdrop));
-      x = ops.layer_norm(h, value(first.ln_1_weight), value(first.ln_1_bias), eps);
+      x = ops.layer_norm(h, tensor_or_none(first.ln_1_weight), tensor_or_none(first.ln_1_bias), eps);
     } else {
-      std::tie(h, x) = ops.add_layer_norm(tok, pe, value(first.ln_1_weight), value(first.ln_1_bias), eps);
+      std::tie(h, x) =
+          ops.add_layer_norm(tok, pe, tensor_or_none(first.ln_1_weight), tensor_or_none(first.ln_1_bias), eps);
     }
 
-    loom::LinearOptions in_out;
-    in_out.weight_in_out = true;
-    loom::LinearOptions in_out_gelu = in_out;
-    in_out_gelu.activation = Activation::gelu_tanh;
+    const loom::models::AttentionInput input{
+        .batch = batch, .seq = seq, .offset = offset, .segments = segments, .cache = cache};
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       std::tie(h, x) = loom::models::run_layer(
           ops, cache ? loom::RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
             const Block& b = blocks_[l];
-            // One GEMM for q, k and v; the three are column slices of its output, which the attention
-            // kernel reads in place (and whose gradients land in one buffer).
-            const Tensor qkv = ops.linear(x, b.c_attn_weight->tensor(), value(b.c_attn_bias), in_out)
-                                   .view(Shape{batch, seq, 3 * heads, head_dim_});
-            const Tensor q = qkv.slice(2, 0, heads);
-            Tensor k = qkv.slice(2, heads, 2 * heads);
-            Tensor v = qkv.slice(2, 2 * heads, 3 * heads);
-            if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-            loom::AttentionParams params;
-            params.causal = true;
-            if (o_.scale_attn_by_inverse_layer_idx)
-              params.scale = 1.0f / (std::sqrt(static_cast<float>(head_dim_)) * static_cast<float>(l + 1));
-            const Tensor a = ops.attention(*kernel_, q, k, v, params, segments, segments).view(Shape{batch, seq, c});
-            const Tensor attn_out =
-                ops.dropout(ops.linear(a, b.attn_proj_weight->tensor(), value(b.attn_proj_bias), in_out), resid_pdrop);
-            std::tie(h, x) = ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), value(b.ln_2_bias), eps);
-            const Tensor m = ops.linear(x, b.c_fc_weight->tensor(), value(b.c_fc_bias), in_out_gelu);
-            const Tensor mlp_out =
-                ops.dropout(ops.linear(m, b.mlp_proj_weight->tensor(), value(b.mlp_proj_bias), in_out), resid_pdrop);
+            loom::models::AttentionInput in = input;
+            in.layer = static_cast<std::int64_t>(l);
+            const Tensor attn_out = ops.dropout(b.attn.forward(ops, x, in), resid_pdrop);
+            std::tie(h, x) = ops.add_layer_norm(h, attn_out, b.ln_2_weight->tensor(), tensor_or_none(b.ln_2_bias), eps);
+            const Tensor mlp_out = ops.dropout(b.mlp.forward(ops, x), resid_pdrop);
             // The residual add fused with the next norm: the next block's ln_1, or ln_f after the last.
             const bool last = l + 1 == blocks_.size();
             const Parameter* norm_w = last ? ln_f_weight_ : blocks_[l + 1].ln_1_weight;
             const Parameter* norm_b = last ? ln_f_bias_ : blocks_[l + 1].ln_1_bias;
-            return ops.add_layer_norm(h, mlp_out, norm_w->tensor(), value(norm_b), eps);
+            return ops.add_layer_norm(h, mlp_out, norm_w->tensor(), tensor_or_none(norm_b), eps);
           });
     }
     if (cache) cache->advance(seq);

@@ -8,15 +8,13 @@
 // load-balancing and z auxiliary losses). q, k and v come from one fused projection (qkv_proj, rows
 // [q heads | k heads | v heads]); the Hugging Face mapping (loom::HfModel) splits it into
 // q_proj, k_proj and v_proj and otherwise keeps transformers' names under "model.".
-#include <algorithm>
-#include <cmath>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/model.hpp>
 #include <loom/model_support.hpp>
 #include <loom/plugin.hpp>
+#include <loom/transformer_blocks.hpp>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -37,13 +35,6 @@ struct RopeOptions {
   std::int64_t original_max_position_embeddings;
 };
 
-// The `moe` options: a sparse mixture of experts in place of each layer's MLP (num_experts > 0).
-struct MoeOptions {
-  std::int64_t num_experts = 0, experts_per_token = 2;
-  bool softmax_after_top_k = true;  // Mixtral; false: DeepSeek's probabilities of the full softmax
-  double aux_loss_coef = 0.0, z_loss_coef = 0.0;
-};
-
 struct LlamaOptions {
   std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
   double initializer_range, layer_norm_epsilon;
@@ -52,35 +43,20 @@ struct LlamaOptions {
   std::int64_t max_window_layers;  // layers below this index attend to everything (Qwen2)
   RopeOptions rope_options;
   loom::RopeConfig rope;
-  MoeOptions moe;
+  loom::models::MoeConfig moe;
   loom::RematPolicy remat = loom::RematPolicy::none;
   std::int64_t vocab_size;  // 0: from the tokenizer
   std::string path;         // of the options in the config ("model"), for messages
 };
 
+// One decoder layer: pre-norm attention, then pre-norm MLP or mixture of experts.
 struct Layer {
   Parameter* input_norm = nullptr;
-  Parameter *qkv_weight = nullptr, *qkv_bias = nullptr;
-  Parameter *q_norm = nullptr, *k_norm = nullptr;
-  Parameter *o_weight = nullptr, *o_bias = nullptr;
+  loom::models::AttentionBlock attention;
   Parameter* post_attention_norm = nullptr;
-  Parameter *gate_weight = nullptr, *gate_bias = nullptr;
-  Parameter *up_weight = nullptr, *up_bias = nullptr;
-  Parameter *down_weight = nullptr, *down_bias = nullptr;
-  // Mixture of experts: the router [experts, hidden] and every expert's w1 (gate), w3 (up) and w2
-  // (down) stacked along rows: [experts * intermediate, hidden] and [experts * hidden, intermediate].
-  Parameter *router = nullptr, *w1 = nullptr, *w3 = nullptr, *w2 = nullptr;
+  loom::models::MlpBlock mlp;
+  std::optional<loom::models::MoeBlock> moe;  // in place of the MLP
 };
-
-// What one layer's router decided in the last forward pass, for the auxiliary losses.
-struct RouterRecord {
-  Tensor logits, probs;                // [tokens, experts], recorded
-  std::vector<std::int64_t> selected;  // tokens * experts_per_token expert ids
-};
-
-Tensor value(const Parameter* p) {
-  return p ? p->tensor() : Tensor();
-}
 
 class LlamaModel final : public loom::models::TransformerLm {
  public:
@@ -93,45 +69,49 @@ class LlamaModel final : public loom::models::TransformerLm {
 
   void build(const loom::ModelSetup& setup) override {
     begin_build(o_.vocab_size, setup);
-    const std::int64_t c = o_.hidden_dim, d = o_.head_dim, q = o_.num_heads * d, kv = o_.num_kv_heads * d;
-    const std::int64_t mlp = o_.intermediate_dim;
-    const bool bias = o_.use_bias;
-    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_);
+    const std::int64_t c = o_.hidden_dim;
+    store_.declare("embed_tokens.weight", Shape{vocab_, c}, ParameterRole::embedding, &embed_, vocab_parallel());
     layers_.resize(static_cast<std::size_t>(o_.num_layers));
     for (std::int64_t l = 0; l < o_.num_layers; ++l) {
       Layer& y = layers_[static_cast<std::size_t>(l)];
       const std::string p = "layers." + std::to_string(l) + ".";
       store_.declare(p + "input_layernorm.weight", Shape{c}, ParameterRole::norm, &y.input_norm);
-      store_.declare(p + "self_attn.qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &y.qkv_weight);
-      if (bias || o_.qkv_bias)
-        store_.declare(p + "self_attn.qkv_proj.bias", Shape{q + 2 * kv}, ParameterRole::bias, &y.qkv_bias);
-      if (o_.use_qk_norm) {
-        store_.declare(p + "self_attn.q_norm.weight", Shape{d}, ParameterRole::norm, &y.q_norm);
-        store_.declare(p + "self_attn.k_norm.weight", Shape{d}, ParameterRole::norm, &y.k_norm);
-      }
-      store_.declare(p + "self_attn.o_proj.weight", Shape{c, q}, ParameterRole::weight, &y.o_weight);
-      if (bias) store_.declare(p + "self_attn.o_proj.bias", Shape{c}, ParameterRole::bias, &y.o_bias);
+      y.attention.declare(store_, p + "self_attn.", attention_config(l));
+      y.attention.set_kernel(*kernel_);
       store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
       if (o_.moe.num_experts > 0) {
-        const std::int64_t e = o_.moe.num_experts;
-        const std::string m = p + "block_sparse_moe.";
-        store_.declare(m + "gate.weight", Shape{e, c}, ParameterRole::weight, &y.router);
-        store_.declare(m + "experts.w1.weight", Shape{e * mlp, c}, ParameterRole::weight, &y.w1);
-        store_.declare(m + "experts.w3.weight", Shape{e * mlp, c}, ParameterRole::weight, &y.w3);
-        store_.declare(m + "experts.w2.weight", Shape{e * c, mlp}, ParameterRole::weight, &y.w2);
+        y.moe.emplace().declare(store_, p + "block_sparse_moe.", o_.moe);
         continue;
       }
-      store_.declare(p + "mlp.gate_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.gate_weight);
-      if (bias) store_.declare(p + "mlp.gate_proj.bias", Shape{mlp}, ParameterRole::bias, &y.gate_bias);
-      store_.declare(p + "mlp.up_proj.weight", Shape{mlp, c}, ParameterRole::weight, &y.up_weight);
-      if (bias) store_.declare(p + "mlp.up_proj.bias", Shape{mlp}, ParameterRole::bias, &y.up_bias);
-      store_.declare(p + "mlp.down_proj.weight", Shape{c, mlp}, ParameterRole::weight, &y.down_weight);
-      if (bias) store_.declare(p + "mlp.down_proj.bias", Shape{c}, ParameterRole::bias, &y.down_bias);
+      y.mlp.declare(store_, p + "mlp.",
+                    {.hidden_dim = c,
+                     .intermediate_dim = o_.intermediate_dim,
+                     .kind = loom::models::MlpKind::swiglu,
+                     .bias = o_.use_bias});
     }
     store_.declare("norm.weight", Shape{c}, ParameterRole::norm, &norm_);
-    if (!o_.tie_word_embeddings) store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_);
+    if (!o_.tie_word_embeddings)
+      store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     if (!finish_build(setup)) return;
-    rope_.emplace(o_.rope, d, o_.seq_len);
+    rope_.emplace(o_.rope, o_.head_dim, o_.seq_len);
+  }
+
+  // Layer l's attention: grouped-query, RoPE (the table is forward's), Qwen3's q/k norms, Qwen2's
+  // q/k/v biases, the layer's window.
+  loom::models::AttentionConfig attention_config(std::int64_t l) const {
+    loom::models::AttentionConfig a;
+    a.hidden_dim = o_.hidden_dim;
+    a.num_heads = o_.num_heads;
+    a.num_kv_heads = o_.num_kv_heads;
+    a.head_dim = o_.head_dim;
+    a.qkv_bias = o_.use_bias || o_.qkv_bias;
+    a.out_bias = o_.use_bias;
+    a.qk_norm = o_.use_qk_norm;
+    a.norm_eps = static_cast<float>(o_.layer_norm_epsilon);
+    a.params.causal = true;
+    a.params.window = window_of(l);
+    a.model = "model (llama)";
+    return a;
   }
 
   void initialize(std::uint64_t seed) override {
@@ -149,7 +129,7 @@ class LlamaModel final : public loom::models::TransformerLm {
           loom::models::fill_constant(t, 0.0f);
           break;
         default:
-          loom::models::fill_normal(t, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+          loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
       }
     }
   }
@@ -214,27 +194,8 @@ class LlamaModel final : public loom::models::TransformerLm {
 
   loom::HfTensorLayout hf_tensors() const override {
     require_built("hf_tensors");
-    loom::HfTensorLayout layout;
-    layout.base_model_prefix = "model";
-    const std::int64_t q = o_.num_heads * o_.head_dim, kv = o_.num_kv_heads * o_.head_dim;
-    for (const auto& p : store_.parameters()) {
-      const std::string& name = p.parameter->name();
-      if (name == "lm_head.weight") {
-        layout.tensors.push_back({name, name, 0, vocab_});
-        continue;
-      }
-      const auto experts = name.find("block_sparse_moe.experts.");
-      if (experts != std::string::npos) {
-        // Expert e's matrix is rows [e * n, (e + 1) * n) of the stacked parameter.
-        const std::string head = "model." + name.substr(0, experts) + "block_sparse_moe.experts.";
-        const std::string tail = name.substr(experts + std::string("block_sparse_moe.experts.").size());  // w1.weight
-        const std::int64_t n = p.parameter->data().size(0) / o_.moe.num_experts;
-        for (std::int64_t e = 0; e < o_.moe.num_experts; ++e)
-          layout.tensors.push_back({head + std::to_string(e) + "." + tail, name, e * n, (e + 1) * n});
-        continue;
-      }
-      loom::models::add_llama_layout_tensors(layout, name, p.parameter->data().size(0), q, kv);
-    }
+    loom::HfTensorLayout layout =
+        loom::models::llama_layout(store_, vocab_, o_.num_heads, o_.num_kv_heads, o_.head_dim, o_.moe.num_experts);
     // Older transformers saved each layer's RoPE frequencies; they are recomputed from rope_theta.
     layout.ignored_suffixes = {".rotary_emb.inv_freq"};
     if (o_.tie_word_embeddings) layout.ignored_suffixes.push_back("lm_head.weight");
@@ -474,82 +435,6 @@ class LlamaModel final : public loom::models::TransformerLm {
   // The attention window of layer `l`: 0 (none) below max_window_layers, sliding_window above.
   std::int64_t window_of(std::int64_t l) const { return l >= o_.max_window_layers ? o_.sliding_window : 0; }
 
-  // The sparse mixture of experts of layer `y` over x [batch, seq, hidden] (normed):
-  //   router logits r = x W_r^T [tokens, experts]; each token's experts_per_token largest;
-  //   gate weights: softmax over the chosen logits (after_top_k: Mixtral's renormalised top-k)
-  //   or the full softmax's probabilities of the chosen (before_top_k: DeepSeek);
-  //   out = sum over the chosen experts of gate * w2(silu(w1 x) * w3 x).
-  // Dropless: every expert runs on exactly the tokens routed to it, gathered into one matrix
-  // (three matrix products per expert over those rows); the outputs are concatenated and each
-  // token's k rows combined with its gate weights in one batched product.
-  Tensor moe_block(Ops& ops, const Layer& y, const Tensor& x) {
-    const std::int64_t c = o_.hidden_dim, f = o_.intermediate_dim, e_count = o_.moe.num_experts;
-    const std::int64_t k = o_.moe.experts_per_token;
-    const std::int64_t tokens = x.numel() / c;
-    const Tensor xf = x.view(Shape{tokens, c});
-    const Tensor logits = ops.linear(xf, y.router->tensor());  // [tokens, experts]
-    const Tensor host_logits = logits.is_host_visible() ? logits : logits.to(loom::Device::host());
-    const float* r = host_logits.data<float>();
-
-    // Top-k per token (ties: the lower expert id), and each expert's tokens in token order.
-    RouterRecord record;
-    record.selected.resize(static_cast<std::size_t>(tokens * k));
-    std::vector<std::vector<std::int32_t>> routed(static_cast<std::size_t>(e_count));
-    std::vector<std::int64_t> order(static_cast<std::size_t>(e_count));
-    std::vector<std::int32_t> chosen_logit(static_cast<std::size_t>(tokens * k));
-    std::vector<std::int32_t> slot_of(static_cast<std::size_t>(tokens * k));  // (t, j) -> position in expert order
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const float* row = r + t * e_count;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](std::int64_t a, std::int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-      for (std::int64_t j = 0; j < k; ++j) {
-        const std::int64_t e = order[static_cast<std::size_t>(j)];
-        const auto tj = static_cast<std::size_t>(t * k + j);
-        record.selected[tj] = e;
-        chosen_logit[tj] = static_cast<std::int32_t>(t * e_count + e);
-        slot_of[tj] = static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
-        routed[static_cast<std::size_t>(e)].push_back(static_cast<std::int32_t>(t));
-      }
-    }
-    // slot_of counted within each expert; shift by the rows of the experts before it.
-    std::vector<std::int32_t> expert_begin(static_cast<std::size_t>(e_count + 1), 0);
-    for (std::int64_t e = 0; e < e_count; ++e)
-      expert_begin[static_cast<std::size_t>(e + 1)] =
-          expert_begin[static_cast<std::size_t>(e)] +
-          static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
-    for (std::size_t tj = 0; tj < slot_of.size(); ++tj)
-      slot_of[tj] += expert_begin[static_cast<std::size_t>(record.selected[tj])];
-
-    const auto ids = [](const std::vector<std::int32_t>& v, Shape shape) {
-      return Tensor::from(std::span<const std::int32_t>(v), shape);
-    };
-    const Tensor chosen = ids(chosen_logit, Shape{tokens, k});
-    const Tensor probs = ops.softmax(logits);
-    const Tensor gates =
-        o_.moe.softmax_after_top_k
-            ? ops.softmax(ops.embedding(logits.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k}))
-            : ops.embedding(probs.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k});
-
-    std::vector<Tensor> outputs;
-    for (std::int64_t e = 0; e < e_count; ++e) {
-      const auto& rows = routed[static_cast<std::size_t>(e)];
-      if (rows.empty()) continue;
-      const auto n = static_cast<std::int64_t>(rows.size());
-      const Tensor xe = ops.embedding(xf, ids(rows, Shape{n}));  // [n, hidden]
-      const Tensor gate = ops.linear(xe, y.w1->tensor().slice(0, e * f, (e + 1) * f));
-      const Tensor up = ops.linear(xe, y.w3->tensor().slice(0, e * f, (e + 1) * f));
-      outputs.push_back(ops.linear(ops.swiglu(gate, up), y.w2->tensor().slice(0, e * c, (e + 1) * c)));
-    }
-    const Tensor expert_out = ops.concat(outputs);                                  // [tokens * k, hidden]
-    const Tensor mine = ops.embedding(expert_out, ids(slot_of, Shape{tokens, k}));  // [tokens, k, hidden]
-    const Tensor out = ops.matmul(gates.view(Shape{tokens, 1, k}), mine);           // [tokens, 1, hidden]
-    record.logits = logits;
-    record.probs = probs;
-    routers_.push_back(std::move(record));
-    return out.view(x.shape());
-  }
-
   // transformers' rope_scaling: null, {"rope_type": "linear", "factor"} or the llama3 rule.
   loom::Value hf_rope_scaling() const {
     const RopeOptions& r = o_.rope_options;
@@ -604,150 +489,48 @@ class LlamaModel final : public loom::models::TransformerLm {
   }
 
   const char* name() const override { return "llama"; }
-  CacheShape cache_shape() const override { return {o_.num_layers, o_.num_kv_heads, o_.head_dim}; }
+  CacheShape cache_shape() const override {
+    return {o_.num_layers, layers_.front().attention.local_kv_heads(), o_.head_dim};
+  }
 
   Tensor head() const override { return o_.tie_word_embeddings ? embed_->tensor() : lm_head_->tensor(); }
 
   // The final hidden states (after the last RMSNorm) of `tokens` [batch, seq]; with a cache, the
   // tokens follow the cached positions and their keys and values are appended to it.
   Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, loom::models::LayerKvCache* cache) override {
-    const std::int64_t batch = tokens.size(0), seq = tokens.size(1), d = o_.head_dim;
-    const std::int64_t heads = o_.num_heads, kv_heads = o_.num_kv_heads;
-    const std::int64_t offset = cache ? cache->length() : 0;
+    const std::int64_t seq = tokens.size(1);
     const auto eps = static_cast<float>(o_.layer_norm_epsilon);
-    loom::AttentionParams params;
-    params.causal = true;
+    const loom::models::AttentionInput input{.batch = tokens.size(0),
+                                             .seq = seq,
+                                             .offset = cache ? cache->length() : 0,
+                                             .segments = segments,
+                                             .cache = cache,
+                                             .rope = &*rope_};
 
     routers_.clear();
-    Tensor h = ops.embedding(embed_->tensor(), tokens);
+    Tensor h = embed(ops, embed_->tensor(), tokens);
     Tensor x = ops.rms_norm(h, layers_.front().input_norm->tensor(), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const loom::models::LayerBody body = [=, this](Ops& ops, Tensor h, Tensor x) {
         const Layer& y = layers_[l];
-        // One GEMM for q, k and v; rows of qkv_proj are [q heads | k heads | v heads].
-        const Tensor qkv =
-            ops.linear(x, y.qkv_weight->tensor(), value(y.qkv_bias)).view(Shape{batch, seq, heads + 2 * kv_heads, d});
-        Tensor q = qkv.slice(2, 0, heads);
-        Tensor k = qkv.slice(2, heads, heads + kv_heads);
-        Tensor v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-        if (o_.use_qk_norm) {
-          q = ops.rms_norm(q, y.q_norm->tensor(), eps);
-          k = ops.rms_norm(k, y.k_norm->tensor(), eps);
-        }
-        q = ops.rope(q, *rope_, Tensor(), offset);
-        k = ops.rope(k, *rope_, Tensor(), offset);
-        if (cache) std::tie(k, v) = cache->append(static_cast<std::int64_t>(l), k, v);
-        loom::AttentionParams layer_params = params;
-        layer_params.window = window_of(static_cast<std::int64_t>(l));
-        const Tensor a =
-            ops.attention(*kernel_, q, k, v, layer_params, segments, segments).view(Shape{batch, seq, heads * d});
-        const Tensor attn_out = ops.linear(a, y.o_weight->tensor(), value(y.o_bias));
-        std::tie(h, x) = ops.add_rms_norm(h, attn_out, y.post_attention_norm->tensor(), eps);
-        Tensor mlp_out;
-        if (y.router) {
-          mlp_out = moe_block(ops, y, x);
-        } else {
-          const Tensor gate = ops.linear(x, y.gate_weight->tensor(), value(y.gate_bias));
-          const Tensor up = ops.linear(x, y.up_weight->tensor(), value(y.up_bias));
-          mlp_out = ops.linear(ops.swiglu(gate, up), y.down_weight->tensor(), value(y.down_bias));
-        }
+        loom::models::AttentionInput in = input;
+        in.layer = static_cast<std::int64_t>(l);
+        std::tie(h, x) = ops.add_rms_norm(h, y.attention.forward(ops, x, in), y.post_attention_norm->tensor(), eps);
+        const Tensor mlp_out = y.moe ? y.moe->forward(ops, x, routers_) : y.mlp.forward(ops, x);
         // The residual add fused with the next norm: the next layer's input norm, or the final one.
         const Parameter* next = l + 1 < layers_.size() ? layers_[l + 1].input_norm : norm_;
         return ops.add_rms_norm(h, mlp_out, next->tensor(), eps);
       };
       const loom::RematPolicy policy = cache ? loom::RematPolicy::none : o_.remat;
-      if (policy == loom::RematPolicy::none || !layers_[l].router) {
-        std::tie(h, x) = loom::models::run_layer(ops, policy, h, x, body);
-        continue;
-      }
-      // A mixture-of-experts layer under remat: the router's logits are an output of the
-      // checkpointed segment, so that the auxiliary losses (computed after every layer, from
-      // routers_) reach the router through the recomputation. The segment's record keeps the
-      // host-side choices; its logits and probabilities are replaced by the recorded output. A
-      // recomputation in the backward pass makes the same choices and leaves no record.
-      const Tensor inputs[2] = {h, x};
-      auto first_run = std::make_shared<bool>(true);
-      const auto out = ops.checkpoint(
-          inputs,
-          [body, first_run, this](Ops& o, std::span<const Tensor> in) {
-            auto [h2, x2] = body(o, in[0], in[1]);
-            Tensor logits = routers_.back().logits;
-            if (!*first_run) routers_.pop_back();
-            *first_run = false;
-            return std::vector<Tensor>{std::move(h2), std::move(x2), std::move(logits)};
-          },
-          policy);
-      h = out[0];
-      x = out[1];
-      routers_.back().logits = out[2];
-      routers_.back().probs = ops.softmax(out[2]);
+      std::tie(h, x) = layers_[l].moe ? loom::models::run_moe_layer(ops, policy, h, x, body, routers_)
+                                      : loom::models::run_layer(ops, policy, h, x, body);
     }
     if (cache) cache->advance(seq);
     return x;
   }
 
-  // The routers' auxiliary losses of the last forward pass:
-  //   load balancing (Switch; transformers' load_balancing_loss_func over every layer's tokens
-  //   together): experts * sum_e f_e * P_e, f_e the share of the (token, choice) pairs routed to
-  //   expert e, P_e its mean router probability;
-  //   z-loss (ST-MoE): the mean over layers and tokens of logsumexp(router logits)^2.
-  Tensor auxiliary_loss(Ops& ops) override {
-    metrics_.clear();
-    if (routers_.empty()) return Tensor();
-    const std::int64_t e_count = o_.moe.num_experts, k = o_.moe.experts_per_token;
-    const std::int64_t tokens = routers_.front().probs.size(0);
-    const auto all = static_cast<double>(tokens * static_cast<std::int64_t>(routers_.size()));
-    // The values, on the host: selections per expert, summed probabilities, squared log-sum-exps.
-    std::vector<double> counts(static_cast<std::size_t>(e_count), 0.0), probs(counts);
-    double z_value = 0;
-    for (const auto& r : routers_) {
-      for (const std::int64_t e : r.selected) counts[static_cast<std::size_t>(e)] += 1.0;
-      const auto p = r.probs.to_vector(), l = r.logits.to_vector();
-      for (std::int64_t t = 0; t < tokens; ++t) {
-        double m = -INFINITY, sum = 0;
-        for (std::int64_t e = 0; e < e_count; ++e) {
-          probs[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(t * e_count + e)];
-          m = std::max(m, static_cast<double>(l[static_cast<std::size_t>(t * e_count + e)]));
-        }
-        for (std::int64_t e = 0; e < e_count; ++e) sum += std::exp(l[static_cast<std::size_t>(t * e_count + e)] - m);
-        const double lse = m + std::log(sum);
-        z_value += lse * lse / all;
-      }
-    }
-    double balance_value = 0;
-    for (std::int64_t e = 0; e < e_count; ++e)
-      balance_value += static_cast<double>(e_count) * counts[static_cast<std::size_t>(e)] / all *
-                       probs[static_cast<std::size_t>(e)] / all;
-    metrics_.emplace_back("router_aux_loss", balance_value);
-    metrics_.emplace_back("router_z_loss", z_value);
-    // Per-expert load: the share of (token, choice) pairs routed to each expert (1 / experts when
-    // balanced).
-    for (std::int64_t e = 0; e < e_count; ++e)
-      metrics_.emplace_back("expert_load/" + std::to_string(e),
-                            counts[static_cast<std::size_t>(e)] / (all * static_cast<double>(k)));
-
-    // The weighted losses, recorded: the load-balancing loss is linear in the probabilities
-    // (the shares f_e are constants), so each layer contributes sum(probs * w) with
-    // w[t, e] = coef * experts * count_e / all^2.
-    Tensor total;
-    const auto add = [&](const Tensor& t) { total = total.defined() ? ops.add(total, t) : t; };
-    if (o_.moe.aux_loss_coef > 0.0) {
-      std::vector<float> w(static_cast<std::size_t>(tokens * e_count));
-      for (std::size_t i = 0; i < w.size(); ++i)
-        w[i] = static_cast<float>(o_.moe.aux_loss_coef * static_cast<double>(e_count) *
-                                  counts[i % static_cast<std::size_t>(e_count)] / (all * all));
-      const Tensor weights = Tensor::from(std::span<const float>(w), Shape{tokens, e_count});
-      for (const auto& r : routers_) add(ops.sum(ops.mul(r.probs, weights)));
-    }
-    if (o_.moe.z_loss_coef > 0.0) {
-      for (const auto& r : routers_) {
-        const Tensor lse = ops.logsumexp(r.logits);
-        add(ops.scale(ops.sum(ops.mul(lse, lse)), static_cast<float>(o_.moe.z_loss_coef / all)));
-      }
-    }
-    routers_.clear();
-    return total;
-  }
+  // The routers' auxiliary losses of the last forward pass (moe_auxiliary_loss).
+  Tensor auxiliary_loss(Ops& ops) override { return loom::models::moe_auxiliary_loss(ops, o_.moe, routers_, metrics_); }
 
  public:
   std::vector<std::pair<std::string, double>> metrics() const override { return metrics_; }
@@ -759,25 +542,9 @@ class LlamaModel final : public loom::models::TransformerLm {
   Parameter *embed_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<Layer> layers_;
   std::optional<loom::RopeTable> rope_;
-  std::vector<RouterRecord> routers_;  // of the last forward pass, for auxiliary_loss
+  std::vector<loom::models::RouterRecord> routers_;  // of the last forward pass, for auxiliary_loss
   std::vector<std::pair<std::string, double>> metrics_;
 };
-
-loom::OptionSchema moe_schema() {
-  loom::OptionSchema s;
-  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.").min(0);
-  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).").min(1);
-  s.string("router_softmax", "after_top_k",
-           "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
-           "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "
-           "renormalised (DeepSeek).")
-      .one_of({"after_top_k", "before_top_k"});
-  s.number("router_aux_loss_coef", 0.001,
-           "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
-      .min(0.0);
-  s.number("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.").min(0.0);
-  return s;
-}
 
 loom::OptionSchema rope_schema() {
   loom::OptionSchema s;
@@ -819,7 +586,7 @@ loom::OptionSchema llama_schema() {
             "(Qwen2's max_window_layers); 0: every layer uses it.")
       .min(0);
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
-  s.object("moe", moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
+  s.object("moe", loom::models::moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
   s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
@@ -827,7 +594,7 @@ loom::OptionSchema llama_schema() {
 }
 
 LlamaOptions read_options(const loom::Options& options) {
-  const std::string at = options.path().empty() ? "model" : options.path();
+  const std::string at = loom::models::options_path(options);
   LlamaOptions o;
   o.seq_len = options.get<std::int64_t>("seq_len");
   o.hidden_dim = options.get<std::int64_t>("hidden_dim");
@@ -849,9 +616,7 @@ LlamaOptions read_options(const loom::Options& options) {
                           ".sliding_window is null; max_window_layers says which layers use the window, so set both "
                           "(or leave max_window_layers at 0)");
   o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
-  if (o.num_heads % o.num_kv_heads != 0)
-    throw loom::UserError(at + ": num_kv_heads (" + std::to_string(o.num_kv_heads) + ") must divide num_heads (" +
-                          std::to_string(o.num_heads) + ")");
+  loom::models::check_kv_heads(at, o.num_heads, o.num_kv_heads);
   if (const auto head_dim = options.get_optional<std::int64_t>("head_dim")) {
     o.head_dim = *head_dim;
   } else {
@@ -860,25 +625,16 @@ LlamaOptions read_options(const loom::Options& options) {
                             std::to_string(o.hidden_dim) + ") unless head_dim is set");
     o.head_dim = o.hidden_dim / o.num_heads;
   }
-  if (o.head_dim % 2 != 0)
-    throw loom::UserError(at + ": head_dim is " + std::to_string(o.head_dim) +
-                          "; rotary embeddings rotate pairs of features, so it must be even");
+  loom::models::check_rotary_head_dim(at, o.head_dim);
 
-  const loom::Options moe = options.object("moe");
-  o.moe.num_experts = moe.get<std::int64_t>("num_experts");
-  o.moe.experts_per_token = moe.get<std::int64_t>("experts_per_token");
-  o.moe.softmax_after_top_k = moe.get<std::string>("router_softmax") == "after_top_k";
-  o.moe.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
-  o.moe.z_loss_coef = moe.get<double>("router_z_loss_coef");
+  o.moe = loom::models::read_moe_options(options.object("moe"), at);
+  o.moe.hidden_dim = o.hidden_dim;
+  o.moe.intermediate_dim = o.intermediate_dim;
+  o.moe.model = "model (llama)";
   o.remat = loom::models::parse_remat(options.get<std::string>("remat"));
-  if (o.moe.num_experts > 0) {
-    if (o.moe.experts_per_token > o.moe.num_experts)
-      throw loom::UserError(at + ".moe.experts_per_token (" + std::to_string(o.moe.experts_per_token) +
-                            ") exceeds moe.num_experts (" + std::to_string(o.moe.num_experts) + ")");
-    if (o.use_bias)
-      throw loom::UserError(at + ".use_bias with " + at +
-                            ".moe: the experts have no biases; use qkv_bias for attention biases");
-  }
+  if (o.moe.num_experts > 0 && o.use_bias)
+    throw loom::UserError(at + ".use_bias with " + at +
+                          ".moe: the experts have no biases; use qkv_bias for attention biases");
 
   const loom::Options rope = options.object("rope");
   const bool llama3 = rope.get<std::string>("type") == "llama3";

@@ -26,20 +26,37 @@
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
 #include "loom/kinds/model.hpp"
+#include "loom/parallel_plan.hpp"
 #include "loom/random.hpp"
 
 namespace loom::models {
 
 // Declares parameters, then allocates them all at once as views into one buffer, each starting
 // on a 64-byte boundary (one cache line, one AVX-512 vector). One buffer makes a whole-model
-// pass (an optimizer step, a checkpoint) one sweep over memory.
+// pass (an optimizer step, a checkpoint) one sweep over memory. Under tensor parallelism
+// (set_tensor_split) each parameter is declared whole with its placement (parallel_plan.hpp) and
+// only this member's shard is allocated.
 class ParameterStore {
  public:
-  // Declares a parameter; after allocate(), *slot points to it. Order of declaration is the
-  // order of parameters() and of the initialisation streams.
-  void declare(std::string name, Shape shape, ParameterRole role, Parameter** slot) {
+  // This process is member `rank` of `size` that split the split parameters; before declare.
+  void set_tensor_split(int rank, int size) {
+    if (!specs_.empty()) throw InternalError("ParameterStore::set_tensor_split after declare");
+    if (size < 1 || rank < 0 || rank >= size)
+      throw InternalError("ParameterStore: tensor rank " + std::to_string(rank) + " of " + std::to_string(size));
+    tensor_rank_ = rank;
+    tensor_size_ = size;
+  }
+  int tensor_rank() const { return tensor_rank_; }
+  int tensor_size() const { return tensor_size_; }
+
+  // Declares a parameter of whole shape `shape`; after allocate(), *slot points to it (this
+  // member's shard of it when `placement` splits it). Order of declaration is the order of
+  // parameters() and of the initialisation streams.
+  void declare(std::string name, Shape shape, ParameterRole role, Parameter** slot,
+               TensorPlacement placement = TensorPlacement::replicated()) {
     if (allocated()) throw InternalError("ParameterStore::declare after allocate");
-    specs_.push_back({std::move(name), shape, role, slot});
+    const Shape local = tensor_plan::shard_shape(shape, placement, tensor_rank_, tensor_size_);
+    specs_.push_back({std::move(name), local, role, slot, shape, std::move(placement)});
   }
 
   void allocate() {
@@ -62,18 +79,30 @@ class ParameterStore {
   }
 
   bool allocated() const { return buffer_.defined(); }
-  // The declared parameters' names and element counts, allocated or not, in declaration order.
+  // The declared parameters' names and element counts (this member's), allocated or not, in
+  // declaration order.
   std::vector<std::pair<std::string, std::int64_t>> declared() const {
     std::vector<std::pair<std::string, std::int64_t>> out;
     for (const auto& s : specs_) out.emplace_back(s.name, s.shape.numel());
     return out;
   }
   const std::vector<ModelParameter>& parameters() const { return list_; }
-  // Elements of every parameter (padding excluded).
+  // Elements of every whole parameter (padding excluded): the model's size, split or not.
   std::int64_t num_elements() const {
     std::int64_t n = 0;
-    for (const auto& s : specs_) n += s.shape.numel();
+    for (const auto& s : specs_) n += s.whole.numel();
     return n;
+  }
+  // Parameter i's whole shape and placement (declaration order).
+  const Shape& whole_shape(std::size_t i) const { return specs_.at(i).whole; }
+  const TensorPlacement& placement(std::size_t i) const { return specs_.at(i).placement; }
+  // The parallel plan (Model::parallel_plan): every allocated parameter with its whole shape and
+  // placement.
+  std::vector<PlannedParameter> plan() const {
+    std::vector<PlannedParameter> out;
+    for (std::size_t i = 0; i < list_.size(); ++i)
+      out.push_back({list_[i].parameter, specs_[i].whole, specs_[i].placement});
+    return out;
   }
 
  private:
@@ -82,7 +111,10 @@ class ParameterStore {
     Shape shape;
     ParameterRole role;
     Parameter** slot;
+    Shape whole;
+    TensorPlacement placement;
   };
+  int tensor_rank_ = 0, tensor_size_ = 1;
   std::vector<Spec> specs_;
   Tensor buffer_;
   std::deque<Parameter> storage_;  // stable addresses
@@ -97,6 +129,23 @@ inline void fill_normal(const Tensor& t, std::uint64_t key, double stddev, const
   execution.parallel_for(t.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) data[i] = scale * random_normal(key, static_cast<std::uint32_t>(i));
   });
+}
+
+// Fills parameter i of `store` as fill_normal fills the whole parameter: each element of this
+// member's shard gets the value of its index in the whole tensor, so the shards of a split model
+// hold the one-process initialisation.
+inline void fill_normal(const ParameterStore& store, std::size_t i, std::uint64_t key, double stddev,
+                        const ExecutionContext& execution) {
+  const Tensor t = store.parameters().at(i).parameter->data();
+  const TensorPlacement& placement = store.placement(i);
+  if (store.tensor_size() == 1 || !placement.is_split()) return fill_normal(t, key, stddev, execution);
+  float* data = t.data<float>();
+  const auto scale = static_cast<float>(stddev);
+  tensor_plan::for_each_run(store.whole_shape(i), placement, store.tensor_rank(), store.tensor_size(),
+                            [&](std::int64_t whole, std::int64_t local, std::int64_t n) {
+                              for (std::int64_t k = 0; k < n; ++k)
+                                data[local + k] = scale * random_normal(key, static_cast<std::uint32_t>(whole + k));
+                            });
 }
 
 inline void fill_constant(const Tensor& t, float value) {
@@ -256,7 +305,7 @@ class CausalLm : public Model {
     CrossEntropyOptions ce;
     ce.ignore_index = -1;
     ce.logit_softcap = final_logit_softcap();
-    const Tensor loss = ops.linear_cross_entropy(x, head(), targets, ce);
+    const Tensor loss = ops.linear_cross_entropy(head_input(ops, x, ce), head(), targets, ce);
     const Tensor extra = auxiliary_loss(ops);
     return extra.defined() ? ops.add(loss, extra.view(loss.shape())) : loss;
   }
@@ -269,7 +318,7 @@ class CausalLm : public Model {
     ce.ignore_index = -1;
     ce.logit_softcap = final_logit_softcap();
     ce.reduction = Reduction::none;
-    const Tensor losses = ops.linear_cross_entropy(x, head(), targets, ce);
+    const Tensor losses = ops.linear_cross_entropy(head_input(ops, x, ce), head(), targets, ce);
     {
       // The forward pass's auxiliary state is consumed (its metrics kept), its losses not added.
       std::optional<NoGradGuard> guard;
@@ -282,7 +331,7 @@ class CausalLm : public Model {
   Tensor logits(Ops& ops, const Tensor& tokens, const Tensor& segments) final {
     require_built("logits");
     check_batch(tokens, Tensor(), segments, vocab_size(), max_seq_len(), label(), false);
-    return cap_logits(ops, ops.linear(forward(ops, tokens, segments, nullptr), head()));
+    return cap_logits(ops, project(ops, forward(ops, tokens, segments, nullptr)));
   }
 
   std::unique_ptr<KvCache> new_cache(std::int64_t batch, std::int64_t max_len) final {
@@ -302,7 +351,7 @@ class CausalLm : public Model {
     {
       InferenceScope scope(ops);
       const Tensor x = forward(ops, tokens, Tensor(), &c);
-      logits = ops.linear(x.select(1, x.size(1) - 1), head());
+      logits = project(ops, x.select(1, x.size(1) - 1));
     }
     return cap_logits(ops, logits);  // nothing to record: the logits carry no gradient
   }
@@ -323,7 +372,7 @@ class CausalLm : public Model {
     Tensor logits;
     {
       InferenceScope scope(ops);
-      logits = ops.linear(picked, head());
+      logits = project(ops, picked);
     }
     return cap_logits(ops, logits);
   }
@@ -337,7 +386,7 @@ class CausalLm : public Model {
     Tensor logits;
     {
       InferenceScope scope(ops);
-      logits = ops.linear(forward(ops, tokens, Tensor(), &c), head());
+      logits = project(ops, forward(ops, tokens, Tensor(), &c));
     }
     return cap_logits(ops, logits);
   }
@@ -362,6 +411,12 @@ class CausalLm : public Model {
   }
   // When > 0, the logits are soft-capped: cap * tanh(logit / cap) (Gemma 2).
   virtual float final_logit_softcap() const { return 0.0f; }
+  // Under vocabulary parallelism: head() holds rows [begin, begin + rows) of an output layer of
+  // `whole` rows, split over Ops::tensor_group. whole 0 (the default): head() is all of it.
+  struct VocabShard {
+    std::int64_t begin = 0, whole = 0;
+  };
+  virtual VocabShard vocab_shard() const { return {}; }
   // The final hidden states of `tokens` [batch, seq]. With a cache, the tokens follow the cached
   // positions and their keys and values are appended to it.
   virtual Tensor forward(Ops& ops, const Tensor& tokens, const Tensor& segments, LayerKvCache* cache) = 0;
@@ -374,6 +429,40 @@ class CausalLm : public Model {
   Tensor hidden_states(Ops& ops, const Tensor& tokens) {
     InferenceScope scope(ops);
     return forward(ops, tokens, Tensor(), nullptr);
+  }
+  // The cross-entropy's input: the final hidden states, and under vocabulary parallelism their
+  // f (tensor_copy: each member's gradient is its vocabulary rows' part) with ce's vocabulary.
+  Tensor head_input(Ops& ops, const Tensor& x, CrossEntropyOptions& ce) const {
+    const VocabShard shard = vocab_shard();
+    if (shard.whole == 0) return x;
+    ce.vocab_size = shard.whole;
+    ce.vocab_begin = shard.begin;
+    return ops.tensor_copy(x);
+  }
+  // The logits of x [..., hidden], [..., vocab]. Under vocabulary parallelism each member
+  // projects onto its rows and the members' logits are gathered (evaluation and generation; not
+  // recorded: training's loss never gathers them).
+  Tensor project(Ops& ops, const Tensor& x) const {
+    const VocabShard shard = vocab_shard();
+    if (shard.whole == 0) return ops.linear(x, head());
+    std::optional<NoGradGuard> guard;
+    if (ops.tape()) guard.emplace(*ops.tape());
+    const Tensor local = ops.linear(x, head());
+    const std::int64_t n = local.size(local.rank() - 1), rows = local.numel() / std::max<std::int64_t>(n, 1);
+    const int size = ops.tensor_size();
+    const std::int64_t width = (shard.whole + size - 1) / size;  // every member's padded to the widest
+    const Tensor padded = Tensor::zeros(Shape{rows, width}, local.dtype(), local.device());
+    padded.slice(1, 0, n).copy_from(local.view(Shape{rows, n}));
+    const Tensor all = ops.tensor_all_gather(padded, 1);  // [rows, size * width]
+    Shape shape = local.shape();
+    shape[local.rank() - 1] = shard.whole;
+    const Tensor out = Tensor::zeros(Shape{rows, shard.whole}, local.dtype(), local.device());
+    for (int r = 0; r < size; ++r) {
+      const std::int64_t b = tensor_plan::split_begin(shard.whole, r, size);
+      const std::int64_t e = tensor_plan::split_begin(shard.whole, r + 1, size);
+      out.slice(1, b, e).copy_from(all.slice(1, r * width, r * width + e - b));
+    }
+    return out.view(shape);
   }
   Tensor cap_logits(Ops& ops, const Tensor& logits) const {
     const float cap = final_logit_softcap();
@@ -513,6 +602,11 @@ class TransformerLm : public CausalLm, public HfModel {
     require_built("parameters");
     return store_.parameters();
   }
+  // Every parameter's placement, as its blocks declared it.
+  std::optional<std::vector<PlannedParameter>> parallel_plan() override {
+    require_built("parallel_plan");
+    return store_.plan();
+  }
   std::int64_t vocab_size() const final { return vocab_; }
   // One unit per transformer block (the parameters whose name has the block's number as its
   // first numeric component, "h.3.attn.c_attn.weight"), the parameters declared before the
@@ -583,6 +677,7 @@ class TransformerLm : public CausalLm, public HfModel {
   void begin_build(std::int64_t vocab_option, const ModelSetup& setup) {
     if (declared_) throw InternalError(std::string(name()) + ": build called twice");
     vocab_ = resolve_vocab_size(vocab_option, setup, "model (" + std::string(name()) + ")");
+    store_.set_tensor_split(setup.tensor_rank, setup.tensor_size);
   }
   // The end of the declarations: allocates them unless setup.allocate is false. Returns whether
   // it allocated (the model then builds what needs the parameters: tables, constants).
@@ -593,6 +688,20 @@ class TransformerLm : public CausalLm, public HfModel {
     return true;
   }
   bool built() const final { return store_.allocated(); }
+
+  // The placement of the token embedding and of an untied output layer: split by vocabulary
+  // rows over the tensor group.
+  static TensorPlacement vocab_parallel() { return TensorPlacement::split_along(0, "vocab"); }
+  VocabShard vocab_shard() const override {
+    if (store_.tensor_size() == 1) return {};
+    return {tensor_plan::split_begin(vocab_, store_.tensor_rank(), store_.tensor_size()), vocab_};
+  }
+  // The embedding of `tokens` from `table` (declared vocab_parallel()): a lookup, or under
+  // tensor parallelism the vocabulary-parallel one.
+  Tensor embed(Ops& ops, const Tensor& table, const Tensor& tokens) const {
+    if (store_.tensor_size() == 1) return ops.embedding(table, tokens);
+    return ops.embedding_vocab_parallel(table, tokens, vocab_shard().begin);
+  }
 
   // The shape the FLOPs formula counts (training_flops_per_token).
   virtual TransformerShape transformer_shape() const = 0;

@@ -1,0 +1,627 @@
+// The blocks a decoder-only transformer is drawn with (header-only, help for implementing
+// kinds/model.hpp like model_support.hpp): each declares its parameters into a ParameterStore,
+// under the names and in the layouts of the checkpoints it loads, and computes its part of a
+// layer. A model file then reads like its paper's diagram: norms, residual adds and the order of
+// the blocks are the model's; what is inside a block is written once.
+//   * AttentionBlock: fused q/k/v projection (rows [q heads | k heads | v heads], or GPT-2's
+//     Conv1D [in, out] columns), optional biases, per-head q/k RMSNorm (Qwen3), RoPE, grouped
+//     key/value heads, the layer's window, soft-cap and scale, the KV cache, the output projection;
+//   * MlpBlock: GPT-2's two-matrix GELU MLP, Llama's SwiGLU and Gemma's GeGLU;
+//   * MoeBlock: a sparse mixture of SwiGLU experts (Mixtral): router, top-k, dropless experts,
+//     with RouterRecords for moe_auxiliary_loss (load balancing, z-loss) and run_moe_layer for
+//     activation checkpointing;
+//   * the option reading and Hugging Face mapping these blocks share across models.
+// Each block also writes its parameters' parallel plan (parallel_plan.hpp): declared into a store
+// split over a tensor group (ParameterStore::set_tensor_split), it allocates this member's shard
+// and its forward pass communicates through Ops' tensor collectives (Megatron-LM's layout:
+// attention by heads, the MLP by its width, experts whole, each block's input through f =
+// tensor_copy and its output through g = tensor_reduce). Over one member every path is the
+// single-process one.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "loom/autograd.hpp"
+#include "loom/error.hpp"
+#include "loom/hf_interop.hpp"
+#include "loom/kinds/attention.hpp"
+#include "loom/model_support.hpp"
+#include "loom/options.hpp"
+
+namespace loom::models {
+
+// A parameter's tensor, or an undefined one for a parameter the model does not have (a bias).
+inline Tensor tensor_or_none(const Parameter* p) {
+  return p ? p->tensor() : Tensor();
+}
+
+// The bias of a row-parallel layer, whose members' partial products g sums: member 0 adds it, so
+// that it is added once; the others add it times 0, so that its (partial, zero) gradient exists
+// on every member for the run layer's sum over the group.
+inline Tensor row_parallel_bias(Ops& ops, int rank, const Parameter* bias) {
+  if (!bias) return Tensor();
+  return rank == 0 ? bias->tensor() : ops.scale(bias->tensor(), 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+struct AttentionConfig {
+  std::int64_t hidden_dim = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  // The fused projection's layout: false: [q + 2 kv, hidden] (rows q heads | k heads | v heads,
+  // nn.Linear's [out, in]); true: GPT-2's Conv1D [hidden, q + 2 kv], the same order in columns.
+  // The output projection follows the same convention ([hidden, q] or [q, hidden]).
+  bool weight_in_out = false;
+  bool qkv_bias = false, out_bias = false;
+  bool qk_norm = false;  // RMSNorm of each query and key head (weights [head_dim]) before RoPE
+  float norm_eps = 1e-6f;
+  AttentionParams params;  // this layer's: causal, window, soft-cap, scale
+  // Parameter names under the block's prefix: "<qkv_name>.weight", "<out_name>.weight",
+  // "q_norm.weight", "k_norm.weight".
+  std::string qkv_name = "qkv_proj", out_name = "o_proj";
+  std::string model = "model";  // "model (llama)", for messages
+};
+
+// Where the tokens of one forward call sit and what they see.
+struct AttentionInput {
+  std::int64_t batch = 0, seq = 0;
+  std::int64_t offset = 0;        // position of the first token (the cache's length)
+  Tensor segments;                // undefined: each row is one document
+  LayerKvCache* cache = nullptr;  // with a cache, keys and values are appended to `layer`'s
+  std::int64_t layer = 0;
+  const RopeTable* rope = nullptr;  // null: no rotary embedding
+};
+
+class AttentionBlock {
+ public:
+  // Declares, in this order, the fused q/k/v projection (and its bias), the q and k norms, the
+  // output projection (and its bias) under `prefix` ("layers.3.self_attn.").
+  //
+  // Tensor parallelism over T members: the query heads are split (T divides num_heads), each
+  // member computing heads [r H/T, (r + 1) H/T); the key/value heads are split too when T
+  // divides num_kv_heads, else (T a multiple of num_kv_heads) the fused projection is
+  // replicated and each member slices the one key/value head its query heads share: the
+  // replicated rows' gradients are then partial (replicated_partial), summed by the run layer.
+  // The q/k norms see only the member's heads: partial too. The output projection is
+  // row-parallel; its bias, added by member 0 alone before g's sum, has a partial gradient.
+  void declare(ParameterStore& store, const std::string& prefix, AttentionConfig config) {
+    c_ = std::move(config);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
+    const std::int64_t heads = c_.num_heads, kv_heads = c_.num_kv_heads, d = c_.head_dim;
+    if (size_ > 1) {
+      const std::string t = std::to_string(size_);
+      if (heads % size_ != 0)
+        throw UserError(c_.model + ": tensor parallelism over " + t +
+                        " ranks splits attention by query heads, and num_heads (" + std::to_string(heads) +
+                        ") is not a multiple of " + t);
+      if (kv_heads % size_ != 0 && size_ % kv_heads != 0)
+        throw UserError(c_.model + ": tensor parallelism over " + t + " ranks splits the " + std::to_string(kv_heads) +
+                        " key/value heads (num_kv_heads) when " + t +
+                        " divides them, or replicates them when they "
+                        "divide " +
+                        t + "; " + std::to_string(kv_heads) + " does neither");
+    }
+    replicated_kv_ = size_ > 1 && kv_heads % size_ != 0;
+    if (replicated_kv_ && c_.weight_in_out)
+      throw InternalError("AttentionBlock: replicated key/value heads in a Conv1D layout");
+    local_heads_ = heads / size_;
+    local_kv_heads_ = replicated_kv_ ? 1 : kv_heads / size_;
+    const std::int64_t q = heads * d, kv = kv_heads * d, qkv = q + 2 * kv, c = c_.hidden_dim;
+    const std::string in = prefix + c_.qkv_name, out = prefix + c_.out_name;
+    const bool split = size_ > 1;
+    const TensorPlacement partial = TensorPlacement::replicated_partial();
+    // By heads: the q, k and v rows (Conv1D: columns) are three parts, each split evenly.
+    const auto by_heads = [&](int dim) {
+      if (!split) return TensorPlacement::replicated();
+      return replicated_kv_ ? partial : TensorPlacement::split_along(dim, "column", {q, kv, kv});
+    };
+    const TensorPlacement row =
+        split ? TensorPlacement::split_along(c_.weight_in_out ? 0 : 1, "row") : TensorPlacement::replicated();
+    store.declare(in + ".weight", c_.weight_in_out ? Shape{c, qkv} : Shape{qkv, c}, ParameterRole::weight, &qkv_weight_,
+                  by_heads(c_.weight_in_out ? 1 : 0));
+    if (c_.qkv_bias) store.declare(in + ".bias", Shape{qkv}, ParameterRole::bias, &qkv_bias_, by_heads(0));
+    if (c_.qk_norm) {
+      const TensorPlacement norm = split ? partial : TensorPlacement::replicated();
+      store.declare(prefix + "q_norm.weight", Shape{d}, ParameterRole::norm, &q_norm_, norm);
+      store.declare(prefix + "k_norm.weight", Shape{d}, ParameterRole::norm, &k_norm_, norm);
+    }
+    store.declare(out + ".weight", c_.weight_in_out ? Shape{q, c} : Shape{c, q}, ParameterRole::weight, &out_weight_,
+                  row);
+    if (c_.out_bias)
+      store.declare(out + ".bias", Shape{c}, ParameterRole::bias, &out_bias_,
+                    split ? partial : TensorPlacement::replicated());
+  }
+
+  // x [batch, seq, hidden] (normed) -> the output projection's [batch, seq, hidden].
+  Tensor forward(Ops& ops, const Tensor& x, const AttentionInput& in) const {
+    const std::int64_t heads = local_heads_, kv_heads = local_kv_heads_, d = c_.head_dim;
+    LinearOptions layout;
+    layout.weight_in_out = c_.weight_in_out;
+    Tensor q, k, v;
+    if (replicated_kv_) {
+      // This member's query heads, and the key/value head they share, from the whole projection.
+      const Tensor xin = ops.tensor_copy(x);
+      const std::int64_t q_rows = c_.num_heads * d, kv_rows = c_.num_kv_heads * d;
+      const std::int64_t kv_head = rank_ * c_.num_kv_heads / size_;
+      const auto rows = [&](std::int64_t begin, std::int64_t count) {
+        const Tensor w = qkv_weight_->tensor().slice(0, begin, begin + count);
+        const Tensor b = qkv_bias_ ? qkv_bias_->tensor().slice(0, begin, begin + count) : Tensor();
+        return ops.linear(xin, w, b, layout).view(Shape{in.batch, in.seq, count / d, d});
+      };
+      q = rows(rank_ * heads * d, heads * d);
+      k = rows(q_rows + kv_head * d, d);
+      v = rows(q_rows + kv_rows + kv_head * d, d);
+    } else {
+      // One GEMM for q, k and v; the three are slices of its output, which the attention kernel
+      // reads in place (and whose gradients land in one buffer). Split, this member's shard is
+      // [its q heads | its k heads | its v heads].
+      const Tensor xin = size_ > 1 ? ops.tensor_copy(x) : x;
+      const Tensor qkv = ops.linear(xin, qkv_weight_->tensor(), tensor_or_none(qkv_bias_), layout)
+                             .view(Shape{in.batch, in.seq, heads + 2 * kv_heads, d});
+      q = qkv.slice(2, 0, heads);
+      k = qkv.slice(2, heads, heads + kv_heads);
+      v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
+    }
+    if (c_.qk_norm) {
+      q = ops.rms_norm(q, q_norm_->tensor(), c_.norm_eps);
+      k = ops.rms_norm(k, k_norm_->tensor(), c_.norm_eps);
+    }
+    if (in.rope) {
+      q = ops.rope(q, *in.rope, Tensor(), in.offset);
+      k = ops.rope(k, *in.rope, Tensor(), in.offset);
+    }
+    if (in.cache) std::tie(k, v) = in.cache->append(in.layer, k, v);
+    const Tensor a =
+        ops.attention(*kernel_, q, k, v, c_.params, in.segments, in.segments).view(Shape{in.batch, in.seq, heads * d});
+    if (size_ == 1) return ops.linear(a, out_weight_->tensor(), tensor_or_none(out_bias_), layout);
+    return ops.tensor_reduce(ops.linear(a, out_weight_->tensor(), row_parallel_bias(ops, rank_, out_bias_), layout));
+  }
+
+  // The kernel is the model's (one for every layer); set before the first forward pass.
+  void set_kernel(AttentionKernel& kernel) { kernel_ = &kernel; }
+  const AttentionConfig& config() const { return c_; }
+  // The key/value heads this member caches (all of them over one member).
+  std::int64_t local_kv_heads() const { return local_kv_heads_; }
+
+ private:
+  AttentionConfig c_;
+  AttentionKernel* kernel_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  bool replicated_kv_ = false;
+  std::int64_t local_heads_ = 0, local_kv_heads_ = 0;
+  Parameter *qkv_weight_ = nullptr, *qkv_bias_ = nullptr, *q_norm_ = nullptr, *k_norm_ = nullptr;
+  Parameter *out_weight_ = nullptr, *out_bias_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// MLP
+
+enum class MlpKind {
+  gelu,    // GPT-2: down(gelu_tanh(up x)), two matrices
+  swiglu,  // Llama: down(silu(gate x) * up x)
+  geglu,   // Gemma: down(gelu_tanh(gate x) * up x)
+};
+
+struct MlpConfig {
+  std::int64_t hidden_dim = 0, intermediate_dim = 0;
+  MlpKind kind = MlpKind::swiglu;
+  bool bias = false;
+  bool weight_in_out = false;  // GPT-2's Conv1D [in, out] weights
+  // Parameter names under the block's prefix (gate only in the gated kinds).
+  std::string gate_name = "gate_proj", up_name = "up_proj", down_name = "down_proj";
+};
+
+class MlpBlock {
+ public:
+  // Declares, in this order, the gate (gated kinds), up and down projections, each followed by
+  // its bias. Tensor parallelism splits the intermediate width: gate and up column-parallel (and
+  // their biases), down row-parallel, its bias added by member 0 alone before g's sum (a partial
+  // gradient).
+  void declare(ParameterStore& store, const std::string& prefix, MlpConfig config) {
+    c_ = std::move(config);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
+    const bool split = size_ > 1;
+    const std::int64_t c = c_.hidden_dim, f = c_.intermediate_dim;
+    const Shape widen = c_.weight_in_out ? Shape{c, f} : Shape{f, c};
+    const Shape narrow = c_.weight_in_out ? Shape{f, c} : Shape{c, f};
+    const auto place = [&](int dim, const char* style) {
+      return split ? TensorPlacement::split_along(dim, style) : TensorPlacement::replicated();
+    };
+    const TensorPlacement column = place(c_.weight_in_out ? 1 : 0, "column"), column_bias = place(0, "column");
+    const TensorPlacement row = place(c_.weight_in_out ? 0 : 1, "row");
+    const TensorPlacement row_bias = split ? TensorPlacement::replicated_partial() : TensorPlacement::replicated();
+    const auto matrix = [&](const std::string& name, const Shape& shape, std::int64_t out, Parameter** w, Parameter** b,
+                            const TensorPlacement& wp, const TensorPlacement& bp) {
+      store.declare(prefix + name + ".weight", shape, ParameterRole::weight, w, wp);
+      if (c_.bias) store.declare(prefix + name + ".bias", Shape{out}, ParameterRole::bias, b, bp);
+    };
+    if (c_.kind != MlpKind::gelu) matrix(c_.gate_name, widen, f, &gate_weight_, &gate_bias_, column, column_bias);
+    matrix(c_.up_name, widen, f, &up_weight_, &up_bias_, column, column_bias);
+    matrix(c_.down_name, narrow, c, &down_weight_, &down_bias_, row, row_bias);
+  }
+
+  // x [..., hidden] (normed) -> [..., hidden].
+  Tensor forward(Ops& ops, const Tensor& input) const {
+    if (size_ > 1) {
+      return ops.tensor_reduce(product(ops, ops.tensor_copy(input), row_parallel_bias(ops, rank_, down_bias_)));
+    }
+    return product(ops, input, tensor_or_none(down_bias_));
+  }
+
+  const MlpConfig& config() const { return c_; }
+
+ private:
+  // The MLP of x with `down_bias` (this member's part under tensor parallelism).
+  Tensor product(Ops& ops, const Tensor& x, const Tensor& down_bias) const {
+    LinearOptions layout;
+    layout.weight_in_out = c_.weight_in_out;
+    if (c_.kind == MlpKind::gelu) {
+      LinearOptions gelu = layout;
+      gelu.activation = Activation::gelu_tanh;
+      const Tensor m = ops.linear(x, up_weight_->tensor(), tensor_or_none(up_bias_), gelu);
+      return ops.linear(m, down_weight_->tensor(), down_bias, layout);
+    }
+    Tensor hidden;
+    if (c_.kind == MlpKind::swiglu) {
+      const Tensor gate = ops.linear(x, gate_weight_->tensor(), tensor_or_none(gate_bias_), layout);
+      const Tensor up = ops.linear(x, up_weight_->tensor(), tensor_or_none(up_bias_), layout);
+      hidden = ops.swiglu(gate, up);
+    } else {
+      LinearOptions gelu = layout;
+      gelu.activation = Activation::gelu_tanh;
+      const Tensor gate = ops.linear(x, gate_weight_->tensor(), tensor_or_none(gate_bias_), gelu);
+      const Tensor up = ops.linear(x, up_weight_->tensor(), tensor_or_none(up_bias_), layout);
+      hidden = ops.mul(gate, up);
+    }
+    return ops.linear(hidden, down_weight_->tensor(), down_bias, layout);
+  }
+
+  MlpConfig c_;
+  int rank_ = 0, size_ = 1;
+  Parameter *gate_weight_ = nullptr, *gate_bias_ = nullptr, *up_weight_ = nullptr, *up_bias_ = nullptr;
+  Parameter *down_weight_ = nullptr, *down_bias_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts
+
+struct MoeConfig {
+  std::int64_t hidden_dim = 0, intermediate_dim = 0;
+  std::int64_t num_experts = 0, experts_per_token = 2;
+  bool softmax_after_top_k = true;  // Mixtral; false: DeepSeek's probabilities of the full softmax
+  double aux_loss_coef = 0.0, z_loss_coef = 0.0;
+  std::string model = "model";  // "model (llama)", for messages
+};
+
+// The `moe` options (a model's `moe:` object); num_experts 0 is a dense MLP.
+inline OptionSchema moe_schema() {
+  OptionSchema s;
+  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.").min(0);
+  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).").min(1);
+  s.string("router_softmax", "after_top_k",
+           "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
+           "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "
+           "renormalised (DeepSeek).")
+      .one_of({"after_top_k", "before_top_k"});
+  s.number("router_aux_loss_coef", 0.001,
+           "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
+      .min(0.0);
+  s.number("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.").min(0.0);
+  return s;
+}
+
+// Reads moe_schema's options, the `moe` object of the model's options at `at` ("model"); the
+// widths are the model's to fill in.
+inline MoeConfig read_moe_options(const Options& moe, const std::string& at) {
+  MoeConfig m;
+  m.num_experts = moe.get<std::int64_t>("num_experts");
+  m.experts_per_token = moe.get<std::int64_t>("experts_per_token");
+  m.softmax_after_top_k = moe.get<std::string>("router_softmax") == "after_top_k";
+  m.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
+  m.z_loss_coef = moe.get<double>("router_z_loss_coef");
+  if (m.num_experts > 0 && m.experts_per_token > m.num_experts)
+    throw UserError(at + ".moe.experts_per_token (" + std::to_string(m.experts_per_token) +
+                    ") exceeds moe.num_experts (" + std::to_string(m.num_experts) + ")");
+  return m;
+}
+
+// What one layer's router decided in a forward pass, for the auxiliary losses.
+struct RouterRecord {
+  Tensor logits, probs;                // [tokens, experts], recorded
+  std::vector<std::int64_t> selected;  // tokens * experts_per_token expert ids
+};
+
+class MoeBlock {
+ public:
+  // Declares the router "gate.weight" [experts, hidden] and every expert's w1 (gate), w3 (up) and
+  // w2 (down) stacked along rows, Mixtral's names: "experts.w1.weight" [experts * intermediate,
+  // hidden], "experts.w3.weight" the same, "experts.w2.weight" [experts * hidden, intermediate].
+  //
+  // Tensor parallelism places whole experts (expert parallelism within the tensor group): member
+  // r holds experts [r E/T, (r + 1) E/T) (T divides E). The router is replicated and every
+  // member routes every token alike (they hold the same tokens), runs its experts on their
+  // tokens, and the members' partial outputs are summed as a row-parallel layer's (g). The gate
+  // weights pass through f, so the router's gradient, summed from the members' experts, is the
+  // same on every member.
+  void declare(ParameterStore& store, const std::string& prefix, MoeConfig config) {
+    c_ = std::move(config);
+    rank_ = store.tensor_rank();
+    size_ = store.tensor_size();
+    const std::int64_t e = c_.num_experts, c = c_.hidden_dim, f = c_.intermediate_dim;
+    if (size_ > 1 && e % size_ != 0)
+      throw UserError(c_.model + ": tensor parallelism over " + std::to_string(size_) +
+                      " ranks places whole experts on each, and moe.num_experts (" + std::to_string(e) +
+                      ") is not a multiple of " + std::to_string(size_));
+    const TensorPlacement experts =
+        size_ > 1 ? TensorPlacement::split_along(0, "experts") : TensorPlacement::replicated();
+    store.declare(prefix + "gate.weight", Shape{e, c}, ParameterRole::weight, &router_);
+    store.declare(prefix + "experts.w1.weight", Shape{e * f, c}, ParameterRole::weight, &w1_, experts);
+    store.declare(prefix + "experts.w3.weight", Shape{e * f, c}, ParameterRole::weight, &w3_, experts);
+    store.declare(prefix + "experts.w2.weight", Shape{e * c, f}, ParameterRole::weight, &w2_, experts);
+  }
+
+  // The sparse mixture of experts over x [batch, seq, hidden] (normed):
+  //   router logits r = x W_r^T [tokens, experts]; each token's experts_per_token largest;
+  //   gate weights: softmax over the chosen logits (after_top_k: Mixtral's renormalised top-k)
+  //   or the full softmax's probabilities of the chosen (before_top_k: DeepSeek);
+  //   out = sum over the chosen experts of gate * w2(silu(w1 x) * w3 x).
+  // Dropless: every expert runs on exactly the tokens routed to it, gathered into one matrix
+  // (three matrix products per expert over those rows); the outputs are concatenated and each
+  // token's k rows combined with its gate weights in one batched product. The router's decision
+  // is appended to `records`.
+  Tensor forward(Ops& ops, const Tensor& x, std::vector<RouterRecord>& records) const {
+    const std::int64_t c = c_.hidden_dim, f = c_.intermediate_dim, e_count = c_.num_experts;
+    const std::int64_t k = c_.experts_per_token;
+    const std::int64_t tokens = x.numel() / c;
+    const Tensor xf = x.view(Shape{tokens, c});
+    const Tensor logits = ops.linear(xf, router_->tensor());  // [tokens, experts]
+    // This member's experts [first, last) (all of them over one member).
+    const std::int64_t first = rank_ * e_count / size_, last = (rank_ + 1) * e_count / size_;
+    const bool split = size_ > 1;
+    const Tensor host_logits = logits.is_host_visible() ? logits : logits.to(Device::host());
+    const float* r = host_logits.data<float>();
+
+    // Top-k per token (ties: the lower expert id), and each expert's tokens in token order.
+    RouterRecord record;
+    record.selected.resize(static_cast<std::size_t>(tokens * k));
+    std::vector<std::vector<std::int32_t>> routed(static_cast<std::size_t>(e_count));
+    std::vector<std::int64_t> order(static_cast<std::size_t>(e_count));
+    std::vector<std::int32_t> chosen_logit(static_cast<std::size_t>(tokens * k));
+    std::vector<std::int32_t> slot_of(static_cast<std::size_t>(tokens * k));  // (t, j) -> position in expert order
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const float* row = r + t * e_count;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](std::int64_t a, std::int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int64_t e = order[static_cast<std::size_t>(j)];
+        const auto tj = static_cast<std::size_t>(t * k + j);
+        record.selected[tj] = e;
+        chosen_logit[tj] = static_cast<std::int32_t>(t * e_count + e);
+        slot_of[tj] = static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
+        routed[static_cast<std::size_t>(e)].push_back(static_cast<std::int32_t>(t));
+      }
+    }
+    // slot_of counted within each expert; shift by the rows of the experts before it. Split, a
+    // choice of another member's expert takes the zero row after this member's rows.
+    std::vector<std::int32_t> expert_begin(static_cast<std::size_t>(e_count + 1), 0);
+    for (std::int64_t e = 0; e < e_count; ++e) {
+      const bool mine = e >= first && e < last;
+      expert_begin[static_cast<std::size_t>(e + 1)] =
+          expert_begin[static_cast<std::size_t>(e)] +
+          (mine ? static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size()) : 0);
+    }
+    for (std::size_t tj = 0; tj < slot_of.size(); ++tj) {
+      const std::int64_t e = record.selected[tj];
+      if (e >= first && e < last)
+        slot_of[tj] += expert_begin[static_cast<std::size_t>(e)];
+      else
+        slot_of[tj] = expert_begin[static_cast<std::size_t>(e_count)];
+    }
+
+    const auto ids = [](const std::vector<std::int32_t>& v, Shape shape) {
+      return Tensor::from(std::span<const std::int32_t>(v), shape);
+    };
+    const Tensor chosen = ids(chosen_logit, Shape{tokens, k});
+    const Tensor probs = ops.softmax(logits);
+    const Tensor gates =
+        c_.softmax_after_top_k
+            ? ops.softmax(ops.embedding(logits.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k}))
+            : ops.embedding(probs.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k});
+
+    std::vector<Tensor> outputs;
+    const Tensor xin = split ? ops.tensor_copy(xf) : xf;
+    for (std::int64_t e = first; e < last; ++e) {
+      const auto& rows = routed[static_cast<std::size_t>(e)];
+      if (rows.empty()) continue;
+      const auto n = static_cast<std::int64_t>(rows.size());
+      const std::int64_t local = e - first;                       // its rows in this member's shards
+      const Tensor xe = ops.embedding(xin, ids(rows, Shape{n}));  // [n, hidden]
+      const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, local * f, (local + 1) * f));
+      const Tensor up = ops.linear(xe, w3_->tensor().slice(0, local * f, (local + 1) * f));
+      outputs.push_back(ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, local * c, (local + 1) * c)));
+    }
+    if (split) {
+      // The zero row of the other members' choices, taken from xin so that f's backward pass (an
+      // all-reduce every member must join) runs even on a member none of whose experts got tokens.
+      const std::vector<std::int32_t> first_row{0};
+      outputs.push_back(ops.scale(ops.embedding(xin, ids(first_row, Shape{1})), 0.0f));
+    }
+    const Tensor expert_out = ops.concat(outputs);                                  // [tokens * k, hidden]
+    const Tensor mine = ops.embedding(expert_out, ids(slot_of, Shape{tokens, k}));  // [tokens, k, hidden]
+    const Tensor weights = split ? ops.tensor_copy(gates) : gates;
+    Tensor out = ops.matmul(weights.view(Shape{tokens, 1, k}), mine);  // [tokens, 1, hidden]
+    if (split) out = ops.tensor_reduce(out);
+    record.logits = logits;
+    record.probs = probs;
+    records.push_back(std::move(record));
+    return out.view(x.shape());
+  }
+
+  const MoeConfig& config() const { return c_; }
+
+ private:
+  MoeConfig c_;
+  int rank_ = 0, size_ = 1;
+  Parameter *router_ = nullptr, *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
+};
+
+// One decoder layer with a MoeBlock (its body appends one record to `records`), run under
+// `policy`. Without remat it is run_layer. Under remat the router's logits are an output of the
+// checkpointed segment, so that the auxiliary losses (computed after every layer, from the
+// records) reach the router through the recomputation: the segment's record keeps the host-side
+// choices, its logits and probabilities are replaced by the recorded output. A recomputation in
+// the backward pass makes the same choices and leaves no record.
+inline std::pair<Tensor, Tensor> run_moe_layer(Ops& ops, RematPolicy policy, const Tensor& h, const Tensor& x,
+                                               LayerBody body, std::vector<RouterRecord>& records) {
+  if (policy == RematPolicy::none) return run_layer(ops, policy, h, x, std::move(body));
+  const Tensor inputs[2] = {h, x};
+  auto first_run = std::make_shared<bool>(true);
+  std::vector<RouterRecord>* log = &records;  // the model's, which outlives the backward pass
+  const auto out = ops.checkpoint(
+      inputs,
+      [body = std::move(body), first_run, log](Ops& o, std::span<const Tensor> in) {
+        auto [h2, x2] = body(o, in[0], in[1]);
+        Tensor logits = log->back().logits;
+        if (!*first_run) log->pop_back();
+        *first_run = false;
+        return std::vector<Tensor>{std::move(h2), std::move(x2), std::move(logits)};
+      },
+      policy);
+  records.back().logits = out[2];
+  records.back().probs = ops.softmax(out[2]);
+  return {out[0], out[1]};
+}
+
+// The routers' auxiliary losses of a forward pass's `records` (every MoE layer's, cleared here),
+// and their values in `metrics` (router_aux_loss, router_z_loss, expert_load/<e>):
+//   load balancing (Switch; transformers' load_balancing_loss_func over every layer's tokens
+//   together): experts * sum_e f_e * P_e, f_e the share of the (token, choice) pairs routed to
+//   expert e, P_e its mean router probability;
+//   z-loss (ST-MoE): the mean over layers and tokens of logsumexp(router logits)^2.
+// Returns the weighted sum, recorded, or undefined without records.
+inline Tensor moe_auxiliary_loss(Ops& ops, const MoeConfig& config, std::vector<RouterRecord>& records,
+                                 std::vector<std::pair<std::string, double>>& metrics) {
+  metrics.clear();
+  if (records.empty()) return Tensor();
+  const std::int64_t e_count = config.num_experts, k = config.experts_per_token;
+  const std::int64_t tokens = records.front().probs.size(0);
+  const auto all = static_cast<double>(tokens * static_cast<std::int64_t>(records.size()));
+  // The values, on the host: selections per expert, summed probabilities, squared log-sum-exps.
+  std::vector<double> counts(static_cast<std::size_t>(e_count), 0.0), probs(counts);
+  double z_value = 0;
+  for (const auto& r : records) {
+    for (const std::int64_t e : r.selected) counts[static_cast<std::size_t>(e)] += 1.0;
+    const auto p = r.probs.to_vector(), l = r.logits.to_vector();
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      double m = -INFINITY, sum = 0;
+      for (std::int64_t e = 0; e < e_count; ++e) {
+        probs[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(t * e_count + e)];
+        m = std::max(m, static_cast<double>(l[static_cast<std::size_t>(t * e_count + e)]));
+      }
+      for (std::int64_t e = 0; e < e_count; ++e) sum += std::exp(l[static_cast<std::size_t>(t * e_count + e)] - m);
+      const double lse = m + std::log(sum);
+      z_value += lse * lse / all;
+    }
+  }
+  double balance_value = 0;
+  for (std::int64_t e = 0; e < e_count; ++e)
+    balance_value += static_cast<double>(e_count) * counts[static_cast<std::size_t>(e)] / all *
+                     probs[static_cast<std::size_t>(e)] / all;
+  metrics.emplace_back("router_aux_loss", balance_value);
+  metrics.emplace_back("router_z_loss", z_value);
+  // Per-expert load: the share of (token, choice) pairs routed to each expert (1 / experts when
+  // balanced).
+  for (std::int64_t e = 0; e < e_count; ++e)
+    metrics.emplace_back("expert_load/" + std::to_string(e),
+                         counts[static_cast<std::size_t>(e)] / (all * static_cast<double>(k)));
+
+  // The weighted losses, recorded: the load-balancing loss is linear in the probabilities (the
+  // shares f_e are constants), so each layer contributes sum(probs * w) with
+  // w[t, e] = coef * experts * count_e / all^2.
+  Tensor total;
+  const auto add = [&](const Tensor& t) { total = total.defined() ? ops.add(total, t) : t; };
+  if (config.aux_loss_coef > 0.0) {
+    std::vector<float> w(static_cast<std::size_t>(tokens * e_count));
+    for (std::size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<float>(config.aux_loss_coef * static_cast<double>(e_count) *
+                                counts[i % static_cast<std::size_t>(e_count)] / (all * all));
+    const Tensor weights = Tensor::from(std::span<const float>(w), Shape{tokens, e_count});
+    for (const auto& r : records) add(ops.sum(ops.mul(r.probs, weights)));
+  }
+  if (config.z_loss_coef > 0.0) {
+    for (const auto& r : records) {
+      const Tensor lse = ops.logsumexp(r.logits);
+      add(ops.scale(ops.sum(ops.mul(lse, lse)), static_cast<float>(config.z_loss_coef / all)));
+    }
+  }
+  records.clear();
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Option reading and the Hugging Face mapping the built-in models share
+
+// Where a component's options sit in the config, for messages ("model").
+inline std::string options_path(const Options& options) {
+  return options.path().empty() ? "model" : options.path();
+}
+
+// The UserError of grouped-query attention whose key/value heads do not divide the query heads.
+inline void check_kv_heads(const std::string& at, std::int64_t num_heads, std::int64_t num_kv_heads) {
+  if (num_heads % num_kv_heads != 0)
+    throw UserError(at + ": num_kv_heads (" + std::to_string(num_kv_heads) + ") must divide num_heads (" +
+                    std::to_string(num_heads) + ")");
+}
+
+// The UserError of an odd head width under rotary embeddings.
+inline void check_rotary_head_dim(const std::string& at, std::int64_t head_dim) {
+  if (head_dim % 2 != 0)
+    throw UserError(at + ": head_dim is " + std::to_string(head_dim) +
+                    "; rotary embeddings rotate pairs of features, so it must be even");
+}
+
+// The Hugging Face tensors of a Llama-layout model (base_model_prefix "model"): "lm_head.weight"
+// as is, a MoeBlock's stacked experts as one tensor per expert ("experts.3.w1.weight", rows
+// [3 n, 4 n) of the stacked parameter), the fused q/k/v projection split into q_proj, k_proj and
+// v_proj (add_llama_layout_tensors), every other parameter "model." + its name.
+inline HfTensorLayout llama_layout(const ParameterStore& store, std::int64_t vocab, std::int64_t num_heads,
+                                   std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t num_experts = 0) {
+  static const std::string experts_name = "block_sparse_moe.experts.";
+  HfTensorLayout layout;
+  layout.base_model_prefix = "model";
+  const std::int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
+  const auto& params = store.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].parameter->name();
+    const std::int64_t rows = store.whole_shape(i)[0];  // the whole tensor's: export assembles shards
+    if (name == "lm_head.weight") {
+      layout.tensors.push_back({name, name, 0, vocab});
+      continue;
+    }
+    const auto experts = name.find(experts_name);
+    if (experts != std::string::npos && num_experts > 0) {
+      const std::string head = "model." + name.substr(0, experts) + experts_name;
+      const std::string tail = name.substr(experts + experts_name.size());  // w1.weight
+      const std::int64_t n = rows / num_experts;
+      for (std::int64_t e = 0; e < num_experts; ++e)
+        layout.tensors.push_back({head + std::to_string(e) + "." + tail, name, e * n, (e + 1) * n});
+      continue;
+    }
+    add_llama_layout_tensors(layout, name, rows, q, kv);
+  }
+  return layout;
+}
+
+}  // namespace loom::models
