@@ -155,6 +155,25 @@ TEST(Resume, TheWeightAverageContinuesExactly) {
   }
 }
 
+// SGD with momentum keeps its state lazily (PyTorch's momentum buffer exists from a parameter's
+// first update): a checkpoint holds buffers the freshly made optimizer does not have yet, and the
+// resumed run takes them and continues byte for byte (it was refused as a state mismatch before).
+TEST(Resume, ALazyOptimizerStateResumesExactly) {
+  test::TempDir tmp;
+  const fs::path full = tmp.path() / "full";
+  const std::vector<std::string> sgd{"optimizer.type=sgd", "optimizer.momentum=0.9", "optimizer.learning_rate=0.05"};
+  train_in(tmp, full, sgd);
+  EXPECT_NE(bytes_of(full / "checkpoints" / "step-8" / "optimizer.safetensors").find("momentum_buffer/"),
+            std::string::npos);
+  const fs::path dir = tmp.path() / "from-8";
+  auto overrides = sgd;
+  overrides.push_back("trainer.resume=" + (full / "checkpoints" / "step-8").string());
+  const Result resumed = train_in(tmp, dir, overrides);
+  EXPECT_EQ(resumed.summary.resumed_from_step, 8);
+  EXPECT_EQ(bytes_of(dir / "model.safetensors"), bytes_of(full / "model.safetensors"));
+  EXPECT_EQ(losses(dir), losses_after(full, 8));
+}
+
 // What a SIGKILL after step 14 leaves: checkpoints up to 12, metrics up to 14, no final weights.
 void interrupt_after(const fs::path& dir, int checkpoint_step, int metrics_step) {
   fs::remove(dir / "model.safetensors");

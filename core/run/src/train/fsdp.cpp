@@ -435,7 +435,8 @@ void FullySharded::finish_gradients() {
   for (const auto& u : units_)
     for (const auto& m : u.members)
       if (m.trained) flags_.push_back(m.had_grad ? 1.0f : 0.0f);
-  if (world_.size() > 1) world_.all_reduce(std::span<float>(flags_), ReduceOp::max);
+  CollectiveGroup& reached = settings_.reached_group ? *settings_.reached_group : world_;
+  if (reached.size() > 1) reached.all_reduce(std::span<float>(flags_), ReduceOp::max);
   std::size_t i = 0;
   for (auto& u : units_)
     for (auto& m : u.members) {

@@ -40,6 +40,10 @@ struct FsdpSettings {
   bool reshard_after_forward = true;  // trainer.fsdp.reshard_after_forward
   bool prefetch = true;               // trainer.fsdp.prefetch
   bool elementwise_optimizer = true;  // Optimizer::elementwise()
+  // Where the ranks agree on which trained parameters any micro-batch reached: `world` when null.
+  // Under tensor parallelism, every rank (a tensor group's members hold units of the same
+  // parameters, and one may reach a parameter its peers do not: a mixture's experts).
+  CollectiveGroup* reached_group = nullptr;
 };
 
 // One rank's slice of one parameter, for checkpoints: elements [begin, end) of its flat value.

@@ -1,5 +1,6 @@
 #include "train/progress.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -65,8 +66,11 @@ std::string header_text(const RunHeader& run) {
   os << ")";
   if (run.ranks > 1)
     os << "\ndata parallel: " << run.ranks << " ranks" << (run.mesh.empty() ? "" : ": " + run.mesh) << " ("
-       << run.collective << "), " << run.batch_size / run.ranks << " sequences of each batch per rank; optimizer state "
-       << std::setprecision(1) << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
+       << run.collective << "), " << run.batch_size / std::max(1, run.replicas)
+       << (run.replicas == run.ranks ? " sequences of each batch per rank"
+                                     : " sequences of each batch per tensor group")
+       << "; optimizer state " << std::setprecision(1)
+       << static_cast<double>(run.optimizer_state_bytes) / (1024.0 * 1024.0) << " MiB per rank"
        << (run.sharded ? " (sharded, ZeRO-1)" : "")
        << (run.fully_sharded.empty() ? "" : "\nfully sharded (ZeRO-3): " + run.fully_sharded);
   if (!run.memory.empty()) os << "\n" << run.memory;

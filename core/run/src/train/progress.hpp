@@ -27,6 +27,7 @@ struct RunHeader {
   double bf16_peak_flops = 0;              // the probe's bf16 GEMM roof (0: none, or not probed)
   std::string matmul_dtype = "f32";        // what the matrix products compute in (Backend::matmul_dtype)
   int ranks = 1;                           // of a data-parallel run
+  int replicas = 1;                        // of them, those that take different rows (not a tensor group's)
   std::string mesh;                        // their layout, "data 2 x fsdp 1" (trainer.mesh)
   std::string collective;                  // what connects them
   bool sharded = false;                    // trainer.shard_optimizer_state

@@ -296,6 +296,7 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
   for (const auto& [name, t] : c.optimizer->state()) live.emplace(name, t);
   std::vector<std::pair<std::string, Tensor>> saved;
   std::vector<std::pair<std::string, Tensor>> average;
+  std::vector<std::string> not_yet_live;
   {
     std::vector<std::string> mismatch;
     std::set<std::string> seen;
@@ -304,7 +305,10 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
       seen.insert(info.name);
       const auto it = live.find(info.name);
       if (it == live.end())
-        mismatch.push_back("'" + info.name + "' is in the checkpoint but not in the optimizer");
+        // An optimizer with lazy state (SGD's momentum buffer) has none for a parameter before its
+        // first update: the entry is read and handed to load_state(), which refuses, naming it,
+        // an entry that is no state of this optimizer.
+        not_yet_live.push_back(info.name);
       else if (const Shape now =
                    share.whole_shape ? share.whole_shape(info.name, it->second.shape()) : it->second.shape();
                !(share.range && share.range(info.name)) && !(now == info.shape))
@@ -338,6 +342,13 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
         saved.emplace_back(name, share.shard_of(name, read_part(optimizer, name, share.whole_shape(name, t.shape()))));
       else
         saved.emplace_back(name, read_part(optimizer, name, t.shape()));
+    for (const std::string& name : not_yet_live) {
+      // This rank's range of it, or the whole entry (this rank's shard of it under tensor parallelism).
+      const auto range = share.range ? share.range(name) : std::nullopt;
+      Tensor part =
+          read_part(optimizer, name, range ? Shape{range->second - range->first} : optimizer.info(name).shape);
+      saved.emplace_back(name, share.shard_of ? share.shard_of(name, part) : part);
+    }
     for (const auto& info : optimizer.entries())
       if (info.name.starts_with("ema/") && (!share.keeps_average || share.keeps_average(info.name))) {
         // The whole average of a parameter, or this rank's range of it.
@@ -347,6 +358,9 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
         average.emplace_back(info.name, share.shard_of ? share.shard_of(info.name, part) : part);
       }
   });
+  // The optimizer's own checks first (it refuses an entry that is none of its state, leaving
+  // itself unchanged), so that a refusal leaves the weights unloaded too.
+  with_context("while loading " + optimizer.describe(), [&] { c.optimizer->load_state(saved); });
   with_context("while loading " + model.describe(), [&] {
     for (const auto& [p, shape] : targets) {
       const auto range = range_of(model, p->name());
@@ -358,7 +372,6 @@ std::vector<std::pair<std::string, Tensor>> load_checkpoint_tensors(const Resume
       model.read_range_into(p->name(), range.first, range.second, p->data());
     }
   });
-  with_context("while loading " + optimizer.describe(), [&] { c.optimizer->load_state(saved); });
   return average;
 }
 

@@ -103,6 +103,10 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
     // FSDP's units live in host memory (the caching allocator's blocks change under them).
+    if (mesh.size(MeshAxis::tensor) > 1 && lora_settings(run.config).enabled())
+      throw UserError(
+          "trainer.mesh (" + mesh.describe() +
+          "): LoRA (lora.rank > 0) does not combine with tensor parallelism yet; use trainer.mesh.tensor: 1");
     if (mesh.size(MeshAxis::tensor) > 1 && &c.backend->buffer_type() != &host_buffer_type())
       throw UserError("trainer.mesh (" + mesh.describe() +
                       "): tensor parallelism's collectives compute on host memory, but backend '" +
@@ -233,10 +237,6 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       progress.say("warning: " + w);
     // What is trained: the model's parameters, less the frozen ones, or under LoRA the adapters.
     const std::string trained_line = choose_trained_parameters(c, run.config, trainer);
-    if (c.tensor && c.lora)
-      throw UserError(
-          "trainer.mesh (" + parallel.mesh().describe() +
-          "): LoRA (lora.rank > 0) does not combine with tensor parallelism yet; use trainer.mesh.tensor: 1");
     // A LoRA checkpoint holds the adapters alone: the base weights come from init_from again.
     const bool base_from_init = !resume || c.lora;
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
@@ -272,10 +272,11 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
       // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
       // tensor axis); each fsdp group shards its tensor-parallel shards.
-      c.fsdp = std::make_shared<FullySharded>(parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(),
-                                              *c.model, model_trained,
-                                              FsdpSettings{fsdp.get<bool>("reshard_after_forward"),
-                                                           fsdp.get<bool>("prefetch"), c.optimizer->elementwise()});
+      c.fsdp = std::make_shared<FullySharded>(
+          parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(), *c.model, model_trained,
+          FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise(),
+                       c.tensor ? &parallel.collective() : nullptr});
+      ;
       c.parameters = c.fsdp->trained();
       c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
       if (c.tensor)
@@ -439,6 +440,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   header.bf16_peak_flops = bf16_roof;
   header.matmul_dtype = std::string(dtype_name(c.backend->matmul_dtype()));
   header.ranks = parallel.size();
+  header.replicas = parallel.replicas();
   header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
   if (c.fsdp)

@@ -389,7 +389,10 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] {
       std::vector<std::pair<std::string, Tensor>> out;
       for (const auto& p : c.model->parameters())
-        out.emplace_back(p.parameter->name(), c.tensor->whole(p.parameter->name(), p.parameter->data()));
+        // (A copy of a replicated one: the average is swapped out of the parameters after.)
+        out.emplace_back(p.parameter->name(), c.tensor->is_split(p.parameter)
+                                                  ? c.tensor->whole(p.parameter->name(), p.parameter->data())
+                                                  : p.parameter->data().clone());
       return out;
     });
     if (parallel.is_primary()) {

@@ -121,6 +121,16 @@ void TensorParallel::reduce_partial_gradients(const std::vector<ModelParameter>&
   }
 }
 
+void TensorParallel::agree_on_gradients(const std::vector<ModelParameter>& trained) {
+  std::vector<float> reached;
+  for (const auto& mp : trained)
+    if (is_split(mp.parameter)) reached.push_back(mp.parameter->has_grad() ? 1.0f : 0.0f);
+  group_->all_reduce(std::span<float>(reached), ReduceOp::max);
+  std::size_t i = 0;
+  for (const auto& mp : trained)
+    if (is_split(mp.parameter) && reached[i++] != 0.0f && !mp.parameter->has_grad()) mp.parameter->mark_grad_written();
+}
+
 double TensorParallel::sum_over_members(double value) const {
   group_->all_reduce(std::span<double>(&value, 1));
   return value;

@@ -52,6 +52,12 @@ class TensorParallel {
   // After the data axis's reduction: the gradients of replicated_partial parameters summed over
   // the group. Every member calls it at the same point.
   void reduce_partial_gradients(const std::vector<ModelParameter>& trained);
+  // After the data axis's reduction (DataParallel::reduce_gradients, which leaves zeros in the
+  // gradient buffer of a parameter no micro-batch of its replicas reached): a split parameter that
+  // another member reached gets its zeros marked as its gradient, as one process's whole
+  // parameter has zero rows where nothing reached it (a mixture's experts that got no token on
+  // this member). Every member calls it at the same point.
+  void agree_on_gradients(const std::vector<ModelParameter>& trained);
   // A sum of squares over the split shards, summed over the members.
   double sum_over_members(double value) const;
 

@@ -46,6 +46,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
     if (components_.parameters.size() > components_.fsdp->trained().size()) parallel_.reduce_gradients();
   } else {
     parallel_.reduce_gradients();
+    if (components_.tensor) components_.tensor->agree_on_gradients(components_.parameters);
   }
   if (components_.tensor) components_.tensor->reduce_partial_gradients(components_.parameters);
   result.grad_norm = global_grad_norm();
