@@ -7,10 +7,11 @@
 #   * the bytes the tensor group's collectives move per step (throughput/tensor_bytes_per_step)
 #     against Megatron's count: per layer 4 all-reduces of B x T x C floats (2 forward, 2
 #     backward), plus the embedding's forward all-reduce and the output layer's backward one,
-#     B x T x C each, and the loss's 3 floats per token;
+#     B x T x C each, and the loss's 20 bytes per token (a float maximum, two double sums);
 #   * the peak resident memory per rank (/usr/bin/time) of Llama 1B's shapes (configs/llama-1b.yaml,
 #     LLAMA1B_LAYERS layers, default 4, sequence 256, micro-batch 1) at tensor 1, 2 and 4, 2 steps,
-#     against the start-up estimate; the weights per rank from the run's header.
+#     against the start-up estimate; the weights per rank from the run's header. Without the final
+#     save (trainer.save_final: false), whose whole weights rank 0 alone holds while it writes them.
 #
 #   benchmarks/distributed/tensor.sh [BUILD_DIR] [STEPS]
 # Run from the repository root, with OpenMPI (mpirun) and GNU time (/usr/bin/time) installed.
@@ -57,14 +58,14 @@ printf '  tensor 2   %8.1f tokens/s  wait %s  %6s MiB/step  peak %s  estimate %s
 awk -v t="$t" -v d="$d" -v f="$f" 'BEGIN { printf "  tensor 2 / data 2 = %.2f, tensor 2 / fsdp 2 = %.2f\n", t / d, t / f }'
 # Megatron's count for this shape: 12 layers, B x T = 8 x 256 tokens, C = 768.
 awk -v mib="$mib" 'BEGIN { bt = 8 * 256; c = 768; per = 4 * bt * c * 4;
-  printf "  formula: 12 layers x 4 x B T C x 4 bytes = %.2f MiB, + embedding and head 2 x B T C = %.2f MiB, + loss %.2f MiB: %.2f MiB; measured %s MiB\n",
-    12 * per / 2^20, 2 * bt * c * 4 / 2^20, 3 * bt * 8 / 2^20, (12 * per + 2 * bt * c * 4 + 3 * bt * 8) / 2^20, mib }'
+  printf "  formula: 12 layers x 4 x B T C x 4 bytes = %.2f MiB, + embedding and head 2 x B T C = %.2f MiB, + loss 20 bytes per token = %.2f MiB: %.2f MiB; measured %s MiB\n",
+    12 * per / 2^20, 2 * bt * c * 4 / 2^20, 20 * bt / 2^20, (12 * per + 2 * bt * c * 4 + 20 * bt) / 2^20, mib }'
 
 echo "llama-1b shapes ($layers layers), AdamW, micro-batch 1 x 256, 2 steps: peak resident MiB per rank, estimate"
 for t in 1 2 4; do
   set -- $(run $t "llama1b-tensor$t" configs/llama-1b.yaml model.num_layers=$layers model.seq_len=256 \
     trainer.train_batch_size=1 trainer.microbatch_size=1 trainer.num_train_steps=2 trainer.mesh.tensor=$t \
-    data.type=synthetic trainer.memory_check=off)
+    data.type=synthetic trainer.memory_check=off trainer.save_final=false)
   weights=$(sed -n 's/.*tensor [0-9]*: .*, \([0-9.]*%\) of the weights on each rank.*/\1/p' "$out/llama1b-tensor$t.log" | head -1)
   printf '  tensor %s  peak %s MiB  estimate %s  weights per rank %s\n' "$t" "$4" "$5" "${weights:-100%}"
 done

@@ -184,7 +184,8 @@ std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& ru
       std::memcpy(shard.data<float>() + s->second->begin, piece->data<float>(),
                   static_cast<std::size_t>(piece->numel()) * sizeof(float));
     parallel.fsdp_group()->all_reduce(std::span<float>(shard.data<float>(), static_cast<std::size_t>(shard.numel())));
-    out.emplace(name, c.tensor->whole(name, shard));
+    Tensor whole = c.tensor->whole(name, shard);
+    if (parallel.is_primary()) out.emplace(name, std::move(whole));  // the others only take part
   };
   for (const auto& p : c.model->parameters()) {
     const auto s = slice_of.find(p.parameter->name());
@@ -207,7 +208,10 @@ std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
   if (c.fsdp) return gather_fsdp_tensor_entries(run);
   auto add = [&](const std::string& name, const Tensor& t) {
     const PlannedParameter* e = c.tensor->planned(name);
-    if (e && e->placement.is_split()) out.emplace(name, c.tensor->whole(name, t));
+    if (!e || !e->placement.is_split()) return;
+    // Every rank takes part in the gather; rank 0 alone writes, and keeps the whole tensor.
+    Tensor whole = c.tensor->whole(name, t);
+    if (run.parallel->is_primary()) out.emplace(name, std::move(whole));
   };
   for (const auto& p : c.saved_parameters()) add(p.parameter->name(), p.parameter->data());
   for (auto& [name, t] : c.optimizer->state()) add(name, t);

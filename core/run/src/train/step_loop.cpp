@@ -272,8 +272,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
         if (parallel.size() > 1) {
           scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
-          const double waiting =
-              parallel.take_communication_seconds() + (c.fsdp ? c.fsdp->take_communication_seconds() : 0.0);
+          const double waiting = parallel.take_communication_seconds() +
+                                 (c.fsdp ? c.fsdp->take_communication_seconds() : 0.0) +
+                                 (c.tensor ? c.tensor->take_communication_seconds() : 0.0);
           scalars.emplace_back("throughput/communication_share", waiting / interval.seconds);
           // FSDP: the bytes this rank's gathers and reductions moved per step since the last line.
           if (c.fsdp)
@@ -387,12 +388,15 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   } else if (trainer.get<bool>("save_final") && c.tensor) {
     // Every member gathers the whole weights; rank 0 writes them.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] {
+      // Every rank takes part in the gathers; rank 0 alone keeps the whole tensors (a copy of a
+      // replicated one: the average is swapped out of the parameters after).
       std::vector<std::pair<std::string, Tensor>> out;
-      for (const auto& p : c.model->parameters())
-        // (A copy of a replicated one: the average is swapped out of the parameters after.)
-        out.emplace_back(p.parameter->name(), c.tensor->is_split(p.parameter)
-                                                  ? c.tensor->whole(p.parameter->name(), p.parameter->data())
-                                                  : p.parameter->data().clone());
+      for (const auto& p : c.model->parameters()) {
+        Tensor whole =
+            c.tensor->is_split(p.parameter) ? c.tensor->whole(p.parameter->name(), p.parameter->data()) : Tensor();
+        if (!parallel.is_primary()) continue;
+        out.emplace_back(p.parameter->name(), whole.defined() ? std::move(whole) : p.parameter->data().clone());
+      }
       return out;
     });
     if (parallel.is_primary()) {

@@ -1,6 +1,7 @@
 #include "train/tensor_parallel.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iomanip>
 #include <set>
@@ -22,24 +23,29 @@ std::string parameter_of(const std::string& entry) {
 // A group that counts the payload of the operations' collectives and passes them on.
 class CountingGroup final : public CollectiveGroup {
  public:
+  // Times each operation too (waiting included: the time the step spends in the group's
+  // collectives).
+  template <class F>
+  void timed(std::size_t n, F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    count(n);
+    f();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   explicit CountingGroup(std::shared_ptr<CollectiveGroup> inner) : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void all_reduce(std::span<float> data, ReduceOp op) override {
-    count(data.size_bytes());
-    inner_->all_reduce(data, op);
+    timed(data.size_bytes(), [&] { inner_->all_reduce(data, op); });
   }
   void all_reduce(std::span<double> data, ReduceOp op) override {
-    count(data.size_bytes());
-    inner_->all_reduce(data, op);
+    timed(data.size_bytes(), [&] { inner_->all_reduce(data, op); });
   }
   void reduce_scatter(std::span<const float> in, std::span<float> out) override {
-    count(in.size_bytes());
-    inner_->reduce_scatter(in, out);
+    timed(in.size_bytes(), [&] { inner_->reduce_scatter(in, out); });
   }
   void all_gather(std::span<const float> in, std::span<float> out) override {
-    count(out.size_bytes());
-    inner_->all_gather(in, out);
+    timed(out.size_bytes(), [&] { inner_->all_gather(in, out); });
   }
   void broadcast(std::span<std::byte> data, int root) override { inner_->broadcast(data, root); }
   void barrier() override { inner_->barrier(); }
@@ -48,6 +54,7 @@ class CountingGroup final : public CollectiveGroup {
     return inner_->start_all_reduce(data);
   }
   std::int64_t bytes = 0, calls = 0;
+  double seconds = 0;
 
  private:
   void count(std::size_t n) {
@@ -62,6 +69,10 @@ class CountingGroup final : public CollectiveGroup {
 std::int64_t TensorParallel::take_bytes_moved() {
   auto& g = static_cast<CountingGroup&>(*counted_);
   return std::exchange(g.bytes, 0);
+}
+double TensorParallel::take_communication_seconds() {
+  auto& g = static_cast<CountingGroup&>(*counted_);
+  return std::exchange(g.seconds, 0.0);
 }
 std::int64_t TensorParallel::take_collectives() {
   auto& g = static_cast<CountingGroup&>(*counted_);

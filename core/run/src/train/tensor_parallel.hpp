@@ -35,6 +35,8 @@ class TensorParallel {
   // bytes of each all-reduce, all-gather output and reduce-scatter input), and their number.
   std::int64_t take_bytes_moved();
   std::int64_t take_collectives();
+  // Seconds spent in them since the last call (waiting for the other members included).
+  double take_communication_seconds();
 
   // The plan's entry for a parameter (by pointer), or null for one outside the plan (LoRA's
   // adapters, which are not split).
