@@ -41,7 +41,8 @@ run() {  # RANKS NAME CONFIG OVERRIDES... -> "tokens/s share MiB/step peaks esti
   if [ "$ranks" = 1 ]; then launch=""; else launch="mpirun -np $ranks"; fi
   LOOM_NUM_THREADS=1 $launch /usr/bin/time -f "peak_kib %M" "$loom" train "$config" $common "$@" \
     trainer.run_dir="$out/$name" >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
-  peaks=$(sed -n 's/^peak_kib \([0-9]*\)$/\1/p' "$out/$name.log" | awk '{ printf "%s%d", (NR > 1 ? "," : ""), ($1 + 512) / 1024 }')
+  # (mpirun interleaves the ranks' lines: the figure is found anywhere in a line.)
+  peaks=$(grep -o 'peak_kib [0-9]*' "$out/$name.log" | awk '{ printf "%s%d", (NR > 1 ? "," : ""), ($2 + 512) / 1024 }')
   estimate=$(sed -n 's/^memory estimate per rank: \([0-9.]* [KMG]i*B\).*/\1/p' "$out/$name.log" | head -1 | tr -d ' ')
   echo "$(steady "$out/$name/metrics.jsonl") $peaks $estimate"
 }
