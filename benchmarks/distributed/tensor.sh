@@ -8,6 +8,8 @@
 #     against Megatron's count: per layer 4 all-reduces of B x T x C floats (2 forward, 2
 #     backward), plus the embedding's forward all-reduce and the output layer's backward one,
 #     B x T x C each, and the loss's 20 bytes per token (a float maximum, two double sums);
+#   * a mixture of experts (Mixtral's blocks, 8 experts, top 2) at tensor 2, each rank holding 4
+#     whole experts (expert parallelism), against data 2;
 #   * the peak resident memory per rank (/usr/bin/time) of Llama 1B's shapes (configs/llama-1b.yaml,
 #     LLAMA1B_LAYERS layers, default 4, sequence 256, micro-batch 1) at tensor 1, 2 and 4, 2 steps,
 #     against the start-up estimate; the weights per rank from the run's header. Without the final
@@ -61,6 +63,16 @@ awk -v t="$t" -v d="$d" -v f="$f" 'BEGIN { printf "  tensor 2 / data 2 = %.2f, t
 awk -v mib="$mib" 'BEGIN { bt = 8 * 256; c = 768; per = 4 * bt * c * 4;
   printf "  formula: 12 layers x 4 x B T C x 4 bytes = %.2f MiB, + embedding and head 2 x B T C = %.2f MiB, + loss 20 bytes per token = %.2f MiB: %.2f MiB; measured %s MiB\n",
     12 * per / 2^20, 2 * bt * c * 4 / 2^20, 20 * bt / 2^20, (12 * per + 2 * bt * c * 4 + 20 * bt) / 2^20, mib }'
+
+# Expert parallelism: a mixture of 8 experts (top 2) of a 512-wide Mixtral, each rank of tensor 2
+# holding 4 whole experts, against data 2 (every rank all 8).
+moe="model.hidden_dim=512 model.intermediate_dim=1024 model.num_layers=4 model.num_heads=8 model.num_kv_heads=4 data.type=synthetic"
+echo "mixtral, 8 experts of 512 x 1024, top 2, 4 layers, AdamW, global batch 8 x 256, 2 ranks, $steps steps"
+set -- $(run 2 moe-data2 configs/mixtral-tiny.yaml $moe trainer.num_train_steps=$steps); md=$1
+printf '  data 2     %8.1f tokens/s  wait %s                 peak %s  estimate %s\n' "$1" "$2" "$4" "$5"
+set -- $(run 2 moe-tensor2 configs/mixtral-tiny.yaml $moe trainer.num_train_steps=$steps trainer.mesh.tensor=2); mt=$1
+printf '  tensor 2   %8.1f tokens/s  wait %s  %6s MiB/step  peak %s  estimate %s\n' "$1" "$2" "$3" "$4" "$5"
+awk -v t="$mt" -v d="$md" 'BEGIN { printf "  tensor 2 (4 experts per rank) / data 2 = %.2f\n", t / d }'
 
 echo "llama-1b shapes ($layers layers), AdamW, micro-batch 1 x 256, 2 steps: peak resident MiB per rank, estimate"
 for t in 1 2 4; do

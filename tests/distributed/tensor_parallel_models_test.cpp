@@ -18,6 +18,7 @@
 #include "loom/kinds/model.hpp"
 #include "loom/parallel_plan.hpp"
 #include "numerics_test_support.hpp"
+#include "tensor_group_support.hpp"
 
 namespace {
 
@@ -25,19 +26,8 @@ using namespace loom;
 using loom::test::all_close;
 using loom::test::random_ids;
 
-Collective& collective() {
-  static Handle<Collective> handle = [] {
-    const char* env = std::getenv("LOOM_TEST_COLLECTIVE");
-    const std::string name = env ? env : "single";
-    return loom::test::plugin_registry().create<Collective>({"collective", name, Value(name), "collective"});
-  }();
-  return *handle;
-}
-
-Backend& backend() {
-  static Handle<Backend> b = loom::test::make_f32_backend("cpu");
-  return *b;
-}
+using loom::test::tensor_group::backend;
+using loom::test::tensor_group::collective;
 
 constexpr std::int64_t kVocab = 61;  // split unevenly over 2 and 4 members
 constexpr double kTol = 1e-5;

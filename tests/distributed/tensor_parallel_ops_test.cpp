@@ -14,6 +14,7 @@
 #include "loom/kinds/collective.hpp"
 #include "loom/parallel_plan.hpp"
 #include "numerics_test_support.hpp"
+#include "tensor_group_support.hpp"
 
 namespace {
 
@@ -22,19 +23,8 @@ using loom::test::all_close;
 using loom::test::random_ids;
 using loom::test::random_tensor;
 
-Collective& collective() {
-  static Handle<Collective> handle = [] {
-    const char* env = std::getenv("LOOM_TEST_COLLECTIVE");
-    const std::string name = env ? env : "single";
-    return loom::test::plugin_registry().create<Collective>({"collective", name, Value(name), "collective"});
-  }();
-  return *handle;
-}
-
-Backend& backend() {
-  static Handle<Backend> b = loom::test::make_f32_backend("cpu");
-  return *b;
-}
+using loom::test::tensor_group::backend;
+using loom::test::tensor_group::collective;
 
 int rank() {
   return collective().rank();

@@ -275,6 +275,17 @@ TEST(TensorParallel, ExportAndGenerateReadTheWholeTensorsOfARun) {
   const auto exported = run_command({LOOM_BINARY, "export", checkpoint.string(), "--format", "hf", hf.string()}, {});
   ASSERT_EQ(exported.exit_code, 0) << exported.out << exported.err;
   EXPECT_TRUE(fs::exists(hf / "config.json"));
+  // Every exported tensor is one of the run's final tensors (or a q/k/v slice of the fused
+  // projection), whole: the export of a one-process run (tests/interop loads those in
+  // transformers).
+  const auto hf_weights = weights(hf / "model.safetensors");
+  ASSERT_GE(hf_weights.size(), final_weights.size());
+  for (const auto& [name, values] : final_weights) {
+    if (name.find("qkv_proj") != std::string::npos) continue;
+    bool found = false;
+    for (const auto& [hf_name, hf_values] : hf_weights) found |= hf_name.ends_with(name) && hf_values == values;
+    EXPECT_TRUE(found) << name;
+  }
   // One process generates from the run, and so does every rank of mpirun.
   for (const int ranks : {1, 2}) {
     std::vector<std::string> args{LOOM_BINARY,        "generate", checkpoint.string(), "--prompt", "To be",

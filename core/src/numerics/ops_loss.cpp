@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "loom/kinds/collective.hpp"
@@ -183,9 +184,10 @@ struct LinearCrossEntropyNode final : Node {
 
 // linear_cross_entropy with Reduction::none: the gradient depends on each target's seed, so the
 // backward pass projects the chunks again and applies the seeds row by row.
-struct LinearCrossEntropyRowsNode final : Node {
+// What the backward pass of linear_cross_entropy with Reduction::none keeps to project the
+// chunks again (whole vocabulary, or a member's rows of it).
+struct RowsLossNode : Node {
   using Node::Node;
-  const char* name() const override { return "linear_cross_entropy"; }
   Tensor x, weight, targets, lse;
   const quant::StoredMatrix* stored = nullptr;  // the weight's stored form (Parameter::stored)
   GradTarget tx, tweight;
@@ -193,6 +195,33 @@ struct LinearCrossEntropyRowsNode final : Node {
   float cap = 0.0f;
   float z_loss_weight = 0.0f;
   std::int32_t ignore = -100;
+
+  // Records it as the node of `out` (the per-target losses).
+  template <class N>
+  static void record(detail::TapeState& rec, Backend& backend, Tensor& out, const Tensor& x, const Tensor& weight,
+                     const quant::StoredMatrix* stored, const Tensor& targets, const Tensor& lse, GradTarget tx,
+                     GradTarget tweight, std::int64_t chunk, float cap, float z_loss_weight, std::int32_t ignore,
+                     const std::function<void(N&)>& more = {}) {
+    auto* node = rec.record<N>(backend);
+    node->x = x.detach();
+    node->weight = weight.detach();
+    node->stored = stored;
+    node->targets = targets;
+    node->lse = lse;
+    node->tx = tx;
+    node->tweight = tweight;
+    node->chunk = chunk;
+    node->cap = cap;
+    node->z_loss_weight = z_loss_weight;
+    node->ignore = ignore;
+    if (more) more(*node);
+    rec.add_output(*node, out);
+  }
+};
+
+struct LinearCrossEntropyRowsNode final : RowsLossNode {
+  using RowsLossNode::RowsLossNode;
+  const char* name() const override { return "linear_cross_entropy"; }
 
   void backward(BackwardPass& pass) override {
     Backend& be = pass.backend();
@@ -314,16 +343,10 @@ void vocab_gradient(const VocabShard& v, float* l, std::int64_t n, const std::in
 
 // Reduction::none under vocabulary parallelism: the backward pass projects the chunks again and
 // applies each row's seed (no communication: the log-sum-exps were kept).
-struct VocabCrossEntropyRowsNode final : Node {
-  using Node::Node;
+struct VocabCrossEntropyRowsNode final : RowsLossNode {
+  using RowsLossNode::RowsLossNode;
   const char* name() const override { return "linear_cross_entropy (vocab parallel)"; }
-  Tensor x, weight, targets, lse;
-  const quant::StoredMatrix* stored = nullptr;
-  GradTarget tx, tweight;
   VocabShard shard;
-  std::int64_t chunk = 1;
-  float cap = 0.0f, z_loss_weight = 0.0f;
-  std::int32_t ignore = -100;
 
   void backward(BackwardPass& pass) override {
     Backend& be = pass.backend();
@@ -418,22 +441,10 @@ Tensor vocab_parallel_cross_entropy(Ops& ops, Tape* tape, const Tensor& x, const
   if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
   if (per_row) {
     Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight, targets.shape());
-    if (rec) {
-      auto* node = rec->record<VocabCrossEntropyRowsNode>(be);
-      node->x = x.detach();
-      node->weight = weight.detach();
-      node->stored = stored;
-      node->targets = targets;
-      node->lse = lse;
-      node->tx = tx;
-      node->tweight = tw;
-      node->shard = shard;
-      node->chunk = chunk;
-      node->cap = cap;
-      node->z_loss_weight = z_loss_weight;
-      node->ignore = options.ignore_index;
-      rec->add_output(*node, out);
-    }
+    if (rec)
+      RowsLossNode::record<VocabCrossEntropyRowsNode>(*rec, be, out, x, weight, stored, targets, lse, tx, tw, chunk,
+                                                      cap, z_loss_weight, options.ignore_index,
+                                                      [&](VocabCrossEntropyRowsNode& node) { node.shard = shard; });
     return out;
   }
   float value = reduce(losses, scale);
@@ -588,21 +599,9 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
                                       options.ignore_index);
     }
     Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight_, targets.shape());
-    if (rec) {
-      auto* node = rec->record<LinearCrossEntropyRowsNode>(*backend_);
-      node->x = x.detach();
-      node->weight = weight.detach();
-      node->stored = stored;
-      node->targets = targets;
-      node->lse = lse;
-      node->tx = tx;
-      node->tweight = tw;
-      node->chunk = chunk;
-      node->cap = cap;
-      node->z_loss_weight = z_loss_weight_;
-      node->ignore = options.ignore_index;
-      rec->add_output(*node, out);
-    }
+    if (rec)
+      RowsLossNode::record<LinearCrossEntropyRowsNode>(*rec, *backend_, out, x, weight, stored, targets, lse, tx, tw,
+                                                       chunk, cap, z_loss_weight_, options.ignore_index);
     return out;
   }
   // With soft-capping: tanh(logit / cap) of the chunk, for the backward factor 1 - tanh^2.

@@ -111,31 +111,20 @@ struct TensorReduceNode final : Node {
   void backward(BackwardPass& pass) override { pass.give(dx, pass.take_output_grad(*this, 0)); }
 };
 
-struct TensorAllGatherNode final : Node {
+// tensor_all_gather and tensor_reduce_scatter: each one's backward pass is the other.
+struct TensorAlongDimNode final : Node {
   using Node::Node;
-  const char* name() const override { return "tensor_all_gather"; }
+  const char* name() const override { return gathered ? "tensor_all_gather" : "tensor_reduce_scatter"; }
   CollectiveGroup* group = nullptr;
   int dim = 0;
+  bool gathered = false;  // the forward pass all-gathered
   GradTarget dx;
   void backward(BackwardPass& pass) override {
     const Tensor g = pass.output_grad(*this, 0);
     Tensor c = g.is_contiguous() ? g : pass.empty(g.shape());
     if (!g.is_contiguous()) c.copy_from(g);
-    pass.give(dx, reduce_scatter_along(*group, c, dim, pass.backend().buffer_type()));
-  }
-};
-
-struct TensorReduceScatterNode final : Node {
-  using Node::Node;
-  const char* name() const override { return "tensor_reduce_scatter"; }
-  CollectiveGroup* group = nullptr;
-  int dim = 0;
-  GradTarget dx;
-  void backward(BackwardPass& pass) override {
-    const Tensor g = pass.output_grad(*this, 0);
-    Tensor c = g.is_contiguous() ? g : pass.empty(g.shape());
-    if (!g.is_contiguous()) c.copy_from(g);
-    pass.give(dx, gather_along(*group, c, dim, pass.backend().buffer_type()));
+    BufferType& type = pass.backend().buffer_type();
+    pass.give(dx, gathered ? reduce_scatter_along(*group, c, dim, type) : gather_along(*group, c, dim, type));
   }
 };
 
@@ -162,6 +151,18 @@ struct VocabEmbeddingNode final : Node {
     }
   }
 };
+
+// Records tensor_all_gather's or tensor_reduce_scatter's node: y from x along dim.
+void record_along_dim(const Ops& ops, const Tensor& x, Tensor& y, int dim, bool gathered, const char* op) {
+  auto* rec = detail::recording_state(ops.tape(), {&x}, op);
+  if (!rec) return;
+  auto* node = rec->record<TensorAlongDimNode>(ops.backend());
+  node->group = ops.tensor_group();
+  node->dim = dim;
+  node->gathered = gathered;
+  node->dx = rec->target(x);
+  rec->add_output(*node, y);
+}
 
 void require_group(const Ops& ops, const Tensor& x, const char* op) {
   if (!x.defined()) op_error(op, "undefined tensor");
@@ -226,13 +227,7 @@ Tensor Ops::tensor_all_gather(const Tensor& x_in, int dim) {
   dim = checked_dim(x_in, dim, op);
   const Tensor x = contiguous(x_in);
   Tensor y = gather_along(*tensor_group_, x, dim, *buffers_);
-  if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
-    auto* node = rec->record<TensorAllGatherNode>(*backend_);
-    node->group = tensor_group_;
-    node->dim = dim;
-    node->dx = rec->target(x);
-    rec->add_output(*node, y);
-  }
+  record_along_dim(*this, x, y, dim, /*gathered=*/true, op);
   return y;
 }
 
@@ -247,13 +242,7 @@ Tensor Ops::tensor_reduce_scatter(const Tensor& x_in, int dim) {
                      std::to_string(tensor_group_->size()) + " members");
   const Tensor x = contiguous(x_in);
   Tensor y = reduce_scatter_along(*tensor_group_, x, dim, *buffers_);
-  if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
-    auto* node = rec->record<TensorReduceScatterNode>(*backend_);
-    node->group = tensor_group_;
-    node->dim = dim;
-    node->dx = rec->target(x);
-    rec->add_output(*node, y);
-  }
+  record_along_dim(*this, x, y, dim, /*gathered=*/false, op);
   return y;
 }
 

@@ -113,16 +113,20 @@ CheckpointsReport list_checkpoints(const fs::path& path) {
 
 void print_checkpoints(std::ostream& out, const CheckpointsReport& report) {
   out << "checkpoints in " << report.dir.string() << ":\n";
+  // The mesh column as wide as its longest entry ("data 2 x fsdp 2 x tensor 2"), and 3 apart.
+  std::size_t mesh_width = std::string("written on").size();
+  for (const auto& c : report.checkpoints) mesh_width = std::max(mesh_width, c.mesh.size());
+  const int mesh_column = static_cast<int>(mesh_width) + 3;
   if (report.checkpoints.empty())
     out << "  (none)\n";
   else
     out << "  " << std::left << std::setw(10) << "step" << std::setw(22) << "saved (UTC)" << std::setw(11) << "size"
-        << std::setw(18) << "written on"
+        << std::setw(mesh_column) << "written on"
         << "verifies\n";
   for (const auto& c : report.checkpoints) {
     out << "  " << std::left << std::setw(10) << ("step-" + std::to_string(c.step)) << std::setw(22) << c.saved_at
-        << std::setw(11) << size_text(c.bytes) << std::setw(18) << c.mesh << (c.verifies ? "yes" : "NO: " + c.problem)
-        << (c.latest ? "  (latest)" : "") << "\n";
+        << std::setw(11) << size_text(c.bytes) << std::setw(mesh_column) << c.mesh
+        << (c.verifies ? "yes" : "NO: " + c.problem) << (c.latest ? "  (latest)" : "") << "\n";
   }
   for (const auto& l : report.leftovers)
     out << "  " << l << ": left by an interrupted write or deletion (removed when the run next starts)\n";
