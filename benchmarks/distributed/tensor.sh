@@ -15,7 +15,7 @@
 #     against the start-up estimate; the weights per rank from the run's header. Without the final
 #     save (trainer.save_final: false), whose whole weights rank 0 alone holds while it writes them.
 #
-#   benchmarks/distributed/tensor.sh [BUILD_DIR] [STEPS]
+#   benchmarks/distributed/tensor.sh [BUILD_DIR] [STEPS]      (TENSOR_SECTIONS="dense moe memory")
 # Run from the repository root, with OpenMPI (mpirun) and GNU time (/usr/bin/time) installed.
 set -e
 build=${1:-build}
@@ -50,6 +50,9 @@ run() {  # RANKS NAME CONFIG OVERRIDES... -> "tokens/s share MiB/step peaks esti
 }
 
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
+# TENSOR_SECTIONS picks the parts (default: all): dense moe memory.
+sections=${TENSOR_SECTIONS:-"dense moe memory"}
+case " $sections " in *" dense "*)
 config=benchmarks/train/llama-124m-synthetic.yaml
 echo "llama-124m, AdamW, global batch 8 x 256, 2 ranks, $steps steps (tokens/s, waiting share, tensor MiB per step per rank, peak MiB per rank, estimate)"
 set -- $(run 2 data2 "$config" trainer.num_train_steps=$steps); d=$1
@@ -64,6 +67,9 @@ awk -v mib="$mib" 'BEGIN { bt = 8 * 256; c = 768; per = 4 * bt * c * 4;
   printf "  formula: 12 layers x 4 x B T C x 4 bytes = %.2f MiB, + embedding and head 2 x B T C = %.2f MiB, + loss 20 bytes per token = %.2f MiB: %.2f MiB; measured %s MiB\n",
     12 * per / 2^20, 2 * bt * c * 4 / 2^20, 20 * bt / 2^20, (12 * per + 2 * bt * c * 4 + 20 * bt) / 2^20, mib }'
 
+;; esac
+
+case " $sections " in *" moe "*)
 # Expert parallelism: a mixture of 8 experts (top 2) of a 512-wide Mixtral, each rank of tensor 2
 # holding 4 whole experts, against data 2 (every rank all 8).
 moe="model.hidden_dim=512 model.intermediate_dim=1024 model.num_layers=4 model.num_heads=8 model.num_kv_heads=4 data.type=synthetic"
@@ -74,6 +80,9 @@ set -- $(run 2 moe-tensor2 configs/mixtral-tiny.yaml $moe trainer.num_train_step
 printf '  tensor 2   %8.1f tokens/s  wait %s  %6s MiB/step  peak %s  estimate %s\n' "$1" "$2" "$3" "$4" "$5"
 awk -v t="$mt" -v d="$md" 'BEGIN { printf "  tensor 2 (4 experts per rank) / data 2 = %.2f\n", t / d }'
 
+;; esac
+
+case " $sections " in *" memory "*)
 echo "llama-1b shapes ($layers layers), AdamW, micro-batch 1 x 256, 2 steps: peak resident MiB per rank, estimate"
 for t in 1 2 4; do
   set -- $(run $t "llama1b-tensor$t" configs/llama-1b.yaml model.num_layers=$layers model.seq_len=256 \
@@ -82,3 +91,4 @@ for t in 1 2 4; do
   weights=$(sed -n 's/.*tensor [0-9]*: .*, \([0-9.]*%\) of the weights on each rank.*/\1/p' "$out/llama1b-tensor$t.log" | head -1)
   printf '  tensor %s  peak %s MiB  estimate %s  weights per rank %s\n' "$t" "$4" "$5" "${weights:-100%}"
 done
+;; esac
