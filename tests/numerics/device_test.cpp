@@ -253,5 +253,30 @@ TEST(Device, TrainingStepsOnTheDeviceGiveTheHostsBits) {
     EXPECT_TRUE(bitwise_equal(device_grads[i], host_grads[i])) << "parameter " << i;
 }
 
+TEST(Device, HostDeviceCopiesAreCounted) {
+  Handle<Backend> backend = guarded_backend();
+  reset_host_device_copies();
+  const Tensor host = Tensor::from(std::span<const float>(iota(12)), Shape{3, 4});
+  const Tensor dev = host.to(guarded);
+  EXPECT_EQ(host_device_copies().count, 1u);
+  EXPECT_EQ(host_device_copies().bytes, 48u);
+  // Within one device, and within the host: not counted.
+  const Tensor dev2 = dev.clone();
+  const Tensor host2 = host.clone();
+  host2.copy_from(host);
+  EXPECT_EQ(host_device_copies().count, 1u);
+  // Out again: whole, strided (staged through the host, still one copy) and one element.
+  EXPECT_EQ(dev2.to_vector(), iota(12));
+  EXPECT_EQ(dev.slice(1, 1, 3).to_vector(), (std::vector<float>{1.5f, 2.5f, 5.5f, 6.5f, 9.5f, 10.5f}));
+  EXPECT_EQ(dev.select(0, 1).select(0, 2).item(), 6.5f);
+  // Into a strided view of device memory: one copy.
+  dev2.slice(1, 0, 2).copy_from(host.slice(1, 2, 4));
+  const HostDeviceCopies counted = reset_host_device_copies();
+  EXPECT_EQ(counted.count, 5u);
+  EXPECT_EQ(counted.bytes, 48u + 48u + 24u + 4u + 24u);
+  EXPECT_EQ(host_device_copies().count, 0u);
+  EXPECT_EQ(host_device_copies().bytes, 0u);
+}
+
 }  // namespace
 }  // namespace loom::test
