@@ -366,6 +366,37 @@ std::vector<OpCase> build_cases() {
     };
     cases.push_back(c);
   }
+  // Issue 25: the operations that computed on the host until they became kernel groups (mul,
+  // softcap, softmax, logsumexp, sum; concat through the buffer types' copies; the losses'
+  // reductions, z-loss and logit soft-cap). On the guarded device they prove it: no host access.
+  cases.push_back(pointwise_case("mul", 2, [](CaseEnv& e) { return e.ops.mul(e.p[0], e.p[1]); }));
+  cases.push_back(pointwise_case("mul_square", 1, [](CaseEnv& e) { return e.ops.mul(e.p[0], e.p[0]); }));
+  cases.push_back(pointwise_case("softcap", 1, [](CaseEnv& e) { return e.ops.softcap(e.p[0], 1.7f); }));
+  cases.push_back(pointwise_case("softmax", 1, [](CaseEnv& e) { return e.ops.softmax(e.p[0]); }));
+  cases.push_back(pointwise_case("logsumexp", 1, [](CaseEnv& e) { return e.ops.logsumexp(e.p[0]); }));
+  cases.push_back(pointwise_case("sum", 1, [](CaseEnv& e) { return e.ops.sum(e.p[0]); }));
+  cases.push_back(pointwise_case("router_chain", 2, [](CaseEnv& e) {
+    // A mixture's router: probabilities, a gate product, the z-loss's log-sum-exp and a sum.
+    const Tensor probs = e.ops.softmax(e.p[0]);
+    const Tensor z = e.ops.logsumexp(e.p[1]);
+    return e.ops.add(e.ops.sum(e.ops.mul(probs, e.p[1])), e.ops.sum(e.ops.mul(z, z)));
+  }));
+  {
+    OpCase c;
+    c.name = "concat";
+    c.make = [](Dims& d) {
+      const std::int64_t cols = d.odd(3, 17);
+      CaseData data;
+      data.params = {rnd(d, {d.between(1, 4), cols}), rnd(d, {d.between(1, 3), cols}), rnd(d, {d.between(1, 5), cols})};
+      return data;
+    };
+    c.run = [](CaseEnv& e) -> std::vector<Tensor> {
+      // A part used twice, and the result scaled so that the backward's slices are accumulated.
+      const std::vector<Tensor> parts{e.p[0], e.p[1], e.p[2], e.p[0]};
+      return {e.ops.scale(e.ops.concat(parts), 1.5f)};
+    };
+    cases.push_back(c);
+  }
   cases.push_back(attention_case("attention_causal_gqa", {true, 0, 0.0f, false, false}));
   cases.push_back(attention_case("attention_window_softcap_segments", {false, 3, 5.0f, true, false}));
   cases.push_back(attention_case("attention_kv_cache", {true, 4, 0.0f, false, true}));
