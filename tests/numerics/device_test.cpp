@@ -334,7 +334,7 @@ TEST(Device, ConvertedOperationsRunOnTheDeviceWithTheReferencesBits) {
     for (Parameter* p : {&a, &b, &w}) r.values.push_back(p->has_grad() ? p->grad().to_vector() : std::vector<float>());
     return r;
   };
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 6; ++which) {
     SCOPED_TRACE("case " + std::to_string(which));
     const Result device = run(*device_backend, which);
     const Result host = run(*host_backend, which);
