@@ -366,6 +366,80 @@ std::vector<OpCase> build_cases() {
     };
     cases.push_back(c);
   }
+  // Issue 25: the operations that computed on the host until they became kernel groups (mul,
+  // softcap, softmax, logsumexp, sum; concat through the buffer types' copies; the losses'
+  // reductions, z-loss and logit soft-cap). On the guarded device they prove it: no host access.
+  cases.push_back(pointwise_case("mul", 2, [](CaseEnv& e) { return e.ops.mul(e.p[0], e.p[1]); }));
+  cases.push_back(pointwise_case("mul_square", 1, [](CaseEnv& e) { return e.ops.mul(e.p[0], e.p[0]); }));
+  cases.push_back(pointwise_case("softcap", 1, [](CaseEnv& e) { return e.ops.softcap(e.p[0], 1.7f); }));
+  cases.push_back(pointwise_case("softmax", 1, [](CaseEnv& e) { return e.ops.softmax(e.p[0]); }));
+  cases.push_back(pointwise_case("logsumexp", 1, [](CaseEnv& e) { return e.ops.logsumexp(e.p[0]); }));
+  cases.push_back(pointwise_case("sum", 1, [](CaseEnv& e) { return e.ops.sum(e.p[0]); }));
+  cases.push_back(pointwise_case("router_chain", 2, [](CaseEnv& e) {
+    // A mixture's router: probabilities, a gate product, the z-loss's log-sum-exp and a sum.
+    const Tensor probs = e.ops.softmax(e.p[0]);
+    const Tensor z = e.ops.logsumexp(e.p[1]);
+    return e.ops.add(e.ops.sum(e.ops.mul(probs, e.p[1])), e.ops.sum(e.ops.mul(z, z)));
+  }));
+  {
+    OpCase c;
+    c.name = "concat";
+    c.make = [](Dims& d) {
+      const std::int64_t cols = d.odd(3, 17);
+      CaseData data;
+      data.params = {rnd(d, {d.between(1, 4), cols}), rnd(d, {d.between(1, 3), cols}), rnd(d, {d.between(1, 5), cols})};
+      return data;
+    };
+    c.run = [](CaseEnv& e) -> std::vector<Tensor> {
+      // A part used twice, and the result scaled so that the backward's slices are accumulated.
+      const std::vector<Tensor> parts{e.p[0], e.p[1], e.p[2], e.p[0]};
+      return {e.ops.scale(e.ops.concat(parts), 1.5f)};
+    };
+    cases.push_back(c);
+  }
+  {
+    // z-loss on the plain loss: a mean, and one loss per target (in place and through a copy).
+    OpCase c;
+    c.name = "cross_entropy_z_loss";
+    c.make = [](Dims& d) {
+      const std::int64_t n = d.odd(3, 19), v = d.odd(29, 301);
+      CaseData data;
+      data.params = {rnd(d, {n, v}, 3.0f)};
+      data.consts = {targets_with_ignored(d, {n}, static_cast<std::int32_t>(v))};
+      return data;
+    };
+    c.run = [](CaseEnv& e) -> std::vector<Tensor> {
+      e.ops.set_z_loss_weight(0.05f);
+      Tensor logits = e.ops.scale(e.p[0], 1.0f);
+      Tensor none = e.ops.cross_entropy(e.p[0], e.data.consts[0], {.reduction = Reduction::none});
+      Tensor loss = e.ops.cross_entropy(logits, e.data.consts[0]);
+      return {loss, none};
+    };
+    cases.push_back(c);
+  }
+  for (const bool per_target : {false, true}) {
+    // The fused loss with Gemma 2's logit soft-cap and z-loss together.
+    OpCase c;
+    c.name = per_target ? "linear_cross_entropy_softcap_z_loss_none" : "linear_cross_entropy_softcap_z_loss";
+    c.make = [](Dims& d) {
+      const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
+      CaseData data;
+      data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
+      data.consts = {targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
+                     Tensor::from(std::span<const std::int32_t>(
+                                      std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
+                                  Shape{1})};
+      return data;
+    };
+    c.run = [per_target](CaseEnv& e) -> std::vector<Tensor> {
+      e.ops.set_z_loss_weight(0.02f);
+      const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];
+      return {e.ops.linear_cross_entropy(
+          e.p[0], e.p[1], e.data.consts[0],
+          {.reduction = per_target ? Reduction::none : Reduction::mean, .chunk_tokens = chunk, .logit_softcap = 2.0f})};
+    };
+    cases.push_back(c);
+  }
   cases.push_back(attention_case("attention_causal_gqa", {true, 0, 0.0f, false, false}));
   cases.push_back(attention_case("attention_window_softcap_segments", {false, 3, 5.0f, true, false}));
   cases.push_back(attention_case("attention_kv_cache", {true, 4, 0.0f, false, true}));

@@ -253,5 +253,101 @@ TEST(Device, TrainingStepsOnTheDeviceGiveTheHostsBits) {
     EXPECT_TRUE(bitwise_equal(device_grads[i], host_grads[i])) << "parameter " << i;
 }
 
+TEST(Device, HostDeviceCopiesAreCounted) {
+  Handle<Backend> backend = guarded_backend();
+  reset_host_device_copies();
+  const Tensor host = Tensor::from(std::span<const float>(iota(12)), Shape{3, 4});
+  const Tensor dev = host.to(guarded);
+  EXPECT_EQ(host_device_copies().count, 1u);
+  EXPECT_EQ(host_device_copies().bytes, 48u);
+  // Within one device, and within the host: not counted.
+  const Tensor dev2 = dev.clone();
+  const Tensor host2 = host.clone();
+  host2.copy_from(host);
+  EXPECT_EQ(host_device_copies().count, 1u);
+  // Out again: whole, strided (staged through the host, still one copy) and one element.
+  EXPECT_EQ(dev2.to_vector(), iota(12));
+  EXPECT_EQ(dev.slice(1, 1, 3).to_vector(), (std::vector<float>{1.5f, 2.5f, 5.5f, 6.5f, 9.5f, 10.5f}));
+  EXPECT_EQ(dev.select(0, 1).select(0, 2).item(), 6.5f);
+  // Into a strided view of device memory: one copy.
+  dev2.slice(1, 0, 2).copy_from(host.slice(1, 2, 4));
+  const HostDeviceCopies counted = reset_host_device_copies();
+  EXPECT_EQ(counted.count, 5u);
+  EXPECT_EQ(counted.bytes, 48u + 48u + 24u + 4u + 24u);
+  EXPECT_EQ(host_device_copies().count, 0u);
+  EXPECT_EQ(host_device_copies().bytes, 0u);
+}
+
+// The operations that computed on the host until issue 25 (mul, softcap, softmax, logsumexp,
+// concat, sum, the losses' z-loss and logit soft-cap and their reductions) run on the device
+// without the host touching its memory (the guarded arena would fault), copy nothing to or from
+// the host but what the losses must (the targets' range check; the seed of the backward pass),
+// and give the reference backend's bits, forward and backward.
+TEST(Device, ConvertedOperationsRunOnTheDeviceWithTheReferencesBits) {
+  Handle<Backend> device_backend = guarded_backend();
+  Handle<Backend> host_backend = make_backend("reference");
+  struct Result {
+    std::vector<std::vector<float>> values;
+    std::uint64_t forward_copies = 0, backward_copies = 0;
+  };
+  const std::vector<std::int32_t> target_values{3, -100, 0, 6, 2, 6};
+  auto run = [&](Backend& backend, int which) {
+    const Device d = backend.device();
+    Parameter a("a", random_tensor(Shape{6, 7}, 11, 2.0f).to(d));
+    Parameter b("b", random_tensor(Shape{6, 7}, 12, 2.0f).to(d));
+    Parameter w("w", random_tensor(Shape{7, 7}, 13, 0.5f).to(d));
+    const Tensor targets = Tensor::from(std::span<const std::int32_t>(target_values), Shape{6}).to(d);
+    Tape tape;
+    Ops ops(backend, &tape);
+    ops.set_z_loss_weight(0.03f);
+    reset_host_device_copies();
+    Tensor out;
+    switch (which) {
+      case 0:
+        out = ops.sum(ops.mul(ops.softcap(a.tensor(), 1.5f), b.tensor()));
+        break;
+      case 1:
+        out = ops.sum(ops.mul(ops.softmax(a.tensor()),
+                              ops.concat(std::vector<Tensor>{b.tensor().slice(0, 0, 2), b.tensor().slice(0, 2, 6)})));
+        break;
+      case 2:
+        out = ops.sum(ops.logsumexp(ops.mul(a.tensor(), b.tensor())));
+        break;
+      case 3:
+        out = ops.cross_entropy(ops.scale(a.tensor(), 1.0f), targets);
+        break;
+      case 4:
+        out = ops.linear_cross_entropy(a.tensor(), w.tensor(), targets, {.chunk_tokens = 4, .logit_softcap = 2.0f});
+        break;
+      default:
+        out = ops.sum(ops.linear_cross_entropy(
+            a.tensor(), w.tensor(), targets, {.reduction = Reduction::none, .chunk_tokens = 4, .logit_softcap = 2.0f}));
+        break;
+    }
+    Result r;
+    r.forward_copies = reset_host_device_copies().count;
+    const Tensor seed = Tensor::scalar(0.75f).to(d);
+    reset_host_device_copies();
+    tape.backward(std::vector<Tensor>{out}, std::vector<Tensor>{seed});
+    r.backward_copies = reset_host_device_copies().count;
+    r.values.push_back(out.to_vector());
+    for (Parameter* p : {&a, &b, &w}) r.values.push_back(p->has_grad() ? p->grad().to_vector() : std::vector<float>());
+    return r;
+  };
+  for (int which = 0; which < 6; ++which) {
+    SCOPED_TRACE("case " + std::to_string(which));
+    const Result device = run(*device_backend, which);
+    const Result host = run(*host_backend, which);
+    ASSERT_EQ(device.values.size(), host.values.size());
+    for (std::size_t i = 0; i < host.values.size(); ++i)
+      EXPECT_TRUE(bitwise_equal(device.values[i], host.values[i])) << "value " << i;
+    // The losses read their targets on the host to check their range, and their
+    // backward passes read the seed (one per row with Reduction::none). Nothing else.
+    const bool loss = which >= 3;
+    EXPECT_EQ(device.forward_copies, loss ? 1u : 0u);
+    EXPECT_EQ(device.backward_copies, loss ? 1u : 0u);
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -36,6 +36,18 @@ std::string_view backend_op_name(BackendOp op) {
       return "rope";
     case BackendOp::cross_entropy:
       return "cross_entropy";
+    case BackendOp::mul:
+      return "mul";
+    case BackendOp::softcap:
+      return "softcap";
+    case BackendOp::softmax:
+      return "softmax";
+    case BackendOp::logsumexp:
+      return "logsumexp";
+    case BackendOp::sum:
+      return "sum";
+    case BackendOp::loss:
+      return "loss";
   }
   return "unknown";
 }

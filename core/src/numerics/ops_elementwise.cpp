@@ -1,10 +1,10 @@
 // Operations the model families past GPT-2 and Llama compose: the elementwise product (GeGLU),
 // soft-capping (Gemma 2's logits), and for mixtures of experts softmax and log-sum-exp over the
 // last dimension (the router and its z-loss), concatenation along the first dimension (the
-// experts' outputs) and the sum of all elements (auxiliary losses). They are computed by the core on the host: their
-// tensors must be host-visible (a device backend's operands are refused with the operation's name).
+// experts' outputs) and the sum of all elements (auxiliary losses). Each computes through the
+// backend's kernels (BackendOp::mul, softcap, softmax, logsumexp, sum; concat through the buffer
+// type's copies), so its tensors may live in a device's memory.
 #include <algorithm>
-#include <cmath>
 #include <span>
 #include <vector>
 
@@ -16,29 +16,9 @@ using detail::BackwardPass;
 using detail::GradTarget;
 using detail::Node;
 using detail::op_error;
+using detail::ptr;
 
 namespace {
-
-void require_host(const Tensor& t, const char* op, const char* what) {
-  if (!t.is_host_visible())
-    op_error(op,
-             std::string(what) + " is in " + t.device().str() + " memory; this operation computes on the host only");
-}
-
-const float* host_ptr(const Tensor& t) {
-  return t.data<float>();
-}
-
-// Writes (or adds, per the buffer) f(i) into a gradient buffer of n elements.
-template <class F>
-void write_grad(const BackwardPass::Buffer& b, std::int64_t n, F f) {
-  float* out = b.tensor.data<float>();
-  if (b.accumulate) {
-    for (std::int64_t i = 0; i < n; ++i) out[i] += f(i);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = f(i);
-  }
-}
 
 struct MulNode final : Node {
   using Node::Node;
@@ -46,13 +26,17 @@ struct MulNode final : Node {
   Tensor a, b;
   GradTarget da, db;
   void backward(BackwardPass& pass) override {
-    const Tensor& g = pass.output_grad(*this, 0);
-    const float* dy = host_ptr(g);
-    const float *pa = host_ptr(a), *pb = host_ptr(b);
+    const float* dy = ptr(pass.output_grad(*this, 0));
     const bool shared = da.same_base(db);
     const std::int64_t n = a.numel();
-    if (da.active()) write_grad(pass.grad(da, shared), n, [&](std::int64_t i) { return dy[i] * pb[i]; });
-    if (db.active()) write_grad(pass.grad(db, shared), n, [&](std::int64_t i) { return dy[i] * pa[i]; });
+    if (da.active()) {
+      auto g = pass.grad(da, shared);
+      pass.backend().mul(dy, ptr(b), ptr(g.tensor), n, g.accumulate);
+    }
+    if (db.active()) {
+      auto g = pass.grad(db, shared);
+      pass.backend().mul(dy, ptr(a), ptr(g.tensor), n, g.accumulate);
+    }
   }
 };
 
@@ -63,13 +47,9 @@ struct SoftcapNode final : Node {
   float cap = 0.0f;
   GradTarget dx;
   void backward(BackwardPass& pass) override {
-    const float* dy = host_ptr(pass.output_grad(*this, 0));
-    const float* py = host_ptr(y);
-    const float inv = 1.0f / cap;
-    write_grad(pass.grad(dx), y.numel(), [&](std::int64_t i) {
-      const float t = py[i] * inv;
-      return dy[i] * (1.0f - t * t);
-    });
+    const float* dy = ptr(pass.output_grad(*this, 0));
+    auto g = pass.grad(dx);
+    pass.backend().softcap_backward(ptr(y), 1.0f / cap, dy, ptr(g.tensor), y.numel(), g.accumulate);
   }
 };
 
@@ -79,17 +59,10 @@ struct SoftmaxNode final : Node {
   Tensor y;
   GradTarget dx;
   void backward(BackwardPass& pass) override {
-    const float* dy = host_ptr(pass.output_grad(*this, 0));
-    const float* py = host_ptr(y);
+    const float* dy = ptr(pass.output_grad(*this, 0));
     const std::int64_t cols = y.shape().back(), rows = y.numel() / std::max<std::int64_t>(cols, 1);
-    std::vector<float> dots(static_cast<std::size_t>(rows));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (std::int64_t c = 0; c < cols; ++c) s += static_cast<double>(dy[r * cols + c]) * py[r * cols + c];
-      dots[static_cast<std::size_t>(r)] = static_cast<float>(s);
-    }
-    write_grad(pass.grad(dx), y.numel(),
-               [&](std::int64_t i) { return py[i] * (dy[i] - dots[static_cast<std::size_t>(i / cols)]); });
+    auto g = pass.grad(dx);
+    pass.backend().softmax_backward(ptr(y), dy, ptr(g.tensor), rows, cols, g.accumulate);
   }
 };
 
@@ -99,13 +72,10 @@ struct LogsumexpNode final : Node {
   Tensor x, y;
   GradTarget dx;
   void backward(BackwardPass& pass) override {
-    const float* dy = host_ptr(pass.output_grad(*this, 0));
-    const float *px = host_ptr(x), *py = host_ptr(y);
-    const std::int64_t cols = x.shape().back();
-    write_grad(pass.grad(dx), x.numel(), [&](std::int64_t i) {
-      const std::int64_t r = i / cols;
-      return dy[r] * std::exp(px[i] - py[r]);
-    });
+    const float* dy = ptr(pass.output_grad(*this, 0));
+    const std::int64_t cols = x.shape().back(), rows = x.numel() / cols;
+    auto g = pass.grad(dx);
+    pass.backend().logsumexp_backward(ptr(x), ptr(y), dy, ptr(g.tensor), rows, cols, g.accumulate);
   }
 };
 
@@ -127,8 +97,9 @@ struct SumNode final : Node {
   std::int64_t n = 0;
   GradTarget dx;
   void backward(BackwardPass& pass) override {
-    const float dy = host_ptr(pass.output_grad(*this, 0))[0];
-    write_grad(pass.grad(dx), n, [&](std::int64_t) { return dy; });
+    const float* dy = ptr(pass.output_grad(*this, 0));
+    auto g = pass.grad(dx);
+    pass.backend().sum_backward(dy, ptr(g.tensor), n, g.accumulate);
   }
 };
 
@@ -139,20 +110,12 @@ Tensor Ops::logsumexp(const Tensor& x_in) {
   constexpr const char* op = "logsumexp";
   detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() < 1 || x_in.shape().back() == 0) op_error(op, "x needs a non-empty last dimension");
-  require_host(x_in, op, "x");
+  detail::require_op(*this, BackendOp::logsumexp, DType::f32, op);
   const Tensor x = contiguous(x_in);
   const std::int64_t cols = x.shape().back(), rows = x.numel() / cols;
   std::vector<std::int64_t> dims(x.shape().begin(), x.shape().end() - 1);
   Tensor y = detail::empty(*this, Shape(std::span<const std::int64_t>(dims)));
-  const float* px = host_ptr(x);
-  float* py = y.data<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * cols;
-    const float m = *std::max_element(xr, xr + cols);
-    double s = 0;
-    for (std::int64_t c = 0; c < cols; ++c) s += std::exp(static_cast<double>(xr[c] - m));
-    py[r] = m + static_cast<float>(std::log(s));
-  }
+  backend_->logsumexp_forward(ptr(x), ptr(y), rows, cols);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<LogsumexpNode>(*backend_);
     node->x = x.detach();
@@ -171,7 +134,6 @@ Tensor Ops::concat(std::span<const Tensor> parts_in) {
   std::vector<std::int64_t> begins{0};
   for (const Tensor& p : parts_in) {
     detail::require_f32(*this, p, op, "part");
-    require_host(p, op, "part");
     if (p.rank() < 1 || p.rank() != parts_in[0].rank()) op_error(op, "parts must have equal ranks >= 1");
     for (int d = 1; d < p.rank(); ++d)
       if (p.size(d) != parts_in[0].size(d))
@@ -183,10 +145,8 @@ Tensor Ops::concat(std::span<const Tensor> parts_in) {
   Shape shape = parts_in[0].shape();
   shape[0] = begins.back();
   Tensor y = detail::empty(*this, shape);
-  const std::int64_t row = parts_in[0].numel() / std::max<std::int64_t>(parts_in[0].size(0), 1);
-  float* py = y.data<float>();
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    std::copy_n(host_ptr(parts[i]), parts[i].numel(), py + begins[i] * row);
+  // The buffer type's copies: a memmove on the host, the device's own copy elsewhere.
+  for (std::size_t i = 0; i < parts.size(); ++i) y.slice(0, begins[i], begins[i + 1]).copy_from(parts[i]);
   std::vector<const Tensor*> inputs;
   for (const Tensor& p : parts) inputs.push_back(&p);
   if (auto* rec = detail::recording_state(tape_, std::span<const Tensor* const>(inputs), op)) {
@@ -202,13 +162,10 @@ Tensor Ops::sum(const Tensor& x_in) {
   observe({&x_in});
   constexpr const char* op = "sum";
   detail::require_f32(*this, x_in, op, "x");
-  require_host(x_in, op, "x");
+  detail::require_op(*this, BackendOp::sum, DType::f32, op);
   const Tensor x = contiguous(x_in);
-  double s = 0;
-  const float* px = host_ptr(x);
-  for (std::int64_t i = 0; i < x.numel(); ++i) s += px[i];
   Tensor y = detail::empty(*this, Shape{});
-  y.data<float>()[0] = static_cast<float>(s);
+  backend_->sum_forward(ptr(x), ptr(y), x.numel());
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<SumNode>(*backend_);
     node->n = x.numel();
@@ -224,13 +181,10 @@ Tensor Ops::mul(const Tensor& a_in, const Tensor& b_in) {
   detail::require_f32(*this, a_in, op, "a");
   detail::require_f32(*this, b_in, op, "b");
   detail::require_same_shape(a_in, b_in, op, "a", "b");
-  require_host(a_in, op, "a");
-  require_host(b_in, op, "b");
+  detail::require_op(*this, BackendOp::mul, DType::f32, op);
   const Tensor a = contiguous(a_in), b = contiguous(b_in);
   Tensor y = detail::empty(*this, a.shape());
-  const float *pa = host_ptr(a), *pb = host_ptr(b);
-  float* py = y.data<float>();
-  for (std::int64_t i = 0; i < a.numel(); ++i) py[i] = pa[i] * pb[i];
+  backend_->mul(ptr(a), ptr(b), ptr(y), a.numel(), false);
   if (auto* rec = detail::recording_state(tape_, {&a, &b}, op)) {
     auto* node = rec->record<MulNode>(*backend_);
     node->a = a.detach();
@@ -247,12 +201,10 @@ Tensor Ops::softcap(const Tensor& x_in, float cap) {
   constexpr const char* op = "softcap";
   detail::require_f32(*this, x_in, op, "x");
   if (!(cap > 0.0f)) op_error(op, "cap must be > 0, not " + std::to_string(cap));
-  require_host(x_in, op, "x");
+  detail::require_op(*this, BackendOp::softcap, DType::f32, op);
   const Tensor x = contiguous(x_in);
   Tensor y = detail::empty(*this, x.shape());
-  const float* px = host_ptr(x);
-  float* py = y.data<float>();
-  for (std::int64_t i = 0; i < x.numel(); ++i) py[i] = cap * std::tanh(px[i] / cap);
+  backend_->softcap_forward(ptr(x), ptr(y), nullptr, x.numel(), cap);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<SoftcapNode>(*backend_);
     node->y = y.detach();
@@ -268,21 +220,11 @@ Tensor Ops::softmax(const Tensor& x_in) {
   constexpr const char* op = "softmax";
   detail::require_f32(*this, x_in, op, "x");
   if (x_in.rank() < 1 || x_in.shape().back() == 0) op_error(op, "x needs a non-empty last dimension");
-  require_host(x_in, op, "x");
+  detail::require_op(*this, BackendOp::softmax, DType::f32, op);
   const Tensor x = contiguous(x_in);
   Tensor y = detail::empty(*this, x.shape());
   const std::int64_t cols = x.shape().back(), rows = x.numel() / cols;
-  const float* px = host_ptr(x);
-  float* py = y.data<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * cols;
-    float* yr = py + r * cols;
-    const float m = *std::max_element(xr, xr + cols);
-    double s = 0;
-    for (std::int64_t c = 0; c < cols; ++c) s += (yr[c] = std::exp(xr[c] - m));
-    const auto inv = static_cast<float>(1.0 / s);
-    for (std::int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-  }
+  backend_->softmax_forward(ptr(x), ptr(y), rows, cols);
   if (auto* rec = detail::recording_state(tape_, {&x}, op)) {
     auto* node = rec->record<SoftmaxNode>(*backend_);
     node->y = y.detach();

@@ -42,50 +42,28 @@ float reduction_scale(Reduction r, std::int64_t count) {
   return r != Reduction::mean ? 1.0f : count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
-// Sum of per-row losses in row order, in double, on the host: deterministic and independent of
-// the backend.
-float reduce(const Tensor& losses, float scale) {
-  const Tensor host_losses = detail::host_readable(losses);
-  const float* l = host_losses.data<float>();
-  double s = 0.0;
-  for (std::int64_t i = 0; i < losses.numel(); ++i) s += l[i];
-  return static_cast<float>(s * scale);
+// The reduced loss (the per-row losses summed in row order in float64, times `scale`, plus the
+// z-loss term) as a scalar in the backend's memory: the loss kernel computes it where the losses
+// are, deterministically and with no copy to the host.
+Tensor loss_value(Backend& be, BufferType& buffers, const Tensor& losses, const Tensor& lse,
+                  const std::int32_t* targets, std::int64_t rows, std::int32_t ignore, float scale,
+                  float z_loss_weight) {
+  Tensor value = detail::empty(buffers, Shape{});
+  be.loss_reduce(ptr(losses), ptr(lse), targets, rows, ignore, scale, z_loss_weight, ptr(value));
+  return value;
 }
 
-// z-loss: sum over counted rows of lse^2, in double, on the host.
-double z_loss_sum(const Tensor& lse, const std::int32_t* targets, std::int64_t rows, std::int32_t ignore) {
-  const Tensor host_lse = detail::host_readable(lse);
-  const float* z = host_lse.data<float>();
-  double s = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r)
-    if (targets[r] != ignore) s += static_cast<double>(z[r]) * z[r];
-  return s;
-}
-
-// Turns rows holding g (softmax - onehot) (cross_entropy_backward's output) into the gradient of
-// the loss plus z-loss, g (softmax (1 + 2 w lse) - onehot): each counted row is scaled by
-// 1 + 2 w lse and g 2 w lse is added at its target. On host-visible memory.
-void add_z_loss_gradient(float* rows, std::int64_t ld, const std::int32_t* targets, const float* lse, float g, float w,
-                         std::int64_t n, std::int64_t cols, std::int32_t ignore) {
-  for (std::int64_t r = 0; r < n; ++r) {
-    if (targets[r] == ignore) continue;
-    const float twice = 2.0f * w * lse[r];
-    float* row = rows + r * ld;
-    const float factor = 1.0f + twice;
-    for (std::int64_t j = 0; j < cols; ++j) row[j] *= factor;
-    row[targets[r]] += g * twice;
-  }
+// Rows holding g (softmax - onehot) (cross_entropy_backward's output) into the gradient of the
+// loss plus z-loss (Backend::z_loss_backward); nothing without z-loss.
+void add_z_loss_gradient(Backend& be, float* rows, std::int64_t ld, const std::int32_t* targets, const float* lse,
+                         float g, float w, std::int64_t n, std::int64_t cols, std::int32_t ignore) {
+  if (w != 0.0f) be.z_loss_backward(rows, ld, targets, lse, g, w, n, cols, ignore);
 }
 
 // Reduction::none: the per-target losses (shaped like `targets`), each with its z-loss term.
-Tensor per_target_losses(const Tensor& losses, const Tensor& lse, const std::int32_t* targets, std::int64_t rows,
-                         std::int32_t ignore, float z_loss_weight, const Shape& shape) {
-  if (z_loss_weight != 0.0f) {
-    float* l = losses.data<float>();
-    const float* z = lse.data<float>();
-    for (std::int64_t r = 0; r < rows; ++r)
-      if (targets[r] != ignore) l[r] += z_loss_weight * z[r] * z[r];
-  }
+Tensor per_target_losses(Backend& be, const Tensor& losses, const Tensor& lse, const std::int32_t* targets,
+                         std::int64_t rows, std::int32_t ignore, float z_loss_weight, const Shape& shape) {
+  if (z_loss_weight != 0.0f) be.z_loss_forward(ptr(losses), ptr(lse), targets, rows, ignore, z_loss_weight);
   return losses.view(shape);
 }
 
@@ -93,10 +71,6 @@ Tensor per_target_losses(const Tensor& losses, const Tensor& lse, const std::int
 std::vector<float> row_seeds(const Tensor& grad, std::int64_t rows) {
   if (!grad.defined()) return std::vector<float>(static_cast<std::size_t>(rows), 0.0f);
   return detail::host_readable(grad).to_vector();
-}
-
-void require_host_for_z_loss(const Tensor& t, const char* op) {
-  if (!t.is_host_visible()) op_error(op, "z-loss (z_loss_weight > 0) needs logits in host-visible memory");
 }
 
 struct CrossEntropyNode final : Node {
@@ -120,15 +94,13 @@ struct CrossEntropyNode final : Node {
     auto to_gradient = [&](float* rows, std::int64_t ld, std::int64_t r0, std::int64_t n) {
       if (!per_row) {
         be.cross_entropy_backward(rows, ld, t + r0, ptr(lse) + r0, g, n, l.cols, ignore);
-        if (z_loss_weight != 0.0f)
-          add_z_loss_gradient(rows, ld, t + r0, ptr(lse) + r0, g, z_loss_weight, n, l.cols, ignore);
+        add_z_loss_gradient(be, rows, ld, t + r0, ptr(lse) + r0, g, z_loss_weight, n, l.cols, ignore);
         return;
       }
       for (std::int64_t r = 0; r < n; ++r) {
         const float gr = seeds[static_cast<std::size_t>(r0 + r)];
         be.cross_entropy_backward(rows + r * ld, ld, t + r0 + r, ptr(lse) + r0 + r, gr, 1, l.cols, ignore);
-        if (z_loss_weight != 0.0f)
-          add_z_loss_gradient(rows + r * ld, ld, t + r0 + r, ptr(lse) + r0 + r, gr, z_loss_weight, 1, l.cols, ignore);
+        add_z_loss_gradient(be, rows + r * ld, ld, t + r0 + r, ptr(lse) + r0 + r, gr, z_loss_weight, 1, l.cols, ignore);
       }
     };
     if (logits.storage_use_count() == 1) {
@@ -239,23 +211,15 @@ struct LinearCrossEntropyRowsNode final : RowsLossNode {
       const std::int64_t n = std::min(chunk, rows - r0);
       const float* xr = xm.data + r0 * xm.ld;
       detail::gemm_weight(be, stored, wm.data, wm.ld, true, n, vocab, dim, xr, xm.ld, 0.0f, l, vocab);
-      if (cap > 0.0f) {
-        float* th_out = capped.data<float>();
-        for (std::int64_t i = 0; i < n * vocab; ++i) {
-          th_out[i] = std::tanh(l[i] / cap);
-          l[i] = cap * th_out[i];
-        }
-      }
+      if (cap > 0.0f) be.softcap_forward(l, l, ptr(capped), n * vocab, cap);
       for (std::int64_t r = 0; r < n; ++r) {
         const float g = seeds[static_cast<std::size_t>(r0 + r)];
         be.cross_entropy_backward(l + r * vocab, vocab, t + r0 + r, ptr(lse) + r0 + r, g, 1, vocab, ignore);
-        if (z_loss_weight != 0.0f)
-          add_z_loss_gradient(l + r * vocab, vocab, t + r0 + r, ptr(lse) + r0 + r, g, z_loss_weight, 1, vocab, ignore);
+        add_z_loss_gradient(be, l + r * vocab, vocab, t + r0 + r, ptr(lse) + r0 + r, g, z_loss_weight, 1, vocab,
+                            ignore);
       }
-      if (capped.defined()) {
-        const float* th = capped.data<float>();
-        for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
-      }
+      // The soft-cap's factor 1 - tanh^2, from the tanh the forward kept.
+      if (capped.defined()) be.softcap_backward(ptr(capped), 1.0f, l, l, n * vocab, false);
       if (dx.defined())
         detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim, dim);
       if (dweight.defined())
@@ -440,17 +404,14 @@ Tensor vocab_parallel_cross_entropy(Ops& ops, Tape* tape, const Tensor& x, const
   th.reset();
   if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
   if (per_row) {
-    Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight, targets.shape());
+    Tensor out = per_target_losses(be, losses, lse, t, rows, options.ignore_index, z_loss_weight, targets.shape());
     if (rec)
       RowsLossNode::record<VocabCrossEntropyRowsNode>(*rec, be, out, x, weight, stored, targets, lse, tx, tw, chunk,
                                                       cap, z_loss_weight, options.ignore_index,
                                                       [&](VocabCrossEntropyRowsNode& node) { node.shard = shard; });
     return out;
   }
-  float value = reduce(losses, scale);
-  if (z_loss_weight != 0.0f)
-    value += static_cast<float>(z_loss_weight * z_loss_sum(lse, t, rows, options.ignore_index) * scale);
-  Tensor loss = detail::scalar(ops.buffer_type(), value);
+  Tensor loss = loss_value(be, ops.buffer_type(), losses, lse, t, rows, options.ignore_index, scale, z_loss_weight);
   if (rec) {
     auto* node = rec->record<LinearCrossEntropyNode>(be);
     node->tx = tx;
@@ -473,6 +434,7 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
   if (logits_in.rank() < 1 || logits_in.shape().back() == 0) op_error(op, "logits need a vocabulary dimension");
   if (options.logit_softcap != 0.0f) op_error(op, "logit_softcap is for linear_cross_entropy (use Ops::softcap here)");
   detail::require_op(*this, BackendOp::cross_entropy, DType::f32, op);
+  detail::require_op(*this, BackendOp::loss, DType::f32, op);
   const std::int64_t vocab = logits_in.shape().back();
   if (targets.numel() != logits_in.shape().rows())
     op_error(op, "targets " + targets.shape().str() + " do not match logits " + logits_in.shape().str());
@@ -487,9 +449,8 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
                                   options.ignore_index);
   const bool per_row = options.reduction == Reduction::none;
   if (per_row) {
-    if (z_loss_weight_ != 0.0f) require_host_for_z_loss(logits, op);
-    Tensor out = per_target_losses(losses, lse, detail::ids_ptr(targets), l.rows, options.ignore_index, z_loss_weight_,
-                                   targets.shape());
+    Tensor out = per_target_losses(*backend_, losses, lse, detail::ids_ptr(targets), l.rows, options.ignore_index,
+                                   z_loss_weight_, targets.shape());
     if (auto* rec = detail::recording_state(tape_, {&logits}, op)) {
       auto* node = rec->record<CrossEntropyNode>(*backend_);
       node->logits = logits.detach();
@@ -503,13 +464,8 @@ Tensor Ops::cross_entropy(const Tensor& logits_in, const Tensor& targets, const 
     }
     return out;
   }
-  float value = reduce(losses, scale);
-  if (z_loss_weight_ != 0.0f) {
-    require_host_for_z_loss(logits, op);
-    value += static_cast<float>(z_loss_weight_ *
-                                z_loss_sum(lse, detail::ids_ptr(targets), l.rows, options.ignore_index) * scale);
-  }
-  Tensor loss = detail::scalar(*buffers_, value);
+  Tensor loss = loss_value(*backend_, *buffers_, losses, lse, detail::ids_ptr(targets), l.rows, options.ignore_index,
+                           scale, z_loss_weight_);
   if (auto* rec = detail::recording_state(tape_, {&logits}, op)) {
     auto* node = rec->record<CrossEntropyNode>(*backend_);
     node->logits = logits.detach();
@@ -536,6 +492,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     op_error(op, "weight must be a row-strided [vocab, dim], not " + weight.str());
   detail::require_op(*this, BackendOp::gemm, DType::f32, op);
   detail::require_op(*this, BackendOp::cross_entropy, DType::f32, op);
+  detail::require_op(*this, BackendOp::loss, DType::f32, op);
   if (x_in.rank() < 1 || x_in.shape().back() != weight.size(1))
     op_error(op, "x " + x_in.shape().str() + " does not match weight " + weight.shape().str());
   if (targets.numel() != x_in.shape().rows())
@@ -543,8 +500,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   if (options.chunk_tokens < 0) op_error(op, "chunk_tokens must be >= 0");
   const float cap = options.logit_softcap;
   if (!(cap >= 0.0f)) op_error(op, "logit_softcap must be >= 0");
-  if (cap > 0.0f && !(x_in.is_host_visible() && weight.is_host_visible()))
-    op_error(op, "logit_softcap computes on the host; x and weight must be host-visible");
+  if (cap > 0.0f) detail::require_op(*this, BackendOp::softcap, DType::f32, op);
   if (adapters_) {
     // An adapted output head (LoRA on lm_head): the logits whole, through linear's adapters, then
     // the plain cross-entropy; the chunked path below has no place for the adapters' products.
@@ -584,7 +540,6 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   Tensor losses = detail::empty(*this, Shape{rows});
   Tensor lse = detail::empty(*this, Shape{rows});
   Tensor logits = detail::empty(*this, Shape{chunk, vocab});
-  if (z_loss_weight_ != 0.0f) require_host_for_z_loss(logits, op);
   if (options.reduction == Reduction::none) {
     // The losses alone now; the backward pass (LinearCrossEntropyRowsNode) projects again.
     const std::int32_t* t = detail::ids_ptr(targets);
@@ -593,12 +548,12 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
       const std::int64_t n = std::min(chunk, rows - r0);
       detail::gemm_weight(*backend_, stored, wm.data, wm.ld, true, n, vocab, dim, xm.data + r0 * xm.ld, xm.ld, 0.0f, l,
                           vocab);
-      if (cap > 0.0f)
-        for (std::int64_t i = 0; i < n * vocab; ++i) l[i] = cap * std::tanh(l[i] / cap);
+      if (cap > 0.0f) backend_->softcap_forward(l, l, nullptr, n * vocab, cap);
       backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab,
                                       options.ignore_index);
     }
-    Tensor out = per_target_losses(losses, lse, t, rows, options.ignore_index, z_loss_weight_, targets.shape());
+    Tensor out =
+        per_target_losses(*backend_, losses, lse, t, rows, options.ignore_index, z_loss_weight_, targets.shape());
     if (rec)
       RowsLossNode::record<LinearCrossEntropyRowsNode>(*rec, *backend_, out, x, weight, stored, targets, lse, tx, tw,
                                                        chunk, cap, z_loss_weight_, options.ignore_index);
@@ -614,25 +569,16 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
     const std::int64_t n = std::min(chunk, rows - r0);
     const float* xr = xm.data + r0 * xm.ld;
     detail::gemm_weight(*backend_, stored, wm.data, wm.ld, true, n, vocab, dim, xr, xm.ld, 0.0f, l, vocab);
-    if (cap > 0.0f) {
-      float* tanh_out = capped.defined() ? capped.data<float>() : nullptr;
-      for (std::int64_t i = 0; i < n * vocab; ++i) {
-        const float th = std::tanh(l[i] / cap);
-        l[i] = cap * th;
-        if (tanh_out) tanh_out[i] = th;
-      }
-    }
+    if (cap > 0.0f) backend_->softcap_forward(l, l, capped.defined() ? ptr(capped) : nullptr, n * vocab, cap);
     backend_->cross_entropy_forward(l, vocab, t + r0, ptr(losses) + r0, ptr(lse) + r0, n, vocab, options.ignore_index);
     if (!rec) continue;
     backend_->cross_entropy_backward(l, vocab, t + r0, ptr(lse) + r0, scale, n, vocab, options.ignore_index);
     // The z-loss term's gradient is with respect to the (capped) logits the loss saw: it joins
     // before the soft-capping factor.
-    if (z_loss_weight_ != 0.0f)
-      add_z_loss_gradient(l, vocab, t + r0, ptr(lse) + r0, scale, z_loss_weight_, n, vocab, options.ignore_index);
-    if (capped.defined()) {
-      const float* th = capped.data<float>();
-      for (std::int64_t i = 0; i < n * vocab; ++i) l[i] *= 1.0f - th[i] * th[i];
-    }
+    add_z_loss_gradient(*backend_, l, vocab, t + r0, ptr(lse) + r0, scale, z_loss_weight_, n, vocab,
+                        options.ignore_index);
+    // The soft-cap's factor 1 - tanh^2, from the tanh kept above.
+    if (capped.defined()) backend_->softcap_backward(ptr(capped), 1.0f, l, l, n * vocab, false);
     if (dx.defined())  // dx[n, dim] = dlogits[n, vocab] * W[vocab, dim]
       detail::gemm_weight(*backend_, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim,
                           dim);
@@ -643,10 +589,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
   logits.reset();
   capped.reset();
   if (rows == 0 && dweight.defined()) backend_->fill(ptr(dweight), 0.0f, dweight.numel());
-  float value = reduce(losses, scale);
-  if (z_loss_weight_ != 0.0f)
-    value += static_cast<float>(z_loss_weight_ * z_loss_sum(lse, t, rows, options.ignore_index) * scale);
-  Tensor loss = detail::scalar(*buffers_, value);
+  Tensor loss = loss_value(*backend_, *buffers_, losses, lse, t, rows, options.ignore_index, scale, z_loss_weight_);
   if (rec) {
     auto* node = rec->record<LinearCrossEntropyNode>(*backend_);
     node->tx = tx;

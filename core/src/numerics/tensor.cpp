@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "loom/autograd.hpp"
@@ -315,6 +316,23 @@ std::pair<Tensor, Span> host_stage(const Tensor& t, bool read) {
 
 }  // namespace
 
+namespace {
+
+std::atomic<std::uint64_t> host_device_copy_count{0};
+std::atomic<std::uint64_t> host_device_copy_bytes{0};
+
+}  // namespace
+
+HostDeviceCopies host_device_copies() {
+  return {host_device_copy_count.load(std::memory_order_relaxed),
+          host_device_copy_bytes.load(std::memory_order_relaxed)};
+}
+
+HostDeviceCopies reset_host_device_copies() {
+  return {host_device_copy_count.exchange(0, std::memory_order_relaxed),
+          host_device_copy_bytes.exchange(0, std::memory_order_relaxed)};
+}
+
 void Tensor::copy_from(const Tensor& src) const {
   if (!defined() || !src.defined()) fail("copy_from with an undefined tensor");
   if (!(src.shape_ == shape_) || src.dtype_ != dtype_) fail("copy_from: " + src.str() + " into " + str());
@@ -325,6 +343,11 @@ void Tensor::copy_from(const Tensor& src) const {
     if (numel() == 0) return;
     const std::size_t es = dtype_size(dtype_);
     const std::size_t bytes = static_cast<std::size_t>(numel()) * es;
+    // Counted once here, at the top: the staged paths below recurse only between host memories.
+    if (storage_->host_visible || src.storage_->host_visible || storage_->type != src.storage_->type) {
+      host_device_copy_count.fetch_add(1, std::memory_order_relaxed);
+      host_device_copy_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    }
     const std::size_t dst_offset = static_cast<std::size_t>(offset_) * es;
     const std::size_t src_offset = static_cast<std::size_t>(src.offset_) * es;
     if (is_contiguous() && src.is_contiguous()) {

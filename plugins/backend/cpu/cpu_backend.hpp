@@ -110,6 +110,24 @@ class CpuBackend final : public Backend {
                              int64_t rows, int64_t vocab, std::int32_t ignore_index) override;
   void cross_entropy_backward(float* logits, int64_t ld, const std::int32_t* targets, const float* lse,
                               float grad_scale, int64_t rows, int64_t vocab, std::int32_t ignore_index) override;
+  // exact_ops.cpp: the core's former host loops, unchanged in their arithmetic, in parallel.
+  void mul(const float* a, const float* b, float* y, int64_t n, bool accumulate) override;
+  void softcap_forward(const float* x, float* y, float* tanh_out, int64_t n, float cap) override;
+  void softcap_backward(const float* h, float h_scale, const float* dy, float* dx, int64_t n, bool accumulate) override;
+  void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) override;
+  void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                        bool accumulate) override;
+  void logsumexp_forward(const float* x, float* y, int64_t rows, int64_t cols) override;
+  void logsumexp_backward(const float* x, const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                          bool accumulate) override;
+  void sum_forward(const float* x, float* y, int64_t n) override;
+  void sum_backward(const float* dy, float* dx, int64_t n, bool accumulate) override;
+  void loss_reduce(const float* losses, const float* lse, const std::int32_t* targets, int64_t rows,
+                   std::int32_t ignore_index, float scale, float z_loss_weight, float* out) override;
+  void z_loss_forward(float* losses, const float* lse, const std::int32_t* targets, int64_t rows,
+                      std::int32_t ignore_index, float z_loss_weight) override;
+  void z_loss_backward(float* logits, int64_t ld, const std::int32_t* targets, const float* lse, float grad_scale,
+                       float z_loss_weight, int64_t rows, int64_t vocab, std::int32_t ignore_index) override;
 
  private:
   // Rows per chunk of a row-wise reduction: a function of cols only, so that per-chunk partial

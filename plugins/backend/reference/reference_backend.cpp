@@ -1,5 +1,6 @@
 // backend/reference: every kernel of the backend contract as a plain loop accumulating in
 // float64. The oracle of the conformance suite; written to be obviously right, not fast.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -318,6 +319,111 @@ class ReferenceBackend final : public loom::Backend {
         const double p = std::exp(static_cast<double>(l[j]) - lse[r]);
         l[j] = static_cast<float>(grad_scale * (p - (j == targets[r] ? 1.0 : 0.0)));
       }
+    }
+  }
+
+  // ---- Issue 25, slice 1: the operations the core computed on the host before.
+
+  void mul(const float* a, const float* b, float* y, int64_t n, bool accumulate) override {
+    for (int64_t i = 0; i < n; ++i) store(y, i, static_cast<double>(a[i]) * b[i], accumulate);
+  }
+
+  void softcap_forward(const float* x, float* y, float* tanh_out, int64_t n, float cap) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const double h = std::tanh(static_cast<double>(x[i]) / cap);
+      y[i] = static_cast<float>(cap * h);
+      if (tanh_out) tanh_out[i] = static_cast<float>(h);
+    }
+  }
+
+  void softcap_backward(const float* h, float h_scale, const float* dy, float* dx, int64_t n,
+                        bool accumulate) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const double t = static_cast<double>(h[i]) * h_scale;
+      store(dx, i, static_cast<double>(dy[i]) * (1.0 - t * t), accumulate);
+    }
+  }
+
+  void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(xr[c]));
+      double sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = static_cast<float>(std::exp(xr[c] - mx) / sum);
+    }
+  }
+
+  void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                        bool accumulate) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(dy[r * cols + c]) * y[r * cols + c];
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = r * cols + c;
+        store(dx, i, static_cast<double>(y[i]) * (dy[i] - dot), accumulate);
+      }
+    }
+  }
+
+  void logsumexp_forward(const float* x, float* y, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(xr[c]));
+      double sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      y[r] = static_cast<float>(mx + std::log(sum));
+    }
+  }
+
+  void logsumexp_backward(const float* x, const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                          bool accumulate) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = r * cols + c;
+        store(dx, i, static_cast<double>(dy[r]) * std::exp(static_cast<double>(x[i]) - y[r]), accumulate);
+      }
+  }
+
+  void sum_forward(const float* x, float* y, int64_t n) override {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += x[i];
+    y[0] = static_cast<float>(s);
+  }
+
+  void sum_backward(const float* dy, float* dx, int64_t n, bool accumulate) override {
+    for (int64_t i = 0; i < n; ++i) store(dx, i, dy[0], accumulate);
+  }
+
+  void loss_reduce(const float* losses, const float* lse, const std::int32_t* targets, int64_t rows,
+                   std::int32_t ignore_index, float scale, float z_loss_weight, float* out) override {
+    double s = 0.0, z = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      s += losses[r];
+      if (targets[r] != ignore_index) z += static_cast<double>(lse[r]) * lse[r];
+    }
+    float value = static_cast<float>(s * scale);
+    if (z_loss_weight != 0.0f) value += static_cast<float>(z_loss_weight * z * scale);
+    out[0] = value;
+  }
+
+  void z_loss_forward(float* losses, const float* lse, const std::int32_t* targets, int64_t rows,
+                      std::int32_t ignore_index, float z_loss_weight) override {
+    for (int64_t r = 0; r < rows; ++r)
+      if (targets[r] != ignore_index)
+        losses[r] = static_cast<float>(losses[r] + static_cast<double>(z_loss_weight) * lse[r] * lse[r]);
+  }
+
+  void z_loss_backward(float* logits, int64_t ld, const std::int32_t* targets, const float* lse, float grad_scale,
+                       float z_loss_weight, int64_t rows, int64_t vocab, std::int32_t ignore_index) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] == ignore_index) continue;
+      const double twice = 2.0 * z_loss_weight * lse[r];
+      float* row = logits + r * ld;
+      for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<float>(row[j] * (1.0 + twice));
+      row[targets[r]] = static_cast<float>(row[targets[r]] + grad_scale * twice);
     }
   }
 

@@ -266,7 +266,7 @@ struct CrossEntropyOptions {
   std::int64_t chunk_tokens = 0;
   // linear_cross_entropy only: when > 0, the logits are soft-capped (cap * tanh(logit / cap),
   // Gemma 2's final_logit_softcapping) before the softmax; the backward pass includes the cap.
-  // Host memory only.
+  // Computed by the backend's softcap kernels.
   float logit_softcap = 0.0f;
   // linear_cross_entropy only, vocabulary parallelism (Ops::tensor_group): when vocab_size > 0,
   // the weight holds rows [vocab_begin, vocab_begin + rows) of a whole output layer of
@@ -315,7 +315,7 @@ class Ops {
   // z-loss (PaLM; MaxText's z_loss_multiplier): cross_entropy and linear_cross_entropy add
   // weight * lse^2 per counted target to the loss they return (lse = log sum exp of the row's
   // logits), with its gradient, pushing log Z towards 0. 0 (the default): none. The trainer sets
-  // trainer.z_loss_weight; a weight > 0 needs host-visible memory.
+  // trainer.z_loss_weight. Computed by the backend's loss kernels (BackendOp::loss).
   void set_z_loss_weight(float weight) { z_loss_weight_ = weight; }
   float z_loss_weight() const { return z_loss_weight_; }
 
@@ -377,8 +377,8 @@ class Ops {
   Tensor concat(std::span<const Tensor> parts);
   // The sum of every element: a scalar (auxiliary losses).
   Tensor sum(const Tensor& x);
-  // mul, softcap, softmax, logsumexp, concat and sum compute on the host: their operands must
-  // be host-visible.
+  // mul, softcap, softmax, logsumexp and sum compute through the backend's kernel groups of the
+  // same names (concat through the buffer type's copies), on whatever device the backend has.
   // Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when
   // not training or p == 0. Deterministic: see set_dropout_seed.
   Tensor dropout(const Tensor& x, float p);

@@ -109,4 +109,21 @@ void register_buffer_type(BufferType& type);
 // The registered buffer type of `device`; InternalError naming the registered devices when none.
 BufferType& buffer_type_of(const Device& device);
 
+// ---- Host<->device copies
+// The core counts every copy between host-visible memory and memory the host cannot address:
+// each Tensor::copy_from between the two (however it is staged), and so everything that copies
+// through it (Tensor::to, to_vector, to_int_vector, item, the operations' host checks of ids and
+// targets). A device-clean training step copies only at its edges (the batch in, the scalars of
+// the log out): the count per step shows it, and tests assert it. Copies within one device
+// (BufferType::copy) and between host-visible memories are not counted. Process-wide and
+// thread-safe.
+struct HostDeviceCopies {
+  std::uint64_t count = 0;  // copies
+  std::uint64_t bytes = 0;  // bytes of the elements copied
+};
+// The copies since the process started or since the last reset.
+HostDeviceCopies host_device_copies();
+// The copies so far, and the count starts again from zero (a trainer calls it once per step).
+HostDeviceCopies reset_host_device_copies();
+
 }  // namespace loom

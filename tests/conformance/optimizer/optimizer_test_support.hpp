@@ -106,6 +106,32 @@ class GradientBackend final : public Backend {
                               std::int64_t, std::int32_t) override {
     unexpected("cross_entropy_backward");
   }
+  void mul(const float*, const float*, float*, std::int64_t, bool) override { unexpected("mul"); }
+  void softcap_forward(const float*, float*, float*, std::int64_t, float) override { unexpected("softcap_forward"); }
+  void softcap_backward(const float*, float, const float*, float*, std::int64_t, bool) override {
+    unexpected("softcap_backward");
+  }
+  void softmax_forward(const float*, float*, std::int64_t, std::int64_t) override { unexpected("softmax_forward"); }
+  void softmax_backward(const float*, const float*, float*, std::int64_t, std::int64_t, bool) override {
+    unexpected("softmax_backward");
+  }
+  void logsumexp_forward(const float*, float*, std::int64_t, std::int64_t) override { unexpected("logsumexp_forward"); }
+  void logsumexp_backward(const float*, const float*, const float*, float*, std::int64_t, std::int64_t, bool) override {
+    unexpected("logsumexp_backward");
+  }
+  void sum_forward(const float*, float*, std::int64_t) override { unexpected("sum_forward"); }
+  void sum_backward(const float*, float*, std::int64_t, bool) override { unexpected("sum_backward"); }
+  void loss_reduce(const float*, const float*, const std::int32_t*, std::int64_t, std::int32_t, float, float,
+                   float*) override {
+    unexpected("loss_reduce");
+  }
+  void z_loss_forward(float*, const float*, const std::int32_t*, std::int64_t, std::int32_t, float) override {
+    unexpected("z_loss_forward");
+  }
+  void z_loss_backward(float*, std::int64_t, const std::int32_t*, const float*, float, float, std::int64_t,
+                       std::int64_t, std::int32_t) override {
+    unexpected("z_loss_backward");
+  }
 
  private:
   [[noreturn]] static void unexpected(const char* kernel) {

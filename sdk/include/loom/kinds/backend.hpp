@@ -60,8 +60,15 @@ enum class BackendOp : std::uint8_t {
   embedding,      // embedding_forward, embedding_backward
   rope,           // rope
   cross_entropy,  // cross_entropy_forward, cross_entropy_backward
+  // ---- Issue 25, slice 1: the operations that computed on the host before.
+  mul,        // mul: Ops::mul, forward and backward
+  softcap,    // softcap_forward, softcap_backward: Ops::softcap and linear_cross_entropy's logit cap
+  softmax,    // softmax_forward, softmax_backward
+  logsumexp,  // logsumexp_forward, logsumexp_backward
+  sum,        // sum_forward, sum_backward: Ops::sum
+  loss,       // loss_reduce, z_loss_forward, z_loss_backward: the losses' reductions and z-loss
 };
-inline constexpr int backend_op_count = 13;
+inline constexpr int backend_op_count = 19;
 // "gemm", "layer_norm", ...
 std::string_view backend_op_name(BackendOp op);
 
@@ -270,6 +277,66 @@ class Backend : public Component {
   virtual void cross_entropy_backward(float* logits, std::int64_t ld, const std::int32_t* targets, const float* lse,
                                       float grad_scale, std::int64_t rows, std::int64_t vocab,
                                       std::int32_t ignore_index) = 0;
+
+  // =============================================================================================
+  // Issue 25, slice 1: the kernels of operations the core computed on the host before (the
+  // elementwise product, soft-capping, softmax and log-sum-exp over the last dimension, the sum
+  // of all elements, and the reductions and z-loss terms of the cross-entropy losses). The
+  // reductions accumulate in float64 in a fixed order (rows in parallel at most), so that the
+  // result is independent of the thread count.
+
+  // y (+)= a * b. The forward of Ops::mul (accumulate false) and both halves of its backward
+  // (da (+)= dy * b, db (+)= dy * a).
+  virtual void mul(const float* a, const float* b, float* y, std::int64_t n, bool accumulate) = 0;
+
+  // Soft-capping, cap > 0: h = tanh(x / cap), y = cap * h; tanh_out (nullable) receives h.
+  // y may be the same array as x (the fused loss caps its logits in place).
+  virtual void softcap_forward(const float* x, float* y, float* tanh_out, std::int64_t n, float cap) = 0;
+  // dx (+)= dy * (1 - t^2) with t = h[i] * h_scale, where h[i] * h_scale is the forward's
+  // tanh(x / cap): either its output y with h_scale = 1 / cap (Ops::softcap), or its tanh_out with
+  // h_scale = 1 (the fused loss). dx may be the same array as dy when not accumulating.
+  virtual void softcap_backward(const float* h, float h_scale, const float* dy, float* dx, std::int64_t n,
+                                bool accumulate) = 0;
+
+  // Over each row of a rows x cols matrix (cols > 0): y = exp(x - max) / sum(exp(x - max)), the
+  // sum accumulated in float64.
+  virtual void softmax_forward(const float* x, float* y, std::int64_t rows, std::int64_t cols) = 0;
+  // From the forward's output y: dx (+)= y * (dy - sum_j dy_j y_j) row by row (the dot product in
+  // float64).
+  virtual void softmax_backward(const float* y, const float* dy, float* dx, std::int64_t rows, std::int64_t cols,
+                                bool accumulate) = 0;
+
+  // y[r] = log(sum_j exp(x[r, j])) over each row of a rows x cols matrix (cols > 0), computed
+  // stably (max subtracted, float64 sum).
+  virtual void logsumexp_forward(const float* x, float* y, std::int64_t rows, std::int64_t cols) = 0;
+  // dx[r, j] (+)= dy[r] * exp(x[r, j] - y[r]).
+  virtual void logsumexp_backward(const float* x, const float* y, const float* dy, float* dx, std::int64_t rows,
+                                  std::int64_t cols, bool accumulate) = 0;
+
+  // y[0] = the sum of x's n elements, accumulated in float64 in index order (n may be 0: y = 0).
+  virtual void sum_forward(const float* x, float* y, std::int64_t n) = 0;
+  // dx[i] (+)= dy[0] for i < n: the scalar seed read where it lies, in the backend's memory.
+  virtual void sum_backward(const float* dy, float* dx, std::int64_t n, bool accumulate) = 0;
+
+  // The value of a reduced cross-entropy loss, written to out[0] (one float in the backend's
+  // memory, which the caller copies to the host if it must see it):
+  //   out = float(scale * sum_r losses[r])  (float64 sum in row order)
+  //         + (z_loss_weight != 0 ? float(z_loss_weight * scale * sum_{r counted} lse[r]^2) : 0)
+  // where a row is counted when targets[r] != ignore_index (each part rounded to float, then
+  // added in float).
+  virtual void loss_reduce(const float* losses, const float* lse, const std::int32_t* targets, std::int64_t rows,
+                           std::int32_t ignore_index, float scale, float z_loss_weight, float* out) = 0;
+  // Reduction::none's z-loss term: losses[r] += z_loss_weight * lse[r]^2 for each counted row.
+  virtual void z_loss_forward(float* losses, const float* lse, const std::int32_t* targets, std::int64_t rows,
+                              std::int32_t ignore_index, float z_loss_weight) = 0;
+  // In place, on rows already holding cross_entropy_backward's g (softmax - onehot) (row stride
+  // ld): the gradient of the loss plus z-loss, g (softmax (1 + 2 w lse) - onehot). Each counted
+  // row r is scaled by 1 + 2 w lse[r] and g 2 w lse[r] is added at its target (w = z_loss_weight,
+  // g = grad_scale); ignored rows are left as they are.
+  virtual void z_loss_backward(float* logits, std::int64_t ld, const std::int32_t* targets, const float* lse,
+                               float grad_scale, float z_loss_weight, std::int64_t rows, std::int64_t vocab,
+                               std::int32_t ignore_index) = 0;
+  // ---- End of issue 25, slice 1.
 };
 
 // Throws UserError when `backend` computes in memory the host cannot touch: for components that
