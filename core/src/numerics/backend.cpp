@@ -36,6 +36,12 @@ std::string_view backend_op_name(BackendOp op) {
       return "rope";
     case BackendOp::cross_entropy:
       return "cross_entropy";
+    case BackendOp::fill_normal:
+      return "fill_normal";
+    case BackendOp::optimizer:
+      return "optimizer";
+    case BackendOp::sum_of_squares:
+      return "sum_of_squares";
   }
   return "unknown";
 }
