@@ -9,6 +9,7 @@
 
 #include "loom/elementwise_optimizer.hpp"
 #include "loom/error.hpp"
+#include "loom/kinds/backend.hpp"
 
 namespace loom {
 
@@ -18,6 +19,10 @@ OptimizerBase::OptimizerBase(std::string name, ExecutionContext& execution, bool
 OptimizerBase::~OptimizerBase() = default;
 
 void OptimizerBase::begin_step(double, std::int64_t) {}
+
+bool OptimizerBase::updates_device_memory() const {
+  return false;
+}
 
 std::string OptimizerBase::unexpected_state_hint(std::string_view) const {
   return "";
@@ -37,13 +42,22 @@ void OptimizerBase::init(const OptimizerSetup& setup) {
       throw InternalError(name_ + ": two parameters are named '" + op.parameter->name() +
                           "'; optimizer state is keyed by name");
   }
+  for (const auto& op : setup.parameters)
+    if (!op.parameter->tensor().is_host_visible() && !updates_device_memory())
+      throw UserError(name_ + ": the parameters are in " + op.parameter->tensor().device().str() + " memory" +
+                      (setup.backend ? " (backend '" + std::string(setup.backend->name()) + "')" : std::string()) +
+                      ", but this optimizer updates host memory only; choose adamw, sgd or lion, or a backend "
+                      "whose memory is the host's, such as cpu");
   std::vector<ParameterState> parameters;
   std::vector<std::vector<std::string>> tensor_names;
   for (const auto& op : setup.parameters) {
     ParameterState state{op.parameter, op.weight_decay, op.role, {}, false};
     std::vector<std::string> keys;
     for (const StateTensorSpec& spec : state_tensors(op)) {
-      state.tensors.push_back(Tensor::zeros(spec.shape));
+      // In the parameter's memory: a device backend's optimizer state never visits the host.
+      const Device device = op.parameter->tensor().device();
+      state.tensors.push_back(device.is_host() ? Tensor::zeros(spec.shape)
+                                               : Tensor::zeros(spec.shape, DType::f32, device));
       keys.push_back(spec.name + "/" + op.parameter->name());
     }
     parameters.push_back(std::move(state));
@@ -162,7 +176,29 @@ std::vector<StateTensorSpec> ElementwiseOptimizer::state_tensors(const Optimizer
   return out;
 }
 
+std::optional<ElementwiseUpdate> ElementwiseOptimizer::update_rule(bool, bool) const {
+  return std::nullopt;
+}
+
+bool ElementwiseOptimizer::updates_device_memory() const {
+  return update_rule(true, true).has_value();
+}
+
 void ElementwiseOptimizer::update(ParameterState& state, const Tensor& grad) {
+  const Tensor value = state.parameter->data();
+  if (!value.is_host_visible() || !grad.is_host_visible()) {
+    // Device memory: the whole parameter in one backend kernel.
+    const std::optional<ElementwiseUpdate> rule = update_rule(state.weight_decay, !state.started);
+    Backend& device = backend();
+    if (!rule) throw InternalError(optimizer_name() + ": no update rule for a parameter in device memory");
+    if (!device.supports_op(BackendOp::optimizer, DType::f32))
+      throw UserError(optimizer_name() + ": backend '" + std::string(device.name()) +
+                      "' does not support f32 data in its optimizer kernels; choose a backend that does");
+    std::array<float*, kMaxSlots> slots{};
+    for (std::size_t s = 0; s < state.tensors.size(); ++s) slots[s] = state.tensors[s].device_data<float>();
+    device.elementwise_update(*rule, value.device_data<float>(), grad.device_data<float>(), slots, grad.numel());
+    return;
+  }
   Chunk whole{};
   whole.parameter = state.parameter->data().data<float>();
   whole.grad = grad.data<float>();

@@ -48,6 +48,12 @@ std::string_view backend_op_name(BackendOp op) {
       return "sum";
     case BackendOp::loss:
       return "loss";
+    case BackendOp::fill_normal:
+      return "fill_normal";
+    case BackendOp::optimizer:
+      return "optimizer";
+    case BackendOp::sum_of_squares:
+      return "sum_of_squares";
   }
   return "unknown";
 }

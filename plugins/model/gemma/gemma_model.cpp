@@ -74,8 +74,9 @@ class GemmaModel final : public loom::models::TransformerLm {
     if (!o_.tie_word_embeddings)
       store_.declare("lm_head.weight", Shape{vocab_, c}, ParameterRole::weight, &lm_head_, vocab_parallel());
     if (!finish_build(setup)) return;
-    ones_ = Tensor::zeros(Shape{c});
-    loom::models::fill_constant(ones_, 1.0f);
+    ones_ =
+        setup.backend ? Tensor::zeros(Shape{c}, loom::DType::f32, setup.backend->device()) : Tensor::zeros(Shape{c});
+    loom::models::fill_constant(ones_, 1.0f, setup.backend);
     loom::RopeConfig rope;
     rope.base = o_.rope_theta;
     rope_.emplace(rope, o_.head_dim, o_.seq_len);
@@ -89,9 +90,10 @@ class GemmaModel final : public loom::models::TransformerLm {
     for (std::size_t i = 0; i < params.size(); ++i) {
       const Tensor t = params[i].parameter->data();
       if (params[i].role == ParameterRole::norm)
-        loom::models::fill_constant(t, 0.0f);
+        loom::models::fill_constant(t, 0.0f, init_backend());
       else
-        loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+        loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_,
+                                  init_backend());
     }
   }
 

@@ -98,12 +98,12 @@ class Gpt2Model final : public loom::models::TransformerLm {
       const std::uint64_t key = loom::stream_key(seed, 1, i);
       if (params[i].role == ParameterRole::norm) {
         const bool is_weight = p->name().ends_with(".weight");
-        loom::models::fill_constant(p->data(), is_weight ? 1.0f : 0.0f);
+        loom::models::fill_constant(p->data(), is_weight ? 1.0f : 0.0f, init_backend());
       } else if (params[i].role == ParameterRole::bias) {
-        loom::models::fill_constant(p->data(), 0.0f);
+        loom::models::fill_constant(p->data(), 0.0f, init_backend());
       } else {
         const bool residual = p->name().ends_with("c_proj.weight");
-        loom::models::fill_normal(store_, i, key, residual ? residual_std : std, *execution_);
+        loom::models::fill_normal(store_, i, key, residual ? residual_std : std, *execution_, init_backend());
       }
     }
   }
@@ -229,7 +229,9 @@ class Gpt2Model final : public loom::models::TransformerLm {
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch * seq));
     for (std::int64_t i = 0; i < batch * seq; ++i)
       pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(offset + i % seq);
-    const Tensor positions = Tensor::from(std::span<const std::int32_t>(pos), Shape{batch, seq});
+    // Made on the host, copied to a device backend's memory explicitly (a no-op on the host).
+    const Tensor positions =
+        Tensor::from(std::span<const std::int32_t>(pos), Shape{batch, seq}).to(ops.backend().device());
 
     const Tensor tok = embed(ops, wte_->tensor(), tokens);
     const Tensor pe = ops.embedding(wpe_->tensor(), positions);

@@ -123,13 +123,14 @@ class LlamaModel final : public loom::models::TransformerLm {
       const Tensor t = params[i].parameter->data();
       switch (params[i].role) {
         case ParameterRole::norm:
-          loom::models::fill_constant(t, 1.0f);
+          loom::models::fill_constant(t, 1.0f, init_backend());
           break;
         case ParameterRole::bias:
-          loom::models::fill_constant(t, 0.0f);
+          loom::models::fill_constant(t, 0.0f, init_backend());
           break;
         default:
-          loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_);
+          loom::models::fill_normal(store_, i, loom::stream_key(seed, 1, i), o_.initializer_range, *execution_,
+                                    init_backend());
       }
     }
   }

@@ -4,53 +4,21 @@
 // Each parameter is updated in one fused pass that reads the parameter, its gradient and both
 // moments once and writes the parameter and the moments once: the step is bound by memory
 // bandwidth, so every extra pass (or temporary) would cost as much as the arithmetic. The pass
-// is elementwise, so its result does not depend on how parallel_for splits it.
+// is elementwise, so its result does not depend on how parallel_for splits it. The pass itself
+// is the SDK's UpdateRule::adamw (training_kernels.hpp: torch.optim.AdamW's order of operations),
+// which a device backend runs as its optimizer kernel; the plugin is compiled with
+// -ffp-contract=off, so the roundings are the ones written there.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace {
-
-// The per-step constants of the update, rounded to float once (as PyTorch does with its Python
-// scalars) so that the inner loop is pure float arithmetic.
-struct AdamWStep {
-  float decay;  // 1 - lr * weight_decay
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float epsilon;
-  float step_size;  // lr / (1 - beta1^t)
-};
-
-// One fused pass over n elements, in torch.optim.AdamW's order of operations:
-//   p <- p * (1 - lr wd)                                   (only for decayed parameters)
-//   m <- beta1 m + (1 - beta1) g
-//   v <- beta2 v + (1 - beta2) g^2
-//   p <- p - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// The plugin is compiled with -ffp-contract=off, so the roundings are the ones written here; the
-// one fused multiply-add is where PyTorch's vectorised add(alpha) has one too. That keeps loom
-// within a few ulps of PyTorch and independent of what the compiler chooses to fuse.
-template <bool kDecay>
-void adamw_pass(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                std::int64_t n, const AdamWStep& s) {
-  const float decay = s.decay, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
-  const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.epsilon, neg_step_size = -s.step_size;
-  for (std::int64_t i = 0; i < n; ++i) {
-    float pi = p[i];
-    if constexpr (kDecay) pi *= decay;
-    const float gi = g[i];
-    const float mi = std::fma(gi, c1, m[i] * b1);
-    const float vi = v[i] * b2 + (c2 * gi) * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + neg_step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
-  }
-}
 
 class AdamW final : public loom::ElementwiseOptimizer {
  public:
@@ -63,11 +31,14 @@ class AdamW final : public loom::ElementwiseOptimizer {
 
  private:
   void begin_step(double lr, std::int64_t step) override {
-    // Bias corrections from the trainer's step count, in double as PyTorch computes them.
+    // Bias corrections from the trainer's step count, in double as PyTorch computes them; the
+    // constants rounded to float once (as PyTorch does with its Python scalars) so that the inner
+    // loop is pure float arithmetic.
     const double t = static_cast<double>(step) + 1.0;
     const double bias_correction1 = 1.0 - std::pow(beta1_, t);
     const double bias_correction2 = 1.0 - std::pow(beta2_, t);
-    s_.decay = static_cast<float>(1.0 - lr * weight_decay_);
+    s_.rule = loom::UpdateRule::adamw;
+    s_.decay_factor = static_cast<float>(1.0 - lr * weight_decay_);
     s_.beta1 = static_cast<float>(beta1_);
     s_.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
     s_.beta2 = static_cast<float>(beta2_);
@@ -77,15 +48,21 @@ class AdamW final : public loom::ElementwiseOptimizer {
     s_.step_size = static_cast<float>(lr / bias_correction1);
   }
 
+  std::optional<loom::ElementwiseUpdate> update_rule(bool weight_decay, bool) const override {
+    loom::ElementwiseUpdate u = s_;
+    u.decay = weight_decay && weight_decay_ != 0.0;
+    return u;
+  }
+
   void update_chunk(const Chunk& c) const override {
     if (c.weight_decay && weight_decay_ != 0.0)
-      adamw_pass<true>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
+      loom::update_rules::adamw<true>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
     else
-      adamw_pass<false>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
+      loom::update_rules::adamw<false>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
   }
 
   double beta1_, beta2_, epsilon_, weight_decay_;
-  AdamWStep s_{};
+  loom::ElementwiseUpdate s_{};
 };
 
 loom::OptionSchema adamw_options() {

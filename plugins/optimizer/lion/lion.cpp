@@ -5,41 +5,20 @@
 //   m = beta2 m + (1 - beta2) g
 // Every coordinate moves by exactly lr (plus the decay), so Lion wants a smaller learning rate
 // and a larger weight decay than AdamW; it keeps one moment instead of two. Each parameter is
-// updated in one fused pass over its value, gradient and moment.
+// updated in one fused pass over its value, gradient and moment: the SDK's UpdateRule::lion
+// (training_kernels.hpp: the paper's expressions as written, each operation rounded once, the
+// plugin compiled with -ffp-contract=off), which a device backend runs as its optimizer kernel.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace {
-
-struct LionStep {
-  float lr;
-  float weight_decay;  // 0 for parameters the mask leaves undecayed
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-};
-
-// The paper's expressions as written, each operation rounded once (the plugin is compiled with
-// -ffp-contract=off); the momentum update is one fused multiply-add, as PyTorch's add(alpha).
-template <bool kDecay>
-void lion_pass(float* __restrict p, const float* __restrict g, float* __restrict m, std::int64_t n, const LionStep& s) {
-  const float lr = s.lr, wd = s.weight_decay, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
-              c2 = s.one_minus_beta2;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float pi = p[i], gi = g[i], mi = m[i];
-    const float c = b1 * mi + c1 * gi;
-    // sign(0) = 0, as in the paper's (and PyTorch's) sign.
-    float update = static_cast<float>(c > 0.0f) - static_cast<float>(c < 0.0f);
-    if constexpr (kDecay) update = update + wd * pi;
-    p[i] = pi - lr * update;
-    m[i] = std::fma(gi, c2, mi * b2);
-  }
-}
 
 class Lion final : public loom::ElementwiseOptimizer {
  public:
@@ -52,18 +31,21 @@ class Lion final : public loom::ElementwiseOptimizer {
  private:
   void begin_step(double lr, std::int64_t) override { lr_ = static_cast<float>(lr); }
 
+  std::optional<loom::ElementwiseUpdate> update_rule(bool weight_decay, bool) const override {
+    loom::ElementwiseUpdate u;
+    u.rule = loom::UpdateRule::lion;
+    u.decay = weight_decay && weight_decay_ != 0.0;
+    u.lr = lr_;
+    u.weight_decay = static_cast<float>(u.decay ? weight_decay_ : 0.0);
+    u.beta1 = static_cast<float>(beta1_);
+    u.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
+    u.beta2 = static_cast<float>(beta2_);
+    u.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
+    return u;
+  }
+
   void update_chunk(const Chunk& c) const override {
-    const bool decay = c.weight_decay && weight_decay_ != 0.0;
-    const LionStep s{lr_,
-                     static_cast<float>(decay ? weight_decay_ : 0.0),
-                     static_cast<float>(beta1_),
-                     static_cast<float>(1.0 - beta1_),
-                     static_cast<float>(beta2_),
-                     static_cast<float>(1.0 - beta2_)};
-    if (decay)
-      lion_pass<true>(c.parameter, c.grad, c.slots[0], c.size, s);
-    else
-      lion_pass<false>(c.parameter, c.grad, c.slots[0], c.size, s);
+    loom::apply_elementwise_update(*update_rule(c.weight_decay, c.first), c.parameter, c.grad, c.slots, c.size);
   }
 
   double beta1_, beta2_, weight_decay_;

@@ -3,12 +3,16 @@
 //
 // Weight decay here is the classic L2 penalty added to the gradient (d = g + wd * p), which then
 // also feeds the momentum, exactly as torch.optim.SGD does; it is not AdamW's decoupled decay.
-// Each parameter is updated in one fused pass over its value, gradient and momentum buffer.
+// Each parameter is updated in one fused pass over its value, gradient and momentum buffer: the
+// SDK's UpdateRule::sgd (training_kernels.hpp), which a device backend runs as its optimizer
+// kernel. Each a + alpha * b there is one fused multiply-add, as in PyTorch's vectorised
+// add(alpha); the plugin is compiled with -ffp-contract=off so that the compiler fuses nothing else.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -16,50 +20,6 @@
 #include <vector>
 
 namespace {
-
-struct SgdStep {
-  float lr;
-  float weight_decay;  // 0 for parameters the mask leaves undecayed
-  float momentum;
-  float one_minus_dampening;
-};
-
-// d = g (+ wd p); then, with momentum, buf = d on a parameter's first update (PyTorch starts the
-// buffer at the first gradient, undamped) and buf = momentum buf + (1 - dampening) d after it;
-// the step direction is buf, or d + momentum buf for Nesterov. Finally p -= lr * direction.
-// Each a + alpha * b is one fused multiply-add, as in PyTorch's vectorised add(alpha); the
-// plugin is compiled with -ffp-contract=off so that the compiler fuses nothing else.
-template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
-void sgd_pass(float* __restrict p, const float* __restrict g, float* __restrict buf, std::int64_t n, const SgdStep& s) {
-  const float neg_lr = -s.lr, wd = s.weight_decay, mu = s.momentum, damp = s.one_minus_dampening;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float pi = p[i];
-    float d = g[i];
-    if constexpr (kDecay) d = std::fma(pi, wd, d);
-    if constexpr (kMomentum) {
-      float b;
-      if constexpr (kFirst)
-        b = d;
-      else
-        b = std::fma(d, damp, buf[i] * mu);
-      buf[i] = b;
-      if constexpr (kNesterov)
-        d = std::fma(b, mu, d);
-      else
-        d = b;
-    }
-    p[i] = std::fma(d, neg_lr, pi);
-  }
-}
-
-using SgdPass = void (*)(float*, const float*, float*, std::int64_t, const SgdStep&);
-
-template <bool kDecay>
-SgdPass choose_pass(bool momentum, bool first, bool nesterov) {
-  if (!momentum) return &sgd_pass<kDecay, false, false, false>;
-  if (first) return nesterov ? &sgd_pass<kDecay, true, true, true> : &sgd_pass<kDecay, true, true, false>;
-  return nesterov ? &sgd_pass<kDecay, true, false, true> : &sgd_pass<kDecay, true, false, false>;
-}
 
 std::string number(double v) {
   std::ostringstream os;
@@ -92,15 +52,25 @@ class Sgd final : public loom::ElementwiseOptimizer {
  private:
   void begin_step(double lr, std::int64_t) override { lr_ = static_cast<float>(lr); }
 
+  // d = g (+ wd p); then, with momentum, buf = d on a parameter's first update (PyTorch starts
+  // the buffer at the first gradient, undamped) and buf = momentum buf + (1 - dampening) d after
+  // it; the step direction is buf, or d + momentum buf for Nesterov. Finally p -= lr * direction.
+  std::optional<loom::ElementwiseUpdate> update_rule(bool weight_decay, bool first) const override {
+    loom::ElementwiseUpdate u;
+    u.rule = loom::UpdateRule::sgd;
+    u.decay = weight_decay && weight_decay_ != 0.0;
+    u.lr = lr_;
+    u.weight_decay = static_cast<float>(u.decay ? weight_decay_ : 0.0);
+    u.momentum = momentum_ != 0.0;
+    u.first = u.momentum && first;
+    u.nesterov = nesterov_;
+    u.momentum_factor = static_cast<float>(momentum_);
+    u.one_minus_dampening = static_cast<float>(1.0 - dampening_);
+    return u;
+  }
+
   void update_chunk(const Chunk& c) const override {
-    const bool momentum = momentum_ != 0.0;
-    const bool decay = c.weight_decay && weight_decay_ != 0.0;
-    const SgdStep s{lr_, static_cast<float>(decay ? weight_decay_ : 0.0), static_cast<float>(momentum_),
-                    static_cast<float>(1.0 - dampening_)};
-    const bool first = momentum && c.first;
-    const SgdPass pass =
-        decay ? choose_pass<true>(momentum, first, nesterov_) : choose_pass<false>(momentum, first, nesterov_);
-    pass(c.parameter, c.grad, c.slots[0], c.size, s);
+    loom::apply_elementwise_update(*update_rule(c.weight_decay, c.first), c.parameter, c.grad, c.slots, c.size);
   }
 
   std::string unexpected_state_hint(std::string_view name) const override {

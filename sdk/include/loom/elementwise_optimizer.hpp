@@ -3,6 +3,13 @@
 // is one pass over a chunk of the parameter, its gradient and its slots. The plugin writes its
 // options, its per-step constants (begin_step) and update_chunk(); OptimizerBase does the rest.
 //
+// Parameters in a device backend's memory (backend.hpp, BackendOp::optimizer): the update then
+// runs as the backend's elementwise_update kernel, which takes the arithmetic as a rule and its
+// constants (training_kernels.hpp: adamw, sgd, lion). A plugin whose update is one of those rules
+// says so in update_rule(), and usually writes update_chunk() as apply_elementwise_update of that
+// rule, so that host and device run one arithmetic. A plugin without a rule updates host memory
+// only: on a device backend its step() throws a UserError naming the optimizer and the backend.
+//
 //   class Sgd final : public loom::ElementwiseOptimizer {
 //    public:
 //     Sgd(const loom::Options& o, loom::ExecutionContext& e)
@@ -16,10 +23,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/optimizer_base.hpp"
+#include "loom/training_kernels.hpp"
 
 namespace loom {
 
@@ -52,8 +61,14 @@ class ElementwiseOptimizer : public OptimizerBase {
   // the chunk.
   virtual void update_chunk(const Chunk& chunk) const = 0;
 
+  // The update of a parameter with this weight-decay mask on its first update (`first`) or a
+  // later one, as a rule a backend kernel runs (called after begin_step(), from step()'s thread);
+  // the default, no rule, keeps the optimizer on host memory.
+  virtual std::optional<ElementwiseUpdate> update_rule(bool weight_decay, bool first) const;
+
  private:
   std::vector<StateTensorSpec> state_tensors(const OptimizerParameter& parameter) const final;
+  bool updates_device_memory() const final;
   void update(ParameterState& state, const Tensor& grad) final;
 
   std::vector<std::string> slots_;

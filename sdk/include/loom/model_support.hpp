@@ -59,7 +59,9 @@ class ParameterStore {
     specs_.push_back({std::move(name), local, role, slot, shape, std::move(placement)});
   }
 
-  void allocate() {
+  // The buffer is zeroed, in host memory or in `device`'s (a device backend's: the parameters
+  // are then initialised through its kernels, fill_normal and fill_constant with the backend).
+  void allocate(const Device& device = Device::host()) {
     if (allocated()) throw InternalError("ParameterStore::allocate called twice");
     constexpr std::int64_t align = 16;  // floats
     std::int64_t total = 0;
@@ -68,7 +70,8 @@ class ParameterStore {
       offsets.push_back(total);
       total += (s.shape.numel() + align - 1) / align * align;
     }
-    buffer_ = Tensor::zeros(Shape{std::max<std::int64_t>(total, 1)});
+    const Shape shape{std::max<std::int64_t>(total, 1)};
+    buffer_ = device.is_host() ? Tensor::zeros(shape) : Tensor::zeros(shape, DType::f32, device);
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const auto& s = specs_[i];
       Tensor view = buffer_.slice(0, offsets[i], offsets[i] + s.shape.numel()).view(s.shape);
@@ -121,11 +124,28 @@ class ParameterStore {
   std::vector<ModelParameter> list_;
 };
 
+namespace detail {
+// The backend that initialises `t` when the host cannot write it (a device backend's memory).
+inline Backend& initialising_backend(const Tensor& t, Backend* backend, const char* what) {
+  if (!backend)
+    throw InternalError(std::string(what) + ": the tensor is in " + t.device().str() +
+                        " memory, which the host cannot write, and no backend was given to initialise it");
+  return *backend;
+}
+}  // namespace detail
+
 // Fills `t` (contiguous f32) with normal(0, stddev) values: element i is random_normal(key, i),
-// so the result does not depend on the thread count.
-inline void fill_normal(const Tensor& t, std::uint64_t key, double stddev, const ExecutionContext& execution) {
-  float* data = t.data<float>();
+// so the result does not depend on the thread count. In host memory on the pool; in a device's
+// memory through `backend`'s fill_normal kernel (the same values, bit for bit).
+inline void fill_normal(const Tensor& t, std::uint64_t key, double stddev, const ExecutionContext& execution,
+                        Backend* backend = nullptr) {
   const auto scale = static_cast<float>(stddev);
+  if (!t.is_host_visible()) {
+    detail::initialising_backend(t, backend, "fill_normal")
+        .fill_normal(t.device_data<float>(), t.numel(), key, 0, scale);
+    return;
+  }
+  float* data = t.data<float>();
   execution.parallel_for(t.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) data[i] = scale * random_normal(key, static_cast<std::uint32_t>(i));
   });
@@ -133,14 +153,23 @@ inline void fill_normal(const Tensor& t, std::uint64_t key, double stddev, const
 
 // Fills parameter i of `store` as fill_normal fills the whole parameter: each element of this
 // member's shard gets the value of its index in the whole tensor, so the shards of a split model
-// hold the one-process initialisation.
+// hold the one-process initialisation (on a device: one fill_normal kernel per run of the shard).
 inline void fill_normal(const ParameterStore& store, std::size_t i, std::uint64_t key, double stddev,
-                        const ExecutionContext& execution) {
+                        const ExecutionContext& execution, Backend* backend = nullptr) {
   const Tensor t = store.parameters().at(i).parameter->data();
   const TensorPlacement& placement = store.placement(i);
-  if (store.tensor_size() == 1 || !placement.is_split()) return fill_normal(t, key, stddev, execution);
-  float* data = t.data<float>();
+  if (store.tensor_size() == 1 || !placement.is_split()) return fill_normal(t, key, stddev, execution, backend);
   const auto scale = static_cast<float>(stddev);
+  if (!t.is_host_visible()) {
+    Backend& b = detail::initialising_backend(t, backend, "fill_normal");
+    float* data = t.device_data<float>();
+    tensor_plan::for_each_run(store.whole_shape(i), placement, store.tensor_rank(), store.tensor_size(),
+                              [&](std::int64_t whole, std::int64_t local, std::int64_t n) {
+                                b.fill_normal(data + local, n, key, whole, scale);
+                              });
+    return;
+  }
+  float* data = t.data<float>();
   tensor_plan::for_each_run(store.whole_shape(i), placement, store.tensor_rank(), store.tensor_size(),
                             [&](std::int64_t whole, std::int64_t local, std::int64_t n) {
                               for (std::int64_t k = 0; k < n; ++k)
@@ -148,7 +177,13 @@ inline void fill_normal(const ParameterStore& store, std::size_t i, std::uint64_
                             });
 }
 
-inline void fill_constant(const Tensor& t, float value) {
+// Fills `t` (contiguous f32) with `value`: on the host, or through `backend`'s fill kernel when
+// the tensor is in a device's memory.
+inline void fill_constant(const Tensor& t, float value, Backend* backend = nullptr) {
+  if (!t.is_host_visible()) {
+    detail::initialising_backend(t, backend, "fill_constant").fill(t.device_data<float>(), value, t.numel());
+    return;
+  }
   std::fill_n(t.data<float>(), t.numel(), value);
 }
 
@@ -177,7 +212,11 @@ inline void check_ids(const Tensor& t, const char* what, std::int64_t batch, std
     throw UserError(model + ": " + what + " " + t.shape().str() + " do not match the tokens [" + std::to_string(batch) +
                     ", " + std::to_string(seq) + "]");
   if (vocab <= 0) return;
-  const std::int32_t* id = t.data<std::int32_t>();
+  // Ids in a device's memory are validated from an explicit copy (the batch came in from the
+  // host: this is its way back, once per micro-batch).
+  std::vector<std::int32_t> copied;
+  if (!t.is_host_visible()) copied = t.to_int_vector();
+  const std::int32_t* id = t.is_host_visible() ? t.data<std::int32_t>() : copied.data();
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     if ((id[i] >= 0 && id[i] < vocab) || (allow_ignore && id[i] == -1)) continue;
     throw UserError(model + ": " + what + " [" + std::to_string(i / seq) + ", " + std::to_string(i % seq) + "] is " +
@@ -681,12 +720,17 @@ class TransformerLm : public CausalLm, public HfModel {
   }
   // The end of the declarations: allocates them unless setup.allocate is false. Returns whether
   // it allocated (the model then builds what needs the parameters: tables, constants).
+  // The parameters go to setup.backend's memory when it has one (initialise them with
+  // init_backend(): fill_normal and fill_constant then run its kernels on a device).
   bool finish_build(const ModelSetup& setup) {
     declared_ = true;
     if (!setup.allocate) return false;
-    store_.allocate();
+    init_backend_ = setup.backend;
+    store_.allocate(setup.backend ? setup.backend->device() : Device::host());
     return true;
   }
+  // The backend build() was given (null: host memory), for initialize()'s fills.
+  Backend* init_backend() const { return init_backend_; }
   bool built() const final { return store_.allocated(); }
 
   // The placement of the token embedding and of an untied output layer: split by vocabulary
@@ -744,6 +788,7 @@ class TransformerLm : public CausalLm, public HfModel {
   std::vector<std::string> hf_model_types_;
   std::string hf_families_;
   bool declared_ = false;
+  Backend* init_backend_ = nullptr;
 };
 
 }  // namespace loom::models

@@ -35,7 +35,9 @@ class OptimizerBase : public Optimizer {
   ~OptimizerBase() override;
 
   // Checks the preconditions (called once, no null parameter, no two parameters of one name:
-  // InternalError), then allocates the tensors state_tensors() declares, zeroed.
+  // InternalError; parameters in memory the host cannot read while updates_device_memory() is
+  // false: UserError), then allocates the tensors state_tensors() declares, zeroed, in the
+  // parameter's memory (its device).
   void init(const OptimizerSetup& setup) final;
   // Checks the preconditions (after init(), lr >= 0 and not NaN, step >= 0: InternalError), calls
   // begin_step(), then update() for each parameter that has a gradient (contiguous), in order.
@@ -77,6 +79,10 @@ class OptimizerBase : public Optimizer {
   // Updates one parameter from `grad` (contiguous, f32, of the parameter's shape).
   // `state.started` is false on the parameter's first update; the base sets it afterwards.
   virtual void update(ParameterState& state, const Tensor& grad) = 0;
+  // Whether update() works on parameters in a device backend's memory (through backend kernels).
+  // Default false: init() then refuses such parameters with a UserError (Muon, SOAP, Adafactor
+  // today). ElementwiseOptimizer says true when its plugin gives an update rule.
+  virtual bool updates_device_memory() const;
   // For a saved name that matches no state tensor: a plugin's explanation ("this optimizer has
   // momentum 0; ..."), or "" for the generic message.
   virtual std::string unexpected_state_hint(std::string_view name) const;

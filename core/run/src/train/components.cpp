@@ -93,6 +93,8 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
   ModelSetup setup;
   setup.tensor_rank = tensor_rank;
   setup.tensor_size = tensor_size;
+  // The parameters in the backend's memory, initialised by its kernels on a device.
+  setup.backend = c.backend.get();
   if (c.tokenizer->needs_fit()) {
     prepare_data(0);
     setup.vocab_size = c.tokenizer->vocab_size();
@@ -236,6 +238,7 @@ void create_reference_model(RunComponents& c, const Registry& registry, const Va
     c.reference = create<Model>(registry, config, "model");
     ModelSetup setup;
     setup.vocab_size = c.tokenizer->vocab_size();
+    setup.backend = c.backend.get();
     if (c.tensor) {  // split as the trained model is: the objective runs both through one Ops
       setup.tensor_rank = c.tensor->rank();
       setup.tensor_size = c.tensor->size();

@@ -338,12 +338,12 @@ void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
 }
 
 void DataParallel::reduce_scatter_gradients() {
-  float* flat = flat_grads_.data<float>();
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     auto& [p, offset, rank] = layout_[i];
     has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
-    if (!p->has_grad()) std::memset(flat + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+    if (!p->has_grad()) zero(flat_grads_, offset, p->tensor().numel());
   }
+  float* flat = flat_grads_.data<float>();
   data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   // In place: this rank's segment of the buffer receives its sums. No buffer of the gradients'
   // size besides theirs, so the run's memory falls by the optimizer state the shard saves.
@@ -383,6 +383,15 @@ void DataParallel::gather_parameters() {
   communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+void DataParallel::zero(const Tensor& buffer, std::int64_t offset, std::int64_t n) {
+  if (buffer.is_host_visible()) {
+    std::memset(buffer.data<float>() + offset, 0, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  if (!backend_) throw InternalError("DataParallel: gradient buckets in device memory, but no backend to zero them");
+  backend_->fill(buffer.device_data<float>() + offset, 0.0f, n);
+}
+
 void DataParallel::gradient_ready(Parameter& p) {
   if (size_ == 1 || sharded_) return;
   const auto it = bucket_of_.find(&p);
@@ -396,8 +405,7 @@ void DataParallel::start_ready_buckets() {
     Bucket& b = buckets_[started_++];
     // A parameter that no micro-batch of this rank reached contributes zeros.
     for (auto& [p, offset] : b.parameters)
-      if (!p->has_grad())
-        std::memset(b.storage.data<float>() + offset, 0, static_cast<std::size_t>(p->tensor().numel()) * sizeof(float));
+      if (!p->has_grad()) zero(b.storage, offset, p->tensor().numel());
     pending_.push_back(replicated_group().start_all_reduce(
         std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
   }

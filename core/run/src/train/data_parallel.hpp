@@ -164,6 +164,9 @@ class DataParallel {
   int max_over_ranks(int signal);
   // Seconds spent in reduce_gradients() since the last call (for the throughput metrics).
   double take_communication_seconds();
+  // The backend whose memory the gradient buckets are in: it zero-fills a bucket's part that no
+  // micro-batch reached when the host cannot write it. Before attach() or shard().
+  void set_backend(Backend& backend) { backend_ = &backend; }
 
  private:
   struct Bucket {
@@ -172,6 +175,8 @@ class DataParallel {
     std::size_t ready = 0;                                        // parameters whose gradient is final, this step
   };
   void start_ready_buckets();
+  // Zeroes elements [offset, offset + n) of the f32 `buffer`: on the host, or by the backend.
+  void zero(const Tensor& buffer, std::int64_t offset, std::int64_t n);
   void settle(std::exception_ptr error);
   // fail_together()'s report: throws ReportedError, or returns where `error` is to be thrown.
   void report_together(const Error& error);
@@ -204,6 +209,7 @@ class DataParallel {
   bool sharded_ = false;
   std::int64_t segment_ = 0;
   Tensor flat_grads_;
+  Backend* backend_ = nullptr;
   std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
   std::unordered_set<const Parameter*> owned_;
   std::unordered_map<const Parameter*, int> owner_;

@@ -14,8 +14,10 @@ ParameterEma::ParameterEma(double decay, const std::vector<ModelParameter>& para
 void ParameterEma::update() {
   const float keep = decay_, take = 1.0f - decay_;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    float* e = averages_[i].data<float>();
-    const float* p = parameters_[i].parameter->data().data<float>();
+    // Addresses in the backend's memory (the averages are clones of the parameters, on their
+    // device): the backend scales and adds, the host reads nothing.
+    float* e = averages_[i].device_data<float>();
+    const float* p = parameters_[i].parameter->data().device_data<float>();
     const std::int64_t n = averages_[i].numel();
     backend_.scale(e, keep, e, n, false);
     backend_.scale(p, take, e, n, true);

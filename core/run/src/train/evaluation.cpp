@@ -68,8 +68,11 @@ Evaluation evaluate(Objective& objective, const ObjectiveModels& models, Backend
     dataset.batch(Split::validation, b, batch);
     for_each_micro_batch(batch, micro_size, [&](const MicroBatch& micro) {
       const std::int64_t counted = count_of(objective, micro.targets, batch.seq_len);
+      // The batch in: one explicit copy of each tensor to a device backend's memory.
+      const Device device = backend.device();
+      auto in = [&](const Tensor& t) { return t.defined() ? t.to(device) : t; };
       const ObjectiveLoss loss =
-          objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
+          objective.loss(ops, models, ObjectiveBatch{in(micro.tokens), in(micro.targets), in(micro.segments)});
       weighted += loss.value * static_cast<double>(counted);
       for (std::size_t i = 0; i < metrics.size() && i < loss.metrics.size(); ++i)
         metrics[i] += loss.metrics[i] * static_cast<double>(counted);

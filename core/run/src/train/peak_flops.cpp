@@ -33,7 +33,10 @@ double best_flops(std::int64_t n, Product&& product) {
 
 PeakFlops probe_peak_flops(Backend& backend) {
   const std::int64_t n = 1536;
-  Tensor a = Tensor::full(Shape{n, n}, 0.5f), b = Tensor::full(Shape{n, n}, 0.25f), c = Tensor::empty(Shape{n, n});
+  // The operands in the backend's memory (copied there once when it is a device's).
+  const Device device = backend.device();
+  const Tensor a = Tensor::full(Shape{n, n}, 0.5f).to(device), b = Tensor::full(Shape{n, n}, 0.25f).to(device);
+  const Tensor c = Tensor::empty(Shape{n, n}, DType::f32, device);
   PeakFlops peak;
   // The roof is that of the precision the backend actually computes its products in
   // (matmul_dtype(): a bf16 request the CPU cannot honour is float32 here), not of what the
@@ -41,15 +44,15 @@ PeakFlops probe_peak_flops(Backend& backend) {
   peak.compute = backend.matmul_dtype();
   if (backend.supports_op(BackendOp::gemm, DType::bf16))
     peak.bf16 = best_flops(n, [&] {
-      backend.gemm_bf16(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
-                        c.data<float>(), n);
+      backend.gemm_bf16(Transpose::no, Transpose::no, n, n, n, 1.0f, a.device_data<float>(), n, b.device_data<float>(),
+                        n, 0.0f, c.device_data<float>(), n);
     });
   if (peak.compute == DType::bf16 && peak.bf16 > 0)
     peak.matmul = peak.bf16;
   else
     peak.matmul = best_flops(n, [&] {
-      backend.gemm(Transpose::no, Transpose::no, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
-                   c.data<float>(), n);
+      backend.gemm(Transpose::no, Transpose::no, n, n, n, 1.0f, a.device_data<float>(), n, b.device_data<float>(), n,
+                   0.0f, c.device_data<float>(), n);
     });
   return peak;
 }

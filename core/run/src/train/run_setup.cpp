@@ -244,6 +244,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run; under FSDP the
     // units' storage, once the weights are loaded.
     const bool fully_sharded = parallel.fully_sharded();
+    parallel.set_backend(*c.backend);
     if (fully_sharded) {
       if (c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32)
         throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): lora.base_dtype " +

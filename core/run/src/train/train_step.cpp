@@ -6,6 +6,7 @@
 #include "loom/autograd.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
+#include "loom/training_kernels.hpp"
 #include "train/micro_batches.hpp"
 
 namespace loom::training {
@@ -19,17 +20,6 @@ bool is_bad(double x, bool nan, bool inf) {
 // Elements per chunk of the gradient norm: a fixed size, so that the sum's order (and bits) does
 // not depend on the thread count.
 constexpr std::int64_t kNormChunk = std::int64_t{1} << 16;
-
-// The sum of d[i]^2 in double: eight running sums (lane j takes i = j mod 8, which the compiler
-// keeps in one vector register), combined pairwise at the end.
-double sum_of_squares(const float* d, std::int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(d[i + j]) * d[i + j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] += static_cast<double>(d[i]) * d[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 }  // namespace
 
@@ -115,7 +105,11 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
         if (fsdp) fsdp->attach(ops);
         if (components_.tensor) components_.tensor->attach(ops);
-        ObjectiveLoss loss = objective.loss(ops, models, ObjectiveBatch{micro.tokens, micro.targets, micro.segments});
+        // The batch in: one explicit copy of each tensor to a device backend's memory.
+        const Device device = components_.backend->device();
+        auto in = [&](const Tensor& t) { return t.defined() ? t.to(device) : t; };
+        ObjectiveLoss loss =
+            objective.loss(ops, models, ObjectiveBatch{in(micro.tokens), in(micro.targets), in(micro.segments)});
         const std::int64_t counted =
             objective.count(std::span<const std::int32_t>(micro.targets.data<std::int32_t>(),
                                                           static_cast<std::size_t>(micro.targets.numel())),
@@ -127,8 +121,14 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         if (!loss.gradient.defined()) {
           tape.backward(loss.output, static_cast<float>(weight));
         } else {
-          float* g = loss.gradient.data<float>();
-          for (std::int64_t i = 0; i < loss.gradient.numel(); ++i) g[i] = static_cast<float>(g[i] * weight);
+          if (loss.gradient.is_host_visible()) {
+            float* g = loss.gradient.data<float>();
+            for (std::int64_t i = 0; i < loss.gradient.numel(); ++i) g[i] = static_cast<float>(g[i] * weight);
+          } else {
+            // In the backend's memory: scaled there (by the weight rounded to float first).
+            float* g = loss.gradient.device_data<float>();
+            components_.backend->scale(g, static_cast<float>(weight), g, loss.gradient.numel(), false);
+          }
           tape.backward(loss.output, std::move(loss.gradient));
         }
         if (fsdp)
@@ -154,7 +154,7 @@ void TrainStep::set_aside_gradients() {
     if (!p.has_grad()) continue;
     if (!set_aside_[i].defined()) set_aside_[i] = Tensor::empty(p.shape(), DType::f32, p.tensor().device());
     const Tensor g = p.grad();
-    backend.scale(g.data<float>(), 1.0f, set_aside_[i].data<float>(), g.numel(), false);
+    backend.scale(g.device_data<float>(), 1.0f, set_aside_[i].device_data<float>(), g.numel(), false);
     p.zero_grad();
   }
 }
@@ -176,12 +176,12 @@ void TrainStep::add_set_aside_gradient(std::size_t i) {
   Backend& backend = *components_.backend;
   if (p.has_grad()) {
     const Tensor g = p.grad();
-    backend.add(set_aside_[i].data<float>(), g.data<float>(), g.data<float>(), g.numel());
+    backend.add(set_aside_[i].device_data<float>(), g.device_data<float>(), g.device_data<float>(), g.numel());
   } else {
     // Not reached by this micro-batch: the gradient is the earlier ones' sum, back in place.
     p.mark_grad_written();
     const Tensor g = p.grad();
-    backend.scale(set_aside_[i].data<float>(), 1.0f, g.data<float>(), g.numel(), false);
+    backend.scale(set_aside_[i].device_data<float>(), 1.0f, g.device_data<float>(), g.numel(), false);
   }
 }
 
@@ -205,19 +205,26 @@ double TrainStep::global_grad_norm() const {
     const ModelParameter& p = components_.parameters[i];
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
-    const float* d = g.data<float>();
+    // A gradient in a device's memory: its chunks are summed by the backend's kernel below, into
+    // the same slots of `partial`, in the same chunk order.
+    const bool on_host = g.is_host_visible();
+    const float* d = g.device_data<float>();
     const bool split = components_.tensor && components_.tensor->is_split(p.parameter);
     for (std::int64_t i = 0; i < g.numel(); i += kNormChunk) {
-      chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i)});
+      chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i), on_host, i == 0 ? g.numel() : 0});
       split_chunk.push_back(split);
     }
   }
   std::vector<double>& partial = norm_partials_;
   partial.resize(chunks.size());
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (!chunks[c].host && chunks[c].whole > 0)
+      components_.backend->sum_of_squares(chunks[c].data, chunks[c].whole, kNormChunk, partial.data() + c);
   default_execution_context().parallel_for(static_cast<std::int64_t>(chunks.size()), 1,
                                            [&](std::int64_t first, std::int64_t last) {
                                              for (std::int64_t c = first; c < last; ++c)
-                                               partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
+                                               if (chunks[c].host)
+                                                 partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
                                            });
   if (sharded == components_.parameters.size()) sharded_chunks = chunks.size();
   double sum_squares = 0, replicated = 0, split = 0;
@@ -249,7 +256,7 @@ void TrainStep::clip_gradients(double grad_norm, double max_norm) {
   for (const auto& p : components_.parameters) {
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
-    components_.backend->scale(g.data<float>(), factor, g.data<float>(), g.numel(), false);
+    components_.backend->scale(g.device_data<float>(), factor, g.device_data<float>(), g.numel(), false);
   }
 }
 

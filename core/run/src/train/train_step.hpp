@@ -68,8 +68,10 @@ class TrainStep {
   std::unordered_map<const Parameter*, std::size_t> index_;  // position in components_.parameters
   // global_grad_norm's chunks of the gradients and their sums, kept between steps.
   struct NormChunk {
-    const float* data;
+    const float* data;  // a host pointer, or a device address (host false)
     std::int64_t n;
+    bool host;           // summed on the pool; else by the backend's sum_of_squares kernel
+    std::int64_t whole;  // a device gradient's first chunk: the gradient's size (one kernel call)
   };
   mutable std::vector<NormChunk> norm_chunks_;
   mutable std::vector<double> norm_partials_;

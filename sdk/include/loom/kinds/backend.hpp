@@ -35,12 +35,14 @@
 //  * Kernels do not throw for valid arguments; they need not check arguments.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 
 #include "loom/component.hpp"
 #include "loom/device.hpp"
 #include "loom/tensor.hpp"
+#include "loom/training_kernels.hpp"
 
 namespace loom {
 
@@ -67,8 +69,12 @@ enum class BackendOp : std::uint8_t {
   logsumexp,  // logsumexp_forward, logsumexp_backward
   sum,        // sum_forward, sum_backward: Ops::sum
   loss,       // loss_reduce, z_loss_forward, z_loss_backward: the losses' reductions and z-loss
+  // Training step around the model (issue 25, slice 2): defaults are host loops, see below.
+  fill_normal,     // fill_normal: parameter initialisation
+  optimizer,       // elementwise_update: AdamW, SGD, Lion
+  sum_of_squares,  // sum_of_squares: the gradient norm
 };
-inline constexpr int backend_op_count = 19;
+inline constexpr int backend_op_count = 22;
 // "gemm", "layer_norm", ...
 std::string_view backend_op_name(BackendOp op);
 
@@ -337,6 +343,31 @@ class Backend : public Component {
                                float grad_scale, float z_loss_weight, std::int64_t rows, std::int64_t vocab,
                                std::int32_t ignore_index) = 0;
   // ---- End of issue 25, slice 1.
+  // ---------------------------------------------------------------------------------------------
+  // Training step around the model (issue 25, slice 2): parameter initialisation, the optimizers'
+  // elementwise updates and the gradient norm, so that a training step never reads or writes a
+  // parameter, gradient or optimizer state on the host. Each has a default: a single-threaded host
+  // loop over the pointers, right for a backend whose memory the host can read (`reference` uses
+  // them). A host backend's callers do not even call them: they keep their own parallel host code
+  // (models::fill_normal, ElementwiseOptimizer::update_chunk, the trainer's norm), which gives the
+  // same bits. A device backend must override all three (the defaults would read device memory).
+
+  // y[i] = scale * random_normal(key, first_index + i) for i < n (random.hpp's counter-based
+  // stream; indices below 2^32): the same values as the host initialisation, bit for bit. Under
+  // tensor parallelism each run of a shard is one call with its index in the whole tensor.
+  virtual void fill_normal(float* y, std::int64_t n, std::uint64_t key, std::int64_t first_index, float scale);
+
+  // One elementwise optimizer update of n elements (training_kernels.hpp: the rule, its constants,
+  // which slots it uses), in place on the parameter and the slots, from the gradient. Must give
+  // apply_elementwise_update's bits (its roundings and fused multiply-adds as written).
+  virtual void elementwise_update(const ElementwiseUpdate& update, float* parameter, const float* grad,
+                                  const std::array<float*, 4>& slots, std::int64_t n);
+
+  // For each chunk c of `chunk` elements of x[0, n) (the last one shorter), in order:
+  // partials[c] = sum_of_squares(x + c * chunk, ...) (training_kernels.hpp: double, eight lanes).
+  // `partials` is HOST memory (ceil(n / chunk) doubles): the one copy out of this kernel, which
+  // the trainer adds up in chunk order for the gradient norm.
+  virtual void sum_of_squares(const float* x, std::int64_t n, std::int64_t chunk, double* partials);
 };
 
 // Throws UserError when `backend` computes in memory the host cannot touch: for components that

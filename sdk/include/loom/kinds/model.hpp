@@ -41,6 +41,11 @@ struct ModelSetup {
   // for it).
   int tensor_rank = 0;
   int tensor_size = 1;
+  // The backend the model will compute on, or null (host memory). A model may allocate its
+  // parameters in this backend's memory (its device) and initialise them through its kernels
+  // (model_support.hpp: ParameterStore::allocate, fill_normal and fill_constant with the
+  // backend), so that a device backend's parameters never visit the host.
+  Backend* backend = nullptr;
 };
 
 // How a parameter is used, so the trainer can mask weight decay (none on norms, biases and
