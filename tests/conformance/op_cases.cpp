@@ -272,16 +272,18 @@ std::vector<OpCase> build_cases() {
   cases.push_back(rope_case("rope", {false, false, true, false}));
   cases.push_back(rope_case("rope_interleaved_offset", {true, false, false, false}));
   cases.push_back(rope_case("rope_llama3_strided", {false, true, true, true}));
+  // Logits [n, v] and targets (some ignored), for the cross-entropy cases.
+  const auto logits_and_targets = [](Dims& d) {
+    const std::int64_t n = d.odd(3, 19), v = d.odd(29, 301);
+    CaseData data;
+    data.params = {rnd(d, {n, v}, 3.0f)};
+    data.consts = {targets_with_ignored(d, {n}, static_cast<std::int32_t>(v))};
+    return data;
+  };
   {
     OpCase c;
     c.name = "cross_entropy";
-    c.make = [](Dims& d) {
-      const std::int64_t n = d.odd(3, 19), v = d.odd(29, 301);
-      CaseData data;
-      data.params = {rnd(d, {n, v}, 3.0f)};
-      data.consts = {targets_with_ignored(d, {n}, static_cast<std::int32_t>(v))};
-      return data;
-    };
+    c.make = logits_and_targets;
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
       // Through a copy nobody else holds: the in-place gradient path.
       Tensor logits = e.ops.scale(e.p[0], 1.0f);
@@ -401,13 +403,7 @@ std::vector<OpCase> build_cases() {
     // z-loss on the plain loss: a mean, and one loss per target (in place and through a copy).
     OpCase c;
     c.name = "cross_entropy_z_loss";
-    c.make = [](Dims& d) {
-      const std::int64_t n = d.odd(3, 19), v = d.odd(29, 301);
-      CaseData data;
-      data.params = {rnd(d, {n, v}, 3.0f)};
-      data.consts = {targets_with_ignored(d, {n}, static_cast<std::int32_t>(v))};
-      return data;
-    };
+    c.make = logits_and_targets;
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
       e.ops.set_z_loss_weight(0.05f);
       Tensor logits = e.ops.scale(e.p[0], 1.0f);

@@ -8,6 +8,7 @@
 #include <loom/plugin.hpp>
 #include <loom/random.hpp>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -344,13 +345,19 @@ class ReferenceBackend final : public loom::Backend {
     }
   }
 
+  // A row's maximum and sum of exp(x - max), in double.
+  static std::pair<double, double> max_and_exp_sum(const float* xr, int64_t cols) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(xr[c]));
+    double sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+    return {mx, sum};
+  }
+
   void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) override {
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * cols;
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(xr[c]));
-      double sum = 0.0;
-      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      const auto [mx, sum] = max_and_exp_sum(xr, cols);
       for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = static_cast<float>(std::exp(xr[c] - mx) / sum);
     }
   }
@@ -369,11 +376,7 @@ class ReferenceBackend final : public loom::Backend {
 
   void logsumexp_forward(const float* x, float* y, int64_t rows, int64_t cols) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * cols;
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, static_cast<double>(xr[c]));
-      double sum = 0.0;
-      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      const auto [mx, sum] = max_and_exp_sum(x + r * cols, cols);
       y[r] = static_cast<float>(mx + std::log(sum));
     }
   }
