@@ -40,6 +40,16 @@ TEST(MemoryEstimate, TransformerTermsAreTheDocumentedFormula) {
   EXPECT_TRUE(models::transformer_memory(small_shape(), RematPolicy::full, 2, 8).remat);
 }
 
+TEST(MemoryEstimate, AMixtureOfExpertsCountsItsDispatchCopies) {
+  models::TransformerShape moe = small_shape();
+  moe.experts_per_token = 2;
+  const ModelMemory dense = models::transformer_memory(small_shape(), RematPolicy::none, 2, 8);
+  const ModelMemory m = models::transformer_memory(moe, RematPolicy::none, 2, 8);
+  // Per layer and token 3 k hidden = 3 * 2 * 64 floats more: each token's input to, output of and
+  // output gathered from its 2 experts; 16 tokens, 2 layers.
+  EXPECT_EQ(m.activation_bytes - dense.activation_bytes, 2 * 16 * 4 * 3 * 2 * 64);
+}
+
 MemoryInputs small_inputs() {
   MemoryInputs in;
   in.num_parameters = 100000;

@@ -215,6 +215,7 @@ class LlamaModel final : public loom::models::TransformerLm {
     // A mixture of experts runs experts_per_token experts per token, and its router.
     const bool moe = o_.moe.num_experts > 0;
     s.intermediate_dim = o_.intermediate_dim * (moe ? o_.moe.experts_per_token : 1);
+    s.experts_per_token = moe ? o_.moe.experts_per_token : 0;
     s.glu = true;
     s.vocab_size = vocab_;
     s.sliding_window = o_.sliding_window;

@@ -548,6 +548,10 @@ struct TransformerShape {
   std::int64_t head_dim = 0;
   std::int64_t intermediate_dim = 0;
   bool glu = false;  // gated MLP (three matrices) instead of two
+  // A mixture of experts' top-k (0: a dense MLP; intermediate_dim is then the k experts' width):
+  // the memory estimate counts its dispatch copies (each token's input gathered for, output of,
+  // and output gathered from each of its k experts).
+  std::int64_t experts_per_token = 0;
   std::int64_t vocab_size = 0;
   std::int64_t sliding_window = 0;  // 0: every query sees the whole prefix
   // When not empty: each layer's window (0: none), in place of sliding_window (Gemma 2's
@@ -587,7 +591,8 @@ inline double training_flops_per_token(const TransformerShape& s, std::int64_t s
 // The memory of a decoder-only transformer for a micro-batch of [batch, seq] (docs/training.md,
 // "Memory estimate"), fitted to the peak RSS of gpt2 and llama runs. Per token and layer the
 // backward pass keeps about
-//   9 hidden + 3 kv + 1.5 MLP-wide (two matrices) or 3.5 (gated) float32 values;
+//   9 hidden + 3 kv + 1.5 MLP-wide (two matrices) or 3.5 (gated) float32 values, and a mixture of
+//   experts' 3 k hidden (its dispatch copies);
 // remat keeps each layer's two inputs and about 1.25 layers' values at a time (the layer whose
 // forward runs again and its gradients). Besides, with or without remat: one chunk of logits
 // (Ops::linear_cross_entropy's, at most 256 MiB) and the output projection's whole gradient
@@ -595,7 +600,8 @@ inline double training_flops_per_token(const TransformerShape& s, std::int64_t s
 inline ModelMemory transformer_memory(const TransformerShape& s, RematPolicy remat, std::int64_t batch,
                                       std::int64_t seq) {
   const std::int64_t tokens = batch * seq, kv = s.num_kv_heads * s.head_dim, q = s.num_heads * s.head_dim;
-  const std::int64_t layer_floats = 9 * s.hidden_dim + 3 * kv + (s.glu ? 7 : 3) * s.intermediate_dim / 2;
+  const std::int64_t layer_floats =
+      9 * s.hidden_dim + 3 * kv + (s.glu ? 7 : 3) * s.intermediate_dim / 2 + 3 * s.experts_per_token * s.hidden_dim;
   const std::int64_t per_layer = tokens * 4 * layer_floats;
   const std::int64_t vocab = std::max<std::int64_t>(s.vocab_size, 1);
   const std::int64_t chunk = std::max<std::int64_t>(16, (std::int64_t{256} << 20) / (vocab * 4) / 16 * 16);
