@@ -15,10 +15,13 @@
 #include <loom/kinds/optimizer.hpp>
 #include <loom/model_support.hpp>
 #include <loom/random.hpp>
+#include <loom/safetensors.hpp>
 #include <loom/training_kernels.hpp>
 #include <string>
 #include <vector>
 
+#include "../core/test_support.hpp"
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "numerics_test_support.hpp"
 #include "train/data_parallel.hpp"
 #include "train/ema.hpp"
@@ -42,6 +45,25 @@ std::vector<float> values(std::int64_t n, std::uint64_t key, float scale) {
   for (std::int64_t i = 0; i < n; ++i)
     v[static_cast<std::size_t>(i)] = scale * random_normal(key, static_cast<std::uint32_t>(i));
   return v;
+}
+
+// ---- Weights written and read on the host's side of the device.
+
+// The final weights of a run on a device (safetensors::save_parameters) and a run's weights read
+// back into device parameters (checkpoint::TensorSet, which stages through host memory): the
+// values round-trip, through explicit copies, with no host access to device memory.
+TEST(DeviceTraining, WeightsAreSavedFromAndLoadedIntoDeviceMemory) {
+  guarded();  // registers the device's buffer type
+  test::TempDir dir;
+  const Tensor host = Tensor::from(values(2 * 300, 7, 0.5f), Shape{2, 300});
+  Parameter on_device("w", host.to(guarded_device));
+  const std::vector<ModelParameter> params{{&on_device, ParameterRole::weight}};
+  safetensors::save_parameters(dir.path() / "model.safetensors", params, {});
+  EXPECT_TRUE(same_bits(safetensors::Reader(dir.path() / "model.safetensors").read("w"), host));
+  Parameter back("w", Tensor::zeros(Shape{2, 300}, DType::f32, guarded_device));
+  const std::vector<ModelParameter> targets{{&back, ParameterRole::weight}};
+  checkpoint::TensorSet::open(dir.path() / "model.safetensors").load_parameters(targets);
+  EXPECT_TRUE(same_bits(back.data(), host));
 }
 
 // ---- Parameter initialisation.

@@ -338,9 +338,9 @@ void Reader::read_into(const std::string& name, const Tensor& destination) const
         "has dtype " + t.stored_dtype + " but " + std::string(dtype_code(destination.dtype())) + " is expected");
   const std::byte* src = mapping_->data(t);
   const auto count = static_cast<std::size_t>(t.shape.numel());
-  if (destination.is_contiguous()) {
+  if (destination.is_contiguous() && destination.is_host_visible()) {
     convert_into(src, t.stored_dtype, destination, count);
-  } else {
+  } else {  // strided, or in a device's memory: through host memory, one explicit copy
     Tensor staging = Tensor::empty(t.shape, destination.dtype());
     convert_into(src, t.stored_dtype, staging, count);
     destination.copy_from(staging);
@@ -437,7 +437,11 @@ void save(const fs::path& path, std::span<const std::pair<std::string, Tensor>> 
     for (const auto* t : order) {
       const Tensor& tensor = t->second;
       if (tensor.numel() == 0) continue;
-      const Tensor contiguous = tensor.is_contiguous() ? tensor : tensor.clone();
+      // A device tensor (the final weights of a run on a device backend) through one explicit,
+      // counted copy to the host; a strided host tensor through a contiguous copy.
+      const Tensor contiguous = !tensor.is_host_visible() ? tensor.to(Device::host())
+                                : tensor.is_contiguous()  ? tensor
+                                                          : tensor.clone();
       write_fully(fd, contiguous.raw_data(), static_cast<std::size_t>(contiguous.numel()) * dtype_size(tensor.dtype()),
                   path);
     }
