@@ -156,6 +156,20 @@ struct LinearCrossEntropyNode final : Node {
 
 // linear_cross_entropy with Reduction::none: the gradient depends on each target's seed, so the
 // backward pass projects the chunks again and applies the seeds row by row.
+// One chunk's share of the projection's gradients from its logits' gradient l [n, cols] (rows
+// r0 .. r0 + n of x): dx's rows = l W, and dW (+)= l^T x (the first chunk starts it). The fused
+// losses' forward and backward passes, whole vocabulary or a member's rows of it, all end so.
+void chunk_gradients(Backend& be, const quant::StoredMatrix* stored, const detail::Matrix& wm, const detail::Matrix& xm,
+                     std::int64_t r0, std::int64_t n, std::int64_t cols, const float* l, const Tensor& dx,
+                     const Tensor& dweight) {
+  const std::int64_t dim = xm.cols;
+  if (dx.defined())  // dx[n, dim] = dlogits[n, cols] * W[cols, dim]
+    detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, cols, l, cols, 0.0f, ptr(dx) + r0 * dim, dim);
+  if (dweight.defined())  // dW[cols, dim] += dlogits^T[cols, n] * x[n, dim]
+    be.gemm(Transpose::yes, Transpose::no, cols, dim, n, 1.0f, l, cols, xm.data + r0 * xm.ld, xm.ld,
+            r0 == 0 ? 0.0f : 1.0f, ptr(dweight), dim);
+}
+
 // What the backward pass of linear_cross_entropy with Reduction::none keeps to project the
 // chunks again (whole vocabulary, or a member's rows of it).
 struct RowsLossNode : Node {
@@ -189,6 +203,13 @@ struct RowsLossNode : Node {
     if (more) more(*node);
     rec.add_output(*node, out);
   }
+
+  // The end of backward(): the gradients built chunk by chunk, handed on (no rows: dW is zero).
+  void hand_on(BackwardPass& pass, std::int64_t rows, Tensor&& dx, Tensor&& dweight) {
+    if (rows == 0 && dweight.defined()) pass.backend().fill(ptr(dweight), 0.0f, dweight.numel());
+    if (dx.defined()) pass.give(tx, std::move(dx));
+    if (dweight.defined()) pass.give(tweight, std::move(dweight));
+  }
 };
 
 struct LinearCrossEntropyRowsNode final : RowsLossNode {
@@ -220,15 +241,9 @@ struct LinearCrossEntropyRowsNode final : RowsLossNode {
       }
       // The soft-cap's factor 1 - tanh^2, from the tanh the forward kept.
       if (capped.defined()) be.softcap_backward(ptr(capped), 1.0f, l, l, n * vocab, false);
-      if (dx.defined())
-        detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim, dim);
-      if (dweight.defined())
-        be.gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
-                ptr(dweight), dim);
+      chunk_gradients(be, stored, wm, xm, r0, n, vocab, l, dx, dweight);
     }
-    if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
-    if (dx.defined()) pass.give(tx, std::move(dx));
-    if (dweight.defined()) pass.give(tweight, std::move(dweight));
+    hand_on(pass, rows, std::move(dx), std::move(dweight));
   }
 };
 
@@ -316,7 +331,7 @@ struct VocabCrossEntropyRowsNode final : RowsLossNode {
     Backend& be = pass.backend();
     const detail::Matrix xm = detail::as_matrix(x);
     const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
-    const std::int64_t rows = xm.rows, dim = xm.cols, vl = shard.rows;
+    const std::int64_t rows = xm.rows, vl = shard.rows;
     const std::vector<float> seeds = row_seeds(pass.output_grad(*this, 0), rows);
     const std::int32_t* t = detail::ids_ptr(targets);
     Tensor logits = pass.empty(Shape{chunk, vl});
@@ -329,15 +344,9 @@ struct VocabCrossEntropyRowsNode final : RowsLossNode {
       vocab_logits(be, stored, wm, xm, r0, n, vl, cap, l, th.defined() ? ptr(th) : nullptr);
       vocab_gradient(shard, l, n, t + r0, ignore, ptr(lse) + r0, seeds.data() + r0, 0.0f, z_loss_weight,
                      th.defined() ? ptr(th) : nullptr);
-      if (dx.defined())
-        detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vl, l, vl, 0.0f, ptr(dx) + r0 * dim, dim);
-      if (dweight.defined())
-        be.gemm(Transpose::yes, Transpose::no, vl, dim, n, 1.0f, l, vl, xm.data + r0 * xm.ld, xm.ld,
-                r0 == 0 ? 0.0f : 1.0f, ptr(dweight), dim);
+      chunk_gradients(be, stored, wm, xm, r0, n, vl, l, dx, dweight);
     }
-    if (rows == 0 && dweight.defined()) be.fill(ptr(dweight), 0.0f, dweight.numel());
-    if (dx.defined()) pass.give(tx, std::move(dx));
-    if (dweight.defined()) pass.give(tweight, std::move(dweight));
+    hand_on(pass, rows, std::move(dx), std::move(dweight));
   }
 };
 
@@ -360,7 +369,7 @@ Tensor vocab_parallel_cross_entropy(Ops& ops, Tape* tape, const Tensor& x, const
   const VocabShard shard{group, options.vocab_begin, vl};
   const detail::Matrix xm = detail::as_matrix(x);
   const detail::Matrix wm = stored ? detail::Matrix{} : detail::as_matrix(weight);
-  const std::int64_t rows = xm.rows, dim = xm.cols;
+  const std::int64_t rows = xm.rows;
   const std::int64_t count = count_targets(targets, options.vocab_size, options.ignore_index, op);
   const float scale = reduction_scale(options.reduction, count);
   const float cap = options.logit_softcap;
@@ -394,11 +403,7 @@ Tensor vocab_parallel_cross_entropy(Ops& ops, Tape* tape, const Tensor& x, const
     if (!grads_now) continue;
     vocab_gradient(shard, l, n, t + r0, options.ignore_index, ptr(lse) + r0, nullptr, scale, z_loss_weight,
                    th.defined() ? ptr(th) : nullptr);
-    if (dx.defined())
-      detail::gemm_weight(be, stored, wm.data, wm.ld, false, n, dim, vl, l, vl, 0.0f, ptr(dx) + r0 * dim, dim);
-    if (dweight.defined())
-      be.gemm(Transpose::yes, Transpose::no, vl, dim, n, 1.0f, l, vl, xm.data + r0 * xm.ld, xm.ld,
-              r0 == 0 ? 0.0f : 1.0f, ptr(dweight), dim);
+    chunk_gradients(be, stored, wm, xm, r0, n, vl, l, dx, dweight);
   }
   logits.reset();
   th.reset();
@@ -579,12 +584,7 @@ Tensor Ops::linear_cross_entropy(const Tensor& x_in, const Tensor& weight, const
                         options.ignore_index);
     // The soft-cap's factor 1 - tanh^2, from the tanh kept above.
     if (capped.defined()) backend_->softcap_backward(ptr(capped), 1.0f, l, l, n * vocab, false);
-    if (dx.defined())  // dx[n, dim] = dlogits[n, vocab] * W[vocab, dim]
-      detail::gemm_weight(*backend_, stored, wm.data, wm.ld, false, n, dim, vocab, l, vocab, 0.0f, ptr(dx) + r0 * dim,
-                          dim);
-    if (dweight.defined())  // dW[vocab, dim] += dlogits^T[vocab, n] * x[n, dim]
-      backend_->gemm(Transpose::yes, Transpose::no, vocab, dim, n, 1.0f, l, vocab, xr, xm.ld, r0 == 0 ? 0.0f : 1.0f,
-                     ptr(dweight), dim);
+    chunk_gradients(*backend_, stored, wm, xm, r0, n, vocab, l, dx, dweight);
   }
   logits.reset();
   capped.reset();

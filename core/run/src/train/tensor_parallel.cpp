@@ -156,20 +156,25 @@ Shape TensorParallel::whole_shape(const std::string& entry, const Shape& live) c
 Tensor TensorParallel::whole(const std::string& entry, const Tensor& live) const {
   const PlannedParameter* e = planned(entry);
   if (!e || !e->placement.is_split() || !(live.shape() == e->parameter->shape()) || held_whole(entry)) return live;
+  Tensor out = Tensor::empty(e->whole);
+  gather_into(*e, live, out);
+  return out;
+}
+
+void TensorParallel::gather_into(const PlannedParameter& e, const Tensor& shard, const Tensor& out) const {
   // The members' shards may differ in size (an uneven vocabulary): each is sent in a buffer of the
-  // largest, then put in its place.
+  // largest, then put in its place. The buffers are kept: whole copies gather every step.
   std::int64_t largest = 0;
   for (int r = 0; r < size(); ++r)
-    largest = std::max(largest, tensor_plan::shard_shape(e->whole, e->placement, r, size()).numel());
-  std::vector<float> mine(static_cast<std::size_t>(largest), 0.0f), all(static_cast<std::size_t>(largest * size()));
-  const Tensor c = live.is_contiguous() ? live : live.clone();
-  std::memcpy(mine.data(), c.data<float>(), static_cast<std::size_t>(c.numel()) * sizeof(float));
-  group_->all_gather(std::span<const float>(mine), std::span<float>(all));
-  Tensor out = Tensor::zeros(e->whole);
+    largest = std::max(largest, tensor_plan::shard_shape(e.whole, e.placement, r, size()).numel());
+  mine_.assign(static_cast<std::size_t>(largest), 0.0f);
+  all_.resize(static_cast<std::size_t>(largest * size()));
+  const Tensor c = shard.is_contiguous() ? shard : shard.clone();
+  std::memcpy(mine_.data(), c.data<float>(), static_cast<std::size_t>(c.numel()) * sizeof(float));
+  group_->all_gather(std::span<const float>(mine_), std::span<float>(all_));
   for (int r = 0; r < size(); ++r)
-    tensor_plan::insert_shard(all.data() + static_cast<std::size_t>(r * largest), e->whole, e->placement, r, size(),
+    tensor_plan::insert_shard(all_.data() + static_cast<std::size_t>(r * largest), e.whole, e.placement, r, size(),
                               out.data<float>());
-  return out;
 }
 
 Tensor TensorParallel::shard(const std::string& entry, const Tensor& whole) const {
@@ -199,17 +204,21 @@ void TensorParallel::before_update() {
       c.whole->zero_grad();
       continue;
     }
-    c.grad.copy_from(whole(c.shard->name(), c.shard->grad()));
+    gather_into(*planned(c.shard), c.shard->grad(), c.grad);
     c.whole->mark_grad_written();
   }
 }
 
 void TensorParallel::after_update() {
-  for (Copy& c : copies_) c.shard->data().copy_from(shard(c.shard->name(), c.whole->data()));
+  for (Copy& c : copies_) {
+    const PlannedParameter& e = *planned(c.shard);
+    tensor_plan::extract_shard(c.whole->data().data<float>(), e.whole, e.placement, rank(), size(),
+                               c.shard->data().data<float>());
+  }
 }
 
 void TensorParallel::shards_changed() {
-  for (Copy& c : copies_) c.whole->data().copy_from(whole(c.shard->name(), c.shard->data()));
+  for (Copy& c : copies_) gather_into(*planned(c.shard), c.shard->data(), c.whole->data());
 }
 
 bool TensorParallel::held_whole(const std::string& entry) const {

@@ -103,6 +103,10 @@ class TensorParallel {
     Parameter* whole;
     Tensor grad;
   };
+  // The whole tensor of `e` from this member's `shard` and the others', into `out` (e.whole).
+  void gather_into(const PlannedParameter& e, const Tensor& shard, const Tensor& out) const;
+  mutable std::vector<float> mine_, all_;  // gather_into's buffers, kept across steps
+
   std::deque<Parameter> copy_storage_;  // stable addresses
   std::vector<Copy> copies_;
   std::unordered_set<std::string> copied_names_;
