@@ -35,7 +35,6 @@ Handle<T> create(const Registry& registry, const Value& config, const char* sect
 RunComponents create_components(const Registry& registry, const Value& config) {
   RunComponents c;
   c.backend = create<Backend>(registry, config, "backend");
-  require_host_memory(*c.backend, "loom train");
   c.tokenizer = create<Tokenizer>(registry, config, "tokenizer");
   if (const Value* data = config.find("data"); data && is_mixture(*data))
     c.dataset = std::make_shared<MixtureDataset>(registry, *data);
