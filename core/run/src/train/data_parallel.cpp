@@ -53,6 +53,22 @@ std::string env_text(const char* name) {
   return std::string(name) + "=" + (text ? text : "");
 }
 
+// A staged bucket's all-reduce: the sum arrives in the host copy, which goes back to the device
+// when it is waited for.
+class StagedPending final : public CollectiveGroup::Pending {
+ public:
+  StagedPending(std::unique_ptr<CollectiveGroup::Pending> inner, Tensor device, Tensor host)
+      : inner_(std::move(inner)), device_(std::move(device)), host_(std::move(host)) {}
+  void wait() override {
+    inner_->wait();
+    device_.copy_from(host_);
+  }
+
+ private:
+  std::unique_ptr<CollectiveGroup::Pending> inner_;
+  Tensor device_, host_;
+};
+
 // The `type` a collective node names: `mpi`, or {type: mpi}.
 std::string collective_type(const Value& node) {
   if (node.is_string()) return node.as_string();
@@ -253,7 +269,9 @@ void DataParallel::check_same_parameters(const std::vector<ModelParameter>& para
   if (size_ == 1) return;
   std::uint32_t crc = 0;
   for (const auto& p : parameters) {
-    const Tensor t = p.parameter->data();  // contiguous, as every parameter
+    // Contiguous, as every parameter; a device's, read through one explicit copy (once per run).
+    const Tensor t =
+        p.parameter->data().is_host_visible() ? p.parameter->data() : p.parameter->data().to(Device::host());
     crc = crc32(std::as_bytes(std::span(t.data<float>(), static_cast<std::size_t>(t.numel()))), crc);
   }
   // Each rank's checksum against that of the first rank of its tensor coordinate (rank t: the
@@ -273,6 +291,11 @@ void DataParallel::check_same_parameters(const std::vector<ModelParameter>& para
 
 void DataParallel::attach(const std::vector<ModelParameter>& parameters, std::int64_t bucket_bytes) {
   if (size_ == 1) return;
+  for (const auto& p : parameters)
+    if (p.parameter->requires_grad()) {
+      decide_staging(p.parameter->tensor().device(), replicated_group());
+      break;
+    }
   // Backward produces the last layers' gradients first: buckets in reverse parameter order.
   std::int64_t filled = 0;
   std::vector<std::pair<Parameter*, std::int64_t>> pending;
@@ -280,6 +303,7 @@ void DataParallel::attach(const std::vector<ModelParameter>& parameters, std::in
     if (pending.empty()) return;
     Bucket b;
     b.storage = Tensor::zeros(Shape{filled}, DType::f32, pending.front().first->tensor().device());
+    if (staged_) b.host = Tensor::zeros(Shape{filled});
     for (auto& [p, offset] : pending) {
       p->set_grad_buffer(b.storage.slice(0, offset, offset + p->tensor().numel()).view(p->shape()));
       b.parameters.emplace_back(p, offset);
@@ -324,6 +348,8 @@ void DataParallel::shard(const std::vector<ModelParameter>& parameters) {
   }
   segment_ = *std::max_element(filled.begin(), filled.end());
   flat_grads_ = Tensor::zeros(Shape{segment_ * size_}, DType::f32, assignment.front().first->tensor().device());
+  decide_staging(flat_grads_.device(), *data_group_);
+  if (staged_) host_flat_ = Tensor::zeros(Shape{segment_ * size_});
   std::fill(filled.begin(), filled.end(), 0);
   for (auto& [p, rank] : assignment) {
     const std::int64_t offset = segment_ * rank + filled[static_cast<std::size_t>(rank)];
@@ -343,13 +369,19 @@ void DataParallel::reduce_scatter_gradients() {
     has_grad_[i] = p->has_grad() ? 1.0f : 0.0f;
     if (!p->has_grad()) zero(flat_grads_, offset, p->tensor().numel());
   }
-  float* flat = flat_grads_.data<float>();
+  // Staged: the whole buffer to the host, and this rank's summed segment back.
+  if (staged_) host_flat_.copy_from(flat_grads_);
+  float* flat = (staged_ ? host_flat_ : flat_grads_).data<float>();
   data_group_->all_reduce(std::span<float>(has_grad_), ReduceOp::max);
   // In place: this rank's segment of the buffer receives its sums. No buffer of the gradients'
   // size besides theirs, so the run's memory falls by the optimizer state the shard saves.
   const std::size_t segment = static_cast<std::size_t>(segment_);
   data_group_->reduce_scatter(std::span<const float>(flat, segment * static_cast<std::size_t>(size_)),
                               std::span<float>(flat + segment * static_cast<std::size_t>(rank_), segment));
+  if (staged_) {
+    const std::int64_t begin = segment_ * rank_;
+    flat_grads_.slice(0, begin, begin + segment_).copy_from(host_flat_.slice(0, begin, begin + segment_));
+  }
   // This rank's shard holds the sums; the rest of the buffer is not a gradient of anything.
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     auto& [p, offset, rank] = layout_[i];
@@ -365,20 +397,24 @@ void DataParallel::gather_parameters() {
   const auto start = std::chrono::steady_clock::now();
   // The gradient buffer carries the weights: the step is done with the gradients, and this rank's
   // updated shard goes into its segment, every rank's to every rank, in place.
-  float* flat = flat_grads_.data<float>();
+  // (Tensor copies: memcpy on the host, the device's own copy on a device.) Staged, the buffer
+  // goes to the host after this rank's weights are in, and comes back with every rank's.
   const std::size_t segment = static_cast<std::size_t>(segment_);
   for (auto& [p, offset, rank] : layout_) {
     if (rank != rank_) continue;
     const Tensor v = p->data();
-    std::copy(v.data<float>(), v.data<float>() + v.numel(), flat + offset);
+    flat_grads_.slice(0, offset, offset + v.numel()).view(v.shape()).copy_from(v);
     p->zero_grad();  // its storage holds weights now
   }
+  if (staged_) host_flat_.copy_from(flat_grads_);
+  float* flat = (staged_ ? host_flat_ : flat_grads_).data<float>();
   data_group_->all_gather(std::span<const float>(flat + segment * static_cast<std::size_t>(rank_), segment),
                           std::span<float>(flat, segment * static_cast<std::size_t>(size_)));
+  if (staged_) flat_grads_.copy_from(host_flat_);
   for (auto& [p, offset, rank] : layout_) {
     if (rank == rank_) continue;
     const Tensor v = p->data();
-    std::copy(flat + offset, flat + offset + v.numel(), v.data<float>());
+    v.copy_from(flat_grads_.slice(0, offset, offset + v.numel()).view(v.shape()));
   }
   communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -406,9 +442,33 @@ void DataParallel::start_ready_buckets() {
     // A parameter that no micro-batch of this rank reached contributes zeros.
     for (auto& [p, offset] : b.parameters)
       if (!p->has_grad()) zero(b.storage, offset, p->tensor().numel());
-    pending_.push_back(replicated_group().start_all_reduce(
-        std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
+    if (staged_) {
+      b.host.copy_from(b.storage);
+      pending_.push_back(
+          std::make_unique<StagedPending>(replicated_group().start_all_reduce(std::span<float>(
+                                              b.host.data<float>(), static_cast<std::size_t>(b.host.numel()))),
+                                          b.storage, b.host));
+    } else {
+      pending_.push_back(replicated_group().start_all_reduce(
+          std::span<float>(b.storage.data<float>(), static_cast<std::size_t>(b.storage.numel()))));
+    }
   }
+}
+
+void DataParallel::decide_staging(const Device& device, const CollectiveGroup& group) {
+  staged_ = !group.can_send_from(buffer_type_of(device));
+}
+
+std::string DataParallel::staging_note() const {
+  if (!staged_) return "";
+  const std::string device = (sharded_ ? flat_grads_ : buckets_.front().storage).device().str();
+  return "note: the collective (" + collective_->describe() + ") cannot send from " + device +
+         " memory: the gradients are staged through host memory (" +
+         (sharded_ ? std::string("two copies for the reduce-scatter and two for the gather each step")
+                   : "two copies per bucket and step, " + std::to_string(buckets_.size()) + " bucket" +
+                         (buckets_.size() == 1 ? "" : "s")) +
+         "); a collective that reads the device's memory itself (CUDA-aware MPI, NCCL) says so by "
+         "CollectiveGroup::can_send_from";
 }
 
 void DataParallel::reduce_gradients() {

@@ -167,10 +167,18 @@ class DataParallel {
   // The backend whose memory the gradient buckets are in: it zero-fills a bucket's part that no
   // micro-batch reached when the host cannot write it. Before attach() or shard().
   void set_backend(Backend& backend) { backend_ = &backend; }
+  // Whether the gradients are staged through host memory: their buckets are in a device's memory
+  // (the backend's) that the collective cannot send from (CollectiveGroup::can_send_from). Each
+  // bucket then goes to a host copy of itself and back, two explicit copies per bucket and step
+  // (ZeRO-1: two for the reduce-scatter, two for the gather). After attach() or shard().
+  bool staged() const { return staged_; }
+  // The header's line saying so, or "" when nothing is staged.
+  std::string staging_note() const;
 
  private:
   struct Bucket {
     Tensor storage;                                               // flat f32 on the parameters' device
+    Tensor host;                                                  // staged: its copy in host memory
     std::vector<std::pair<Parameter*, std::int64_t>> parameters;  // with their offsets
     std::size_t ready = 0;                                        // parameters whose gradient is final, this step
   };
@@ -209,6 +217,10 @@ class DataParallel {
   bool sharded_ = false;
   std::int64_t segment_ = 0;
   Tensor flat_grads_;
+  Tensor host_flat_;     // staged ZeRO-1: flat_grads_' copy in host memory
+  bool staged_ = false;  // see staged()
+  // Decides staged_ for buffers on `device` and the group that sums them.
+  void decide_staging(const Device& device, const CollectiveGroup& group);
   Backend* backend_ = nullptr;
   std::vector<std::tuple<Parameter*, std::int64_t, int>> layout_;
   std::unordered_set<const Parameter*> owned_;

@@ -262,6 +262,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     } else {
       parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
     }
+    if (const std::string note = parallel.staging_note(); !note.empty()) progress.say(note);
     auto shard = [&] {
       // Every rank starts from the same weights before each keeps its shard of them.
       parallel.check_same_parameters(c.parameters);

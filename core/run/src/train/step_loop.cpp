@@ -74,6 +74,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   const double tokens_per_step = static_cast<double>(run.batch_size * run.seq_len);
 
   DataParallel& parallel = *run.parallel;
+  const bool on_host = c.backend->buffer_type().host_visible();
   TrainStep train_step(c, parallel,
                        StepSettings{run.seed, num_steps, run.micro_size, trainer.get<bool>("overlap_grad_reduce"),
                                     trainer.get<bool>("crash_on_nan"), trainer.get<bool>("crash_on_inf"),
@@ -236,8 +237,12 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                             std::to_string(batch.seq_len) + " batch for a " + std::to_string(run.batch_size) + " x " +
                             std::to_string(run.seq_len) + " run");
       const auto t0 = Clock::now();
+      // The host<->device copies of the step alone (batch in, scalars out, staged collectives),
+      // not those of logging, evaluation, samples or checkpoints around it.
+      reset_host_device_copies();
       const StepResult result = train_step.run(batch, state);
       if (state.ema) state.ema->update();
+      const HostDeviceCopies copies = reset_host_device_copies();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       interval.train_seconds += dt;
       interval.seconds += dt;
@@ -270,6 +275,13 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
             {"throughput/mfu", report.mfu},
             {"throughput/elapsed_seconds", elapsed()},
             {"train/skipped_steps", static_cast<double>(report.skipped_steps)}};
+        // A backend computing in a device's memory: its last step's explicit copies between the
+        // host and the device (docs/writing-a-backend.md: a constant of the run's configuration,
+        // independent of the model's size).
+        if (!on_host) {
+          scalars.emplace_back("device/host_copies_per_step", static_cast<double>(copies.count));
+          scalars.emplace_back("device/host_copy_bytes_per_step", static_cast<double>(copies.bytes));
+        }
         if (parallel.size() > 1) {
           scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
           const double waiting = parallel.take_communication_seconds() +

@@ -48,6 +48,7 @@ class CountingGroup final : public CollectiveGroup {
     timed(out.size_bytes(), [&] { inner_->all_gather(in, out); });
   }
   void broadcast(std::span<std::byte> data, int root) override { inner_->broadcast(data, root); }
+  bool can_send_from(const BufferType& type) const override { return inner_->can_send_from(type); }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Pending> start_all_reduce(std::span<float> data) override {
     count(data.size_bytes());

@@ -1,5 +1,6 @@
 #include "train/train_step.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -217,9 +218,22 @@ double TrainStep::global_grad_norm() const {
   }
   std::vector<double>& partial = norm_partials_;
   partial.resize(chunks.size());
-  for (std::size_t c = 0; c < chunks.size(); ++c)
-    if (!chunks[c].host && chunks[c].whole > 0)
-      components_.backend->sum_of_squares(chunks[c].data, chunks[c].whole, kNormChunk, partial.data() + c);
+  // Gradients in a device's memory: each one's chunk sums into its slots of one device buffer
+  // (chunk c at double c), which comes to the host in one copy, whatever the parameter count.
+  const bool any_device = std::any_of(chunks.begin(), chunks.end(), [](const NormChunk& c) { return !c.host; });
+  if (any_device) {
+    const auto slots = static_cast<std::int64_t>(2 * chunks.size());
+    if (!norm_device_partials_.defined() || norm_device_partials_.numel() < slots)
+      norm_device_partials_ = Tensor::empty(Shape{slots}, DType::f32, components_.backend->device());
+    auto* device_partials = reinterpret_cast<double*>(norm_device_partials_.device_data<float>());
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      if (!chunks[c].host && chunks[c].whole > 0)
+        components_.backend->sum_of_squares(chunks[c].data, chunks[c].whole, kNormChunk, device_partials + c);
+    const Tensor host = norm_device_partials_.slice(0, 0, slots).to(Device::host());
+    const auto* sums = reinterpret_cast<const double*>(host.data<float>());
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      if (!chunks[c].host) partial[c] = sums[c];
+  }
   default_execution_context().parallel_for(static_cast<std::int64_t>(chunks.size()), 1,
                                            [&](std::int64_t first, std::int64_t last) {
                                              for (std::int64_t c = first; c < last; ++c)

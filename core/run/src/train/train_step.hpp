@@ -75,6 +75,9 @@ class TrainStep {
   };
   mutable std::vector<NormChunk> norm_chunks_;
   mutable std::vector<double> norm_partials_;
+  // The device chunks' partials in the backend's memory (a double in two f32 slots each), copied
+  // to norm_partials_ in one copy per step.
+  mutable Tensor norm_device_partials_;
   mutable std::vector<bool> norm_split_;
 };
 

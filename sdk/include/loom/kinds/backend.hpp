@@ -365,14 +365,15 @@ class Backend : public Component {
 
   // For each chunk c of `chunk` elements of x[0, n) (the last one shorter), in order:
   // partials[c] = sum_of_squares(x + c * chunk, ...) (training_kernels.hpp: double, eight lanes).
-  // `partials` is HOST memory (ceil(n / chunk) doubles): the one copy out of this kernel, which
-  // the trainer adds up in chunk order for the gradient norm.
+  // `partials` is memory of this backend's buffer type (ceil(n / chunk) doubles, 8-byte
+  // aligned): the trainer gives every gradient's chunks their slots in one buffer and copies it
+  // to the host once per step, where it adds them up in chunk order for the gradient norm.
   virtual void sum_of_squares(const float* x, std::int64_t n, std::int64_t chunk, double* partials);
 };
 
 // Throws UserError when `backend` computes in memory the host cannot touch: for components that
-// read or write tensors on the host themselves (the trainer, whose optimizers update parameters
-// and whose models initialise them in host memory). `user` names the component: "loom train".
+// read or write tensors on the host themselves (`loom bench gemm`'s host operands; the trainer
+// and `loom generate` work on any backend). `user` names the component: "loom bench gemm".
 void require_host_memory(const Backend& backend, std::string_view user);
 
 }  // namespace loom

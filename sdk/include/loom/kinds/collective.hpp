@@ -31,6 +31,7 @@
 #include <string_view>
 
 #include "loom/component.hpp"
+#include "loom/device.hpp"
 #include "loom/mesh.hpp"
 
 namespace loom {
@@ -84,6 +85,13 @@ class CollectiveGroup {
   // defaults run the blocking operation at once (correct, without overlap).
   virtual std::unique_ptr<Pending> start_all_gather(std::span<const float> in, std::span<float> out);
   virtual std::unique_ptr<Pending> start_reduce_scatter(std::span<const float> in, std::span<float> out);
+
+  // Whether the operations take buffers in memory of buffer type `type` (device.hpp: pointers as
+  // Tensor::device_data gives them). The host's memory always; a device's when the transport
+  // reads and writes it itself (CUDA-aware MPI, NCCL), which such a collective declares by
+  // overriding this. A caller whose tensors are in memory the collective cannot send from stages
+  // them through host memory, with explicit copies (the trainer does, and says so in its header).
+  virtual bool can_send_from(const BufferType& type) const { return type.host_visible(); }
 };
 
 class Collective : public Component, public CollectiveGroup {

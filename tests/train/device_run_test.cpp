@@ -1,0 +1,240 @@
+// `loom train` as a user runs it, on the test device `guarded`
+// (tests/fixtures/plugins/guarded_backend.cpp: memory that faults on any host access outside the
+// backend's own calls, arithmetic by the reference backend): every recipe trains 20 steps with
+// the reference backend's losses, a run on it is read by `loom generate`, the copies between the
+// host and the device per step are logged and the same every step and at every model size, and
+// `mpirun -np 2` trains data parallel on it, staging the gradients through host memory. A host
+// access would be a SIGSEGV (exit 139): passing means zero faults.
+//
+// Shapes are cut down (32 positions, two layers, four sequences a step): the guarded device runs
+// the reference backend's loops and changes page protections around every kernel.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "../core/test_support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::test::CommandResult;
+using loom::test::run_command;
+
+const std::string kSource = LOOM_SOURCE_DIR;
+const std::string kDevices = std::string(LOOM_FIXTURE_DIR) + "/devices";
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("loom-device-run-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+// The environment of a run that may load the guarded backend (it is not installed).
+std::vector<std::string> env() {
+  return {"LOOM_PLUGIN_PATH=" + kDevices, "LOOM_NUM_THREADS=1"};
+}
+
+struct Recipe {
+  std::string name, config;
+  std::vector<std::string> overrides;
+};
+
+// The recipes, each as its config file with the shapes cut down.
+std::vector<Recipe> recipes() {
+  const std::string data = kSource + "/configs/data/";
+  return {
+      {"quickstart", "quickstart.yaml", {}},
+      // A model preset without data: the synthetic corpus.
+      {"llama-tiny", "llama-tiny.yaml", {"data.type=synthetic", "model.hidden_dim=64", "model.intermediate_dim=128"}},
+      {"gemma2-tiny",
+       "gemma2-tiny.yaml",
+       {"model.sliding_window=16", "model.hidden_dim=64", "model.intermediate_dim=128"}},
+      {"mixtral-tiny-remat", "mixtral-tiny.yaml", {"model.remat=full"}},
+      // Its conversations need their 256 positions (the assistant's turn must fit).
+      {"sft-tiny",
+       "sft-tiny.yaml",
+       {"data.paths=[" + data + "sft-tiny.jsonl]", "model.seq_len=256", "trainer.train_batch_size=2",
+        "model.hidden_dim=32", "model.num_heads=2"}},
+      // Its pairs need 128 positions.
+      {"dpo-tiny",
+       "dpo-tiny.yaml",
+       {"data.paths=[" + data + "preferences.jsonl]", "model.seq_len=128", "model.hidden_dim=32", "model.num_heads=2"}},
+      // LoRA from the initialisation (the recipe starts from a quickstart run's weights).
+      {"lora-gpt2",
+       "lora-gpt2.yaml",
+       {"data.paths=[" + data + "tinyshakespeare.txt]", "trainer.init_from=", "lora.dropout=0"}},
+  };
+}
+
+void PrintTo(const Recipe& recipe, std::ostream* out) {
+  *out << recipe.name;
+}
+
+std::vector<std::string> train_args(const Recipe& recipe, const std::string& backend, const fs::path& run_dir,
+                                    std::vector<std::string> more = {}) {
+  std::vector<std::string> args{LOOM_BINARY, "train", kSource + "/configs/" + recipe.config, "backend.type=" + backend,
+                                // The guarded attention kernel computes with the naive one.
+                                std::string("model.attention=") + (backend == "guarded" ? "guarded" : "naive"),
+                                "trainer.run_dir=" + run_dir.string(), "trainer.num_train_steps=20",
+                                "trainer.log_every=1", "trainer.train_batch_size=4", "trainer.microbatch_size=0",
+                                "trainer.steps_per_eval=10", "trainer.max_eval_batches=1", "trainer.sample_length=0",
+                                "trainer.peak_flops=1e11", "trainer.trackers=[jsonl]", "model.seq_len=32",
+                                "model.num_layers=2"};
+  args.insert(args.end(), recipe.overrides.begin(), recipe.overrides.end());
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Every record of the run's metrics.jsonl that has `key`, in order.
+std::vector<double> metric(const fs::path& run_dir, const std::string& key) {
+  std::vector<double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out.push_back(j[key].get<double>());
+  }
+  return out;
+}
+
+void expect_close(const std::vector<double>& device, const std::vector<double>& host, const std::string& what) {
+  ASSERT_EQ(device.size(), host.size()) << what;
+  for (std::size_t i = 0; i < host.size(); ++i)
+    EXPECT_LE(std::abs(device[i] - host[i]), 1e-6) << what << " " << i << ": " << device[i] << " vs " << host[i];
+}
+
+// The number every step logged, checked to be the same every step after the first (whose count
+// includes what a model copies to the device once and keeps there, such as rotary tables).
+double constant_copies(const fs::path& run_dir) {
+  const auto copies = metric(run_dir, "device/host_copies_per_step");
+  EXPECT_EQ(copies.size(), 20u) << run_dir;
+  if (copies.size() < 2) return -1;
+  EXPECT_GE(copies.front(), copies.back()) << run_dir;
+  for (std::size_t i = 1; i < copies.size(); ++i) EXPECT_EQ(copies[i], copies.back()) << run_dir << " step " << i + 1;
+  return copies.back();
+}
+
+class DeviceRun : public ::testing::TestWithParam<Recipe> {};
+
+TEST_P(DeviceRun, TrainsAsTheReferenceBackendAndGenerates) {
+  const Recipe& recipe = GetParam();
+  const fs::path host = scratch(recipe.name + "-reference"), device = scratch(recipe.name + "-guarded");
+  const CommandResult h = run_command(train_args(recipe, "reference", host), env());
+  ASSERT_EQ(h.exit_code, 0) << h.out << h.err;
+  const CommandResult d = run_command(train_args(recipe, "guarded", device), env());
+  ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+
+  const auto losses = metric(host, "train/loss");
+  ASSERT_EQ(losses.size(), 20u);
+  expect_close(metric(device, "train/loss"), losses, "loss");
+  expect_close(metric(device, "train/grad_norm"), metric(host, "train/grad_norm"), "gradient norm");
+  expect_close(metric(device, "eval/loss"), metric(host, "eval/loss"), "evaluation loss");
+  // Copies are counted on a device only, and each step makes as many as the last.
+  EXPECT_TRUE(metric(host, "device/host_copies_per_step").empty());
+  EXPECT_GT(constant_copies(device), 0);
+
+  // `loom generate` reads the run on its device: the reference run's tokens.
+  std::map<std::string, std::string> text;
+  for (const auto& [name, dir] : {std::pair{"reference", host}, std::pair{"guarded", device}}) {
+    const CommandResult g = run_command({LOOM_BINARY, "generate", dir.string(), "--prompt", "The ", "--max-new-tokens",
+                                         "12", "--temperature", "0.8", "--seed", "3"},
+                                        env());
+    ASSERT_EQ(g.exit_code, 0) << name << ": " << g.out << g.err;
+    text[name] = g.out;
+  }
+  EXPECT_FALSE(text["reference"].empty());
+  EXPECT_EQ(text["guarded"], text["reference"]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, DeviceRun, ::testing::ValuesIn(recipes()), [](const auto& info) {
+  std::string name = info.param.name;
+  for (char& ch : name)
+    if (ch == '-') ch = '_';
+  return name;
+});
+
+// The count is a constant of the configuration: a model four times the parameters (twice the
+// width, twice the layers) copies as often per step.
+TEST(DeviceRunCopies, ThePerStepCountDoesNotGrowWithTheModel) {
+  const Recipe small{"quickstart", "quickstart.yaml", {"model.hidden_dim=32"}};
+  const Recipe large{"quickstart", "quickstart.yaml", {"model.hidden_dim=64", "model.num_layers=4"}};
+  const fs::path a = scratch("copies-small"), b = scratch("copies-large");
+  const CommandResult ra = run_command(train_args(small, "guarded", a, {"trainer.steps_per_eval=0"}), env());
+  ASSERT_EQ(ra.exit_code, 0) << ra.out << ra.err;
+  const CommandResult rb = run_command(train_args(large, "guarded", b, {"trainer.steps_per_eval=0"}), env());
+  ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
+  const double small_copies = constant_copies(a);
+  EXPECT_GT(small_copies, 0);
+  EXPECT_EQ(constant_copies(b), small_copies);
+}
+
+#ifdef LOOM_MPIRUN_PATH
+// `mpirun -np 2` on the device: the collective (mpi) cannot send from its memory, so the
+// gradients are staged through host memory, said once in the header; the training equals the
+// reference backend's data-parallel run, with and without ZeRO-1.
+TEST(DeviceRunDataParallel, TwoRanksTrainAsOnTheReferenceBackend) {
+  const std::vector<std::string> mpi_env{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                         "OMPI_MCA_rmaps_base_oversubscribe=1", "LOOM_NUM_THREADS=1",
+                                         "LOOM_PLUGIN_PATH=" + kDevices};
+  const Recipe quickstart{"quickstart", "quickstart.yaml", {"trainer.steps_per_eval=0"}};
+  for (const char* zero_one : {"false", "true"}) {
+    std::map<std::string, fs::path> runs;
+    for (const char* backend : {"reference", "guarded"}) {
+      const fs::path dir = scratch(std::string("mpi-") + backend + "-" + zero_one);
+      std::vector<std::string> args =
+          train_args(quickstart, backend, dir, {std::string("trainer.shard_optimizer_state=") + zero_one});
+      args.insert(args.begin(), {LOOM_MPIRUN_PATH, "--oversubscribe", "-np", "2"});
+      const CommandResult r = run_command(args, mpi_env);
+      ASSERT_EQ(r.exit_code, 0) << backend << ": " << r.out << r.err;
+      const std::string note = "cannot send from guarded:0 memory: the gradients are staged through host memory";
+      const auto at = r.out.find(note);
+      if (std::string(backend) == "guarded") {
+        EXPECT_NE(at, std::string::npos) << r.out;
+        EXPECT_EQ(at, r.out.rfind(note)) << "said once: " << r.out;
+      } else {
+        EXPECT_EQ(at, std::string::npos) << r.out;
+      }
+      runs[backend] = dir;
+    }
+    const auto losses = metric(runs["reference"], "train/loss");
+    ASSERT_EQ(losses.size(), 20u);
+    expect_close(metric(runs["guarded"], "train/loss"), losses, std::string("loss, ZeRO-1 ") + zero_one);
+    expect_close(metric(runs["guarded"], "train/grad_norm"), metric(runs["reference"], "train/grad_norm"),
+                 std::string("gradient norm, ZeRO-1 ") + zero_one);
+    EXPECT_GT(constant_copies(runs["guarded"]), 0);
+  }
+}
+
+// Fully sharded data parallelism keeps its shards on the host: refused, naming the mesh.
+TEST(DeviceRunDataParallel, FullyShardedOnTheDeviceIsOneClearError) {
+  const std::vector<std::string> mpi_env{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                         "OMPI_MCA_rmaps_base_oversubscribe=1", "LOOM_NUM_THREADS=1",
+                                         "LOOM_PLUGIN_PATH=" + kDevices};
+  const Recipe quickstart{"quickstart", "quickstart.yaml", {"trainer.mesh.fsdp=2"}};
+  std::vector<std::string> args = train_args(quickstart, "guarded", scratch("fsdp"));
+  args.insert(args.begin(), {LOOM_MPIRUN_PATH, "--oversubscribe", "-np", "2"});
+  const CommandResult r = run_command(args, mpi_env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("fully sharded data parallelism keeps the units in host memory"), std::string::npos)
+      << r.out << r.err;
+}
+#endif
+
+// What stays on the host is refused before training, naming it: a whole-matrix optimizer.
+TEST(DeviceRunRefusals, AHostOnlyOptimizerIsOneClearError) {
+  const Recipe quickstart{"quickstart", "quickstart.yaml", {"optimizer.type=muon", "trainer.steps_per_eval=0"}};
+  const CommandResult r = run_command(train_args(quickstart, "guarded", scratch("muon")), env());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("muon: the parameters are in guarded:0 memory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
+}  // namespace
