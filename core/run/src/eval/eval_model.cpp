@@ -42,7 +42,7 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
     return out;
   }
   const RunFiles files = resolve_run_or_checkpoint(target, choice);
-  LoadedRun run = load_run(runtime, files, /*merge_lora=*/true);
+  LoadedRun run = load_run(runtime, files, /*merge_lora=*/true, RunMemory::host, "loom eval");
   out.backend = run.backend;
   out.tokenizer = run.tokenizer;
   out.model = run.model;
