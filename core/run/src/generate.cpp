@@ -134,8 +134,7 @@ void TokenStream::run(std::span<const std::int32_t> tokens) {
   if (attach_) attach_(ops);
   // The edges of a decoding step on a device backend: the new tokens in, the next token's logits
   // out, each one explicit copy; the weights and the KV cache stay in the backend's memory.
-  const Tensor input =
-      Tensor::from(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())}).to(backend_.device());
+  const Tensor input = Tensor::from(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())}).to(backend_.device());
   logits_ = model_.next_logits(ops, input, *cache_).to_vector();
 }
 

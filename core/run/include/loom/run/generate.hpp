@@ -195,8 +195,8 @@ LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights
                    WeightsChoice choice = WeightsChoice::ema, RunMemory memory = RunMemory::host,
                    std::string_view command = "loom generate");
 // The same for files already resolved (resolve_run_or_checkpoint).
-LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora = true,
-                   RunMemory memory = RunMemory::host, std::string_view command = "loom generate");
+LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora = true, RunMemory memory = RunMemory::host,
+                   std::string_view command = "loom generate");
 
 // Writes RUN_DIR/generation.json: what generation needs to know about the run's training data
 // (Dataset::separator_ends_documents). A run without it (written before it existed) is read as
