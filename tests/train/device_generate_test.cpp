@@ -14,6 +14,7 @@
 #include "loom/core/runtime.hpp"
 #include "loom/device.hpp"
 #include "loom/error.hpp"
+#include "loom/run/eval.hpp"
 #include "loom/run/generate.hpp"
 #include "loom/run/trainer.hpp"
 #include "numerics_test_support.hpp"
@@ -123,6 +124,20 @@ TEST(DeviceGenerate, SamplesAndLoomGenerateOnTheDeviceGiveTheReferenceBackendsTo
   EXPECT_EQ(h.tokens.size(), 40u);
   EXPECT_EQ(d.tokens, h.tokens);
 
+  // `loom eval`'s loader: the run in the device's memory, scored as on the host.
+  auto score = [](const fs::path& run_dir) {
+    RuntimeOptions options;
+    options.config = run_dir / "config.yaml";
+    Runtime runtime(options);
+    const eval::EvalModel m = eval::load_eval_model(runtime, run_dir, WeightsChoice::ema);
+    eval::Scorer scorer(*m.model, *m.backend, eval::ScorerOptions{});
+    const std::vector<eval::TokenRequest> requests{{{m.prefix, 40, 41}, {42, 43}}, {{m.prefix}, {44}}};
+    std::vector<double> out;
+    for (const eval::Scored& s : scorer.score(requests)) out.push_back(s.logprob);
+    return out;
+  };
+  EXPECT_EQ(score(device.trained.dir), score(host.trained.dir));
+
   // Another command that loads a run keeps refusing a device backend, naming itself.
   RuntimeOptions options;
   options.config = device.trained.dir / "config.yaml";
@@ -136,25 +151,31 @@ TEST(DeviceGenerate, SamplesAndLoomGenerateOnTheDeviceGiveTheReferenceBackendsTo
   }
 }
 
+// A tiny GPT-2 built and initialised on `backend` (ModelSetup::backend): the same values on any.
+Handle<Model> tiny_gpt2(Backend& backend, const char* attention, std::int64_t seq_len) {
+  Value node = Value::map();
+  node.set("type", Value("gpt2"));
+  node.set("seq_len", Value(seq_len));
+  node.set("hidden_dim", Value(std::int64_t{32}));
+  node.set("num_layers", Value(std::int64_t{1}));
+  node.set("num_heads", Value(std::int64_t{2}));
+  node.set("initializer_range", Value(0.5));
+  node.set("attention", Value(attention));
+  Handle<Model> model = plugin_registry().create<Model>(ComponentRef{"model", "gpt2", node, "model"});
+  ModelSetup setup;
+  setup.vocab_size = 64;
+  setup.backend = &backend;
+  model->build(setup);
+  model->initialize(3);
+  return model;
+}
+
 // A decoding step's host<->device copies are a constant number of small ones: the new token and
 // its position in, their range checks' copies back, the next token's logits out. Neither the
 // weights nor the KV cache cross (each is larger than a step's whole traffic here).
 TEST(DeviceGenerate, EachDecodingStepCopiesAConstantNumberOfSmallTensors) {
-  Registry& registry = plugin_registry();
   Handle<Backend> device = make_backend("guarded");
-  Value node = Value::map();
-  node.set("type", Value("gpt2"));
-  node.set("seq_len", Value(std::int64_t{64}));
-  node.set("hidden_dim", Value(std::int64_t{32}));
-  node.set("num_layers", Value(std::int64_t{1}));
-  node.set("num_heads", Value(std::int64_t{2}));
-  node.set("attention", Value("guarded"));
-  Handle<Model> model = registry.create<Model>(ComponentRef{"model", "gpt2", node, "model"});
-  ModelSetup setup;
-  setup.vocab_size = 64;
-  setup.backend = device.get();
-  model->build(setup);
-  model->initialize(3);
+  Handle<Model> model = tiny_gpt2(*device, "guarded", 64);
   DocumentBoundary boundary;
   boundary.separator = {0};
   TokenStream stream(*model, *device, boundary);
@@ -173,6 +194,30 @@ TEST(DeviceGenerate, EachDecodingStepCopiesAConstantNumberOfSmallTensors) {
   // Per step: the logits (64 floats) and a few ids; a layer's cache or the embedding is 8 KiB.
   EXPECT_LE(four.bytes / 4, 64u * 4u + 64u) << four.count << " copies of " << four.bytes << " bytes";
   EXPECT_EQ(stream.logits().size(), 64u);
+}
+
+// `loom eval`'s scorer (and the trainer's eval_tasks): multiple choice with and without the KV
+// cache (the context run once, its cache copied into every choice's, on the device), in batches.
+TEST(DeviceEval, TheScorerOnTheDeviceGivesTheReferenceBackendsLogProbabilities) {
+  Handle<Backend> host = make_backend("reference"), device = make_backend("guarded");
+  Handle<Model> on_host = tiny_gpt2(*host, "naive", 32), on_device = tiny_gpt2(*device, "guarded", 32);
+  std::vector<eval::TokenRequest> requests;
+  for (std::int32_t c = 0; c < 4; ++c) {
+    std::vector<std::int32_t> context;
+    for (std::int32_t t = 0; t < 9; ++t) context.push_back((t * 7 + 3) % 64);
+    requests.push_back({context, {c, static_cast<std::int32_t>(10 + c), 5}});
+  }
+  requests.push_back({{1, 2, 3}, {4}});
+  const std::vector<std::size_t> groups{4, 1};
+  for (const eval::KvCacheUse kv : {eval::KvCacheUse::never, eval::KvCacheUse::always}) {
+    eval::Scorer h(*on_host, *host, eval::ScorerOptions{3, kv}), d(*on_device, *device, eval::ScorerOptions{3, kv});
+    const std::vector<eval::Scored> hs = h.score_grouped(requests, groups), ds = d.score_grouped(requests, groups);
+    ASSERT_EQ(ds.size(), hs.size());
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      EXPECT_EQ(ds[i].logprob, hs[i].logprob) << "request " << i << ", kv " << static_cast<int>(kv);
+      EXPECT_EQ(ds[i].greedy, hs[i].greedy) << "request " << i << ", kv " << static_cast<int>(kv);
+    }
+  }
 }
 
 TEST(DeviceLora, TrainingWithAdaptersOnTheDeviceGivesTheReferenceBackendsLosses) {

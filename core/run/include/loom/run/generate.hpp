@@ -180,9 +180,9 @@ struct LoadedRun {
 };
 class Runtime;
 // Where the caller runs the loaded model. `host`: a backend whose memory the host cannot read is
-// refused (require_host_memory, naming the command: `loom export` and `loom eval` read the
-// weights on the host). `backend`: the model is built in the backend's memory, wherever that is,
-// and the weights are read into it through explicit copies (`loom generate`).
+// refused (require_host_memory, naming the command: `loom export` reads the weights on the
+// host). `backend`: the model is built in the backend's memory, wherever that is, and the
+// weights are read into it through explicit copies (`loom generate`, `loom eval`).
 enum class RunMemory { host, backend };
 // A LoRA run (its config has lora.rank > 0) is its base model (trainer.seed's initialisation,
 // then trainer.init_from) with the adapters of `run_or_weights` (a checkpoint's model.safetensors
