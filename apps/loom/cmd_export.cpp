@@ -62,7 +62,7 @@ int run_export(const std::vector<std::string>& args) {
     throw UserError("'" + source + "' is not a loom run: there is no " + config.string() +
                     " (give the directory `loom train` printed, such as runs/<run_id>, or one of its checkpoints)");
   Runtime runtime(runtime_options(common, {config.string()}, true));
-  LoadedRun run = load_run(runtime, run_files, merge_lora);
+  LoadedRun run = load_run(runtime, run_files, merge_lora, RunMemory::host, "loom export");
   if (merge_lora && !run.lora)
     throw UserError("--merge-lora: '" + source +
                     "' is not a LoRA run (its config has no lora.rank > 0); export it "

@@ -55,7 +55,7 @@ int run_generate(const std::vector<std::string>& args) {
 
   const fs::path config = run_directory(target) / "config.yaml";
   Runtime runtime(runtime_options(common, {config.string()}, true));
-  LoadedRun run = load_run(runtime, target, /*merge_lora=*/true, choice);
+  LoadedRun run = load_run(runtime, target, /*merge_lora=*/true, choice, RunMemory::backend, "loom generate");
   // A LoRA run with a quantized base (lora.base_dtype): the adapters apply in the products.
   std::optional<LinearAdaptersScope> adapters;
   if (run.lora && run.lora->base_stored()) adapters.emplace(&run.lora->table());

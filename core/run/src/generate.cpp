@@ -132,7 +132,9 @@ void TokenStream::run(std::span<const std::int32_t> tokens) {
   Ops ops(backend_, &tape);
   ops.set_training(false);
   if (attach_) attach_(ops);
-  const Tensor input = Tensor::from(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())});
+  // The edges of a decoding step on a device backend: the new tokens in, the next token's logits
+  // out, each one explicit copy; the weights and the KV cache stay in the backend's memory.
+  const Tensor input = Tensor::from(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())}).to(backend_.device());
   logits_ = model_.next_logits(ops, input, *cache_).to_vector();
 }
 
@@ -289,7 +291,8 @@ fs::path run_directory(const fs::path& run_or_weights) {
   return config.parent_path();
 }
 
-LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_lora, WeightsChoice choice) {
+LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_lora, WeightsChoice choice,
+                   RunMemory memory, std::string_view command) {
   std::error_code ec;
   fs::path weights = run_or_weights, run_dir;
   if (fs::is_directory(run_or_weights, ec)) {
@@ -306,10 +309,12 @@ LoadedRun load_run(Runtime& runtime, const fs::path& run_or_weights, bool merge_
     throw UserError("no weights at '" + weights.string() +
                     "': give a run directory that holds model.safetensors "
                     "(trainer.save_final: true writes it) or the weights file itself");
-  return load_run(runtime, choose_weights(run_dir.empty() ? fs::path(".") : run_dir, weights, choice), merge_lora);
+  return load_run(runtime, choose_weights(run_dir.empty() ? fs::path(".") : run_dir, weights, choice), merge_lora,
+                  memory, command);
 }
 
-LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora) {
+LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora, RunMemory memory,
+                   std::string_view command) {
   LoadedRun run;
   run.run_dir = files.dir;
   run.weights = files;
@@ -321,7 +326,7 @@ LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora) {
     return runtime.registry().create(kind, ComponentRef{std::string(kind), "", *node, section});
   };
   run.backend = std::static_pointer_cast<Backend>(create("backend", Backend::kind));
-  require_host_memory(*run.backend, "loom generate");
+  if (memory == RunMemory::host) require_host_memory(*run.backend, command);
   run.tokenizer = std::static_pointer_cast<Tokenizer>(create("tokenizer", Tokenizer::kind));
   run.model = std::static_pointer_cast<Model>(create("model", Model::kind));
   if (std::ifstream state_file{run.run_dir / "tokenizer.state", std::ios::binary}) {
@@ -344,7 +349,11 @@ LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora) {
     separator_ends_documents = info["separator_ends_documents"].get<bool>();
   }
   run.documents = document_boundary(*run.tokenizer, separator_ends_documents);
-  run.model->build(ModelSetup{run.tokenizer->vocab_size()});
+  ModelSetup setup{run.tokenizer->vocab_size()};
+  // In the backend's memory (parameters allocated and initialised there, the weights read in
+  // through explicit copies); for a host backend that is where they always were.
+  if (memory == RunMemory::backend) setup.backend = run.backend.get();
+  run.model->build(setup);
   if (lora_settings(config).enabled()) {
     run.lora = load_lora_model(*run.model, *run.backend, config, files, merge_lora);
     return run;

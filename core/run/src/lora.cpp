@@ -15,6 +15,7 @@
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
+#include "loom/model_support.hpp"
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
 #include "loom/safetensors.hpp"
@@ -192,8 +193,17 @@ std::string last_part(const std::string& module) {
 
 }  // namespace
 
-LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings) : settings_(settings) {
+LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& settings)
+    : settings_(settings), backend_(&backend) {
   if (!settings.enabled()) throw InternalError("LoraAdapters: lora.rank is 0");
+  // The stored formats are host memory: the products dequantize them a panel at a time on the
+  // host (quant::StoredMatrix), which a device backend's kernels cannot read.
+  if (settings.base_dtype != quant::StorageFormat::f32 && !backend.buffer_type().host_visible())
+    throw UserError("lora.base_dtype: " + std::string(quant::storage_format_name(settings.base_dtype)) +
+                    " stores the frozen base weights in host memory, where the products dequantize them, but "
+                    "backend '" +
+                    std::string(backend.name()) + "' computes in " + backend.buffer_type().device().str() +
+                    " memory; set lora.base_dtype: f32 on this backend, or choose a host backend (cpu, reference)");
   // Which weights the model multiplies, and how: one loss and one logits pass over a few tokens,
   // observed. The loss shows the weights inside the model (the default targets); the logits also
   // the output head (an untied lm_head), which the loss multiplies in its fused cross-entropy.
@@ -225,7 +235,7 @@ LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& s
     });
     const std::int64_t len = std::min<std::int64_t>(model.max_seq_len(), 4);
     const std::vector<std::int32_t> zeros(static_cast<std::size_t>(len), 0);
-    const Tensor tokens = Tensor::from(std::span<const std::int32_t>(zeros), Shape{1, len});
+    const Tensor tokens = Tensor::from(std::span<const std::int32_t>(zeros), Shape{1, len}).to(backend.device());
     model.loss(ops, tokens, tokens, Tensor());
     loss_pass = false;
     model.logits(ops, tokens, Tensor());
@@ -335,12 +345,14 @@ void LoraAdapters::initialize(std::uint64_t seed) {
     // PEFT: kaiming_uniform_(A, a=sqrt(5)), a bound of 1 / sqrt(fan_in).
     const std::uint64_t key = stream_key(seed, 1, lora_init_counter + i);
     const float bound = 1.0f / std::sqrt(static_cast<float>(e.in));
+    // Drawn on the host (no backend kernel draws uniform values): in a device backend's memory
+    // through one explicit copy per adapter, at start-up.
     Tensor a = Tensor::empty(e.a->shape());
     float* d = a.data<float>();
     for (std::int64_t j = 0; j < a.numel(); ++j)
       d[j] = (2.0f * random_uniform(key, static_cast<std::uint32_t>(j)) - 1.0f) * bound;
     e.a->data().copy_from(a);
-    e.b->data().copy_from(Tensor::zeros(e.b->shape()));
+    models::fill_constant(e.b->data(), 0.0f, backend_);
   }
 }
 

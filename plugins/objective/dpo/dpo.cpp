@@ -67,8 +67,13 @@ class DpoObjective final : public loom::Objective {
       loom::models::InferenceScope scope(ops);  // no tape, no dropout: the reference is a constant
       reference = models.reference->token_losses(ops, batch.tokens, batch.targets, batch.segments);
     }
+    // The pairs' arithmetic is a few scalars per row, in double, on the host. On a device backend
+    // its inputs come out through explicit copies (both models' per-token losses, the targets and
+    // the tokens) and its seed goes back in through one: the edges of the loss, a constant number
+    // per micro-batch.
     const auto policy_nll = policy.to_vector(), reference_nll = reference.to_vector();
-    const std::int32_t* targets = batch.targets.data<std::int32_t>();
+    const std::vector<std::int32_t> host_targets = batch.targets.to_int_vector();
+    const std::int32_t* targets = host_targets.data();
 
     // Each row's summed log-probability of its response, policy and reference, in double.
     std::vector<double> logp(static_cast<std::size_t>(rows), 0.0), ref_logp(logp);
@@ -89,7 +94,7 @@ class DpoObjective final : public loom::Objective {
     }
 
     const std::int64_t pairs = rows / 2;
-    check_pairs_share_prompts(batch, pairs, seq);
+    check_pairs_share_prompts(targets, batch.tokens.to_int_vector().data(), pairs, seq);
     const double eps = label_smoothing_, inv_pairs = 1.0 / static_cast<double>(pairs);
     loom::ObjectiveLoss out;
     out.metrics.assign(4, 0.0);
@@ -114,7 +119,7 @@ class DpoObjective final : public loom::Objective {
       }
     }
     out.output = policy;
-    out.gradient = loom::Tensor::from(std::span<const float>(grad), policy.shape());
+    out.gradient = loom::Tensor::from(std::span<const float>(grad), policy.shape()).to(policy.device());
     return out;
   }
 
@@ -122,9 +127,8 @@ class DpoObjective final : public loom::Objective {
   // Rows 2i and 2i + 1 hold one prompt and two responses: their inputs agree up to the first
   // target that counts, and it is at the same position. Catches data that is not in pairs (a chat
   // or text dataset under `objective: dpo`) where it masks its prompts.
-  static void check_pairs_share_prompts(const loom::ObjectiveBatch& batch, std::int64_t pairs, std::int64_t seq) {
-    const std::int32_t* targets = batch.targets.data<std::int32_t>();
-    const std::int32_t* tokens = batch.tokens.data<std::int32_t>();
+  static void check_pairs_share_prompts(const std::int32_t* targets, const std::int32_t* tokens, std::int64_t pairs,
+                                        std::int64_t seq) {
     auto first_counted = [&](std::int64_t row) {
       std::int64_t t = 0;
       while (t < seq && targets[row * seq + t] < 0) ++t;

@@ -245,15 +245,17 @@ inline void check_batch(const Tensor& tokens, const Tensor& targets, const Tenso
 }
 
 // Keys and values of every layer for `batch` sequences of up to `max_len` positions:
-// [batch, max_len, kv_heads, head_dim] per layer, filled from position 0 on.
+// [batch, max_len, kv_heads, head_dim] per layer, filled from position 0 on, in `device`'s memory
+// (the model's: a device backend's cache never leaves it).
 class LayerKvCache final : public KvCache {
  public:
   LayerKvCache(const void* owner, std::int64_t layers, std::int64_t batch, std::int64_t max_len, std::int64_t kv_heads,
-               std::int64_t head_dim)
+               std::int64_t head_dim, const Device& device = Device::host())
       : owner_(owner), batch_(batch), max_len_(max_len) {
+    const Shape shape{batch, max_len, kv_heads, head_dim};
     for (std::int64_t l = 0; l < layers; ++l) {
-      keys_.push_back(Tensor::zeros(Shape{batch, max_len, kv_heads, head_dim}));
-      values_.push_back(Tensor::zeros(Shape{batch, max_len, kv_heads, head_dim}));
+      keys_.push_back(device.is_host() ? Tensor::zeros(shape) : Tensor::zeros(shape, DType::f32, device));
+      values_.push_back(device.is_host() ? Tensor::zeros(shape) : Tensor::zeros(shape, DType::f32, device));
     }
   }
 
@@ -380,7 +382,9 @@ class CausalLm : public Model {
                       std::to_string(max_seq_len()) + "), not batch " + std::to_string(batch) + " and max_len " +
                       std::to_string(max_len));
     const CacheShape shape = cache_shape();
-    return std::make_unique<LayerKvCache>(this, shape.layers, batch, max_len, shape.kv_heads, shape.head_dim);
+    // Where the model's weights are (a device backend's memory, ModelSetup::backend).
+    return std::make_unique<LayerKvCache>(this, shape.layers, batch, max_len, shape.kv_heads, shape.head_dim,
+                                          head().device());
   }
 
   Tensor next_logits(Ops& ops, const Tensor& tokens, KvCache& cache) final {

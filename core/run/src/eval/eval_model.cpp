@@ -31,7 +31,9 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
           "the config's tokenizer learns its vocabulary from training data; a Hugging Face directory "
           "needs one that is complete (gpt2-bpe, sentencepiece, byte)");
     out.model = std::static_pointer_cast<Model>(create("model", Model::kind));
-    out.model->build(ModelSetup{out.tokenizer->vocab_size()});
+    ModelSetup setup{out.tokenizer->vocab_size()};
+    setup.backend = out.backend.get();  // in the backend's memory, wherever that is
+    out.model->build(setup);
     const std::vector<std::string> notes = load_initial_weights(*out.model, target, choice);
     out.description = "the Hugging Face model " + target.string();
     const DocumentBoundary documents = document_boundary(*out.tokenizer, false);
@@ -42,7 +44,7 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
     return out;
   }
   const RunFiles files = resolve_run_or_checkpoint(target, choice);
-  LoadedRun run = load_run(runtime, files, /*merge_lora=*/true);
+  LoadedRun run = load_run(runtime, files, /*merge_lora=*/true, RunMemory::backend, "loom eval");
   out.backend = run.backend;
   out.tokenizer = run.tokenizer;
   out.model = run.model;

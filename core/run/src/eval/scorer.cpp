@@ -111,7 +111,10 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
       const auto& input = rows[begin + static_cast<std::size_t>(b)]->first;
       std::copy(input.begin(), input.end(), tokens.begin() + b * seq);
     }
-    const Tensor input_tensor = Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, seq});
+    // In the backend's memory (one explicit copy to a device backend's); the logits come back
+    // through HostLogits.
+    const Tensor input_tensor =
+        Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, seq}).to(backend_.device());
     // Where the model can (CausalLm), the logits of the positions that predict a continuation's
     // tokens alone: the output projection is most of a small model's work over a long context.
     // row_of[b * seq + t]: the logits' row of position t of sequence b.
@@ -199,8 +202,8 @@ bool Scorer::score_with_cache(std::span<const TokenRequest> group, std::span<Sco
   ops.set_training(false);
   const auto m = static_cast<std::int64_t>(context.size());
   auto shared = model_.new_cache(1, m);
-  const Tensor last =
-      model_.next_logits(ops, Tensor::from(std::span<const std::int32_t>(context), Shape{1, m}), *shared);
+  const Tensor last = model_.next_logits(
+      ops, Tensor::from(std::span<const std::int32_t>(context), Shape{1, m}).to(backend_.device()), *shared);
   const HostLogits first(last);
   ++stats_.forward_passes;
   stats_.tokens_run += m;
@@ -218,7 +221,8 @@ bool Scorer::score_with_cache(std::span<const TokenRequest> group, std::span<Sco
       const auto& cont = group[static_cast<std::size_t>(b)].continuation;
       std::copy(cont.begin(), cont.end() - 1, tokens.begin() + b * k);
     }
-    rest.emplace(causal->cached_logits(ops, Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, k}), *cache));
+    rest.emplace(causal->cached_logits(
+        ops, Tensor::from(std::span<const std::int32_t>(tokens), Shape{n, k}).to(backend_.device()), *cache));
     ++stats_.forward_passes;
     stats_.tokens_run += n * k;
   }

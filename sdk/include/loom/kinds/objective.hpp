@@ -22,7 +22,9 @@
 
 namespace loom {
 
-// One micro-batch: rows of a Batch (kinds/dataset.hpp) as tensors on the host.
+// One micro-batch: rows of a Batch (kinds/dataset.hpp) as tensors in the backend's memory (the
+// host's for cpu and reference; a device backend's otherwise: read them through explicit copies,
+// to_int_vector, never data<T>()).
 struct ObjectiveBatch {
   Tensor tokens, targets;  // i32 [rows, seq]; targets -1: no loss there
   Tensor segments;         // i32 [rows, seq], or undefined
@@ -39,8 +41,8 @@ struct ObjectiveLoss {
   double value = 0;
   // Recorded on the tape of the Ops the loss was computed with: where the backward pass starts.
   Tensor output;
-  // d value / d output, f32 of output's shape on the host; undefined when `output` is the scalar
-  // loss itself (seeded with 1). The trainer scales it by the micro-batch's weight.
+  // d value / d output, f32 of output's shape in output's memory; undefined when `output` is the
+  // scalar loss itself (seeded with 1). The trainer scales it by the micro-batch's weight.
   Tensor gradient;
   // Values of metric_names(), in that order: means over the micro-batch's count() units.
   std::vector<double> metrics;

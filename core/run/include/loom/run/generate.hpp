@@ -179,16 +179,24 @@ struct LoadedRun {
   RunFiles weights;  // what was read: files.description says which weights (the average or the live ones)
 };
 class Runtime;
+// Where the caller runs the loaded model. `host`: a backend whose memory the host cannot read is
+// refused (require_host_memory, naming the command: `loom export` reads the weights on the
+// host). `backend`: the model is built in the backend's memory, wherever that is, and the
+// weights are read into it through explicit copies (`loom generate`, `loom eval`).
+enum class RunMemory { host, backend };
 // A LoRA run (its config has lora.rank > 0) is its base model (trainer.seed's initialisation,
 // then trainer.init_from) with the adapters of `run_or_weights` (a checkpoint's model.safetensors
 // or the run directory's adapter_model.safetensors) merged in, unless merge_lora is false.
 // `run_or_weights` is a run directory (its final model.safetensors) or a weights file; of a run
 // trained with trainer.ema_decay, `choice` picks the average or the live weights
 // (choose_weights).
+// `memory` and `command` (for the message): see RunMemory.
 LoadedRun load_run(Runtime& runtime, const std::filesystem::path& run_or_weights, bool merge_lora = true,
-                   WeightsChoice choice = WeightsChoice::ema);
+                   WeightsChoice choice = WeightsChoice::ema, RunMemory memory = RunMemory::host,
+                   std::string_view command = "loom generate");
 // The same for files already resolved (resolve_run_or_checkpoint).
-LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora = true);
+LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora = true, RunMemory memory = RunMemory::host,
+                   std::string_view command = "loom generate");
 
 // Writes RUN_DIR/generation.json: what generation needs to know about the run's training data
 // (Dataset::separator_ends_documents). A run without it (written before it existed) is read as

@@ -149,6 +149,7 @@ class LoraAdapters {
   std::vector<Parameter*> storable_;  // the weights store_base may store, in the model's order
   bool base_stored_ = false;
   bool through_table_ = false;
+  Backend* backend_;  // whose memory holds the adapters (initialize fills them there)
 };
 
 // Applies trainer.trainable and trainer.frozen (and, under LoRA, freezes every base weight) to
