@@ -5,9 +5,12 @@
 // host vectors copied to the backend's buffer type for each call and read back after it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <loom/random.hpp>
+#include <numeric>
+#include <tuple>
 
 #include "numerics_test_support.hpp"
 
@@ -345,6 +348,61 @@ TEST_P(KernelContract, DropoutMaskIsTheSharedCounterBasedOne) {
     kept += keep;
   }
   EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.015);
+}
+
+// A mixture of experts' routing (BackendOp::routing) against a plain statement of the contract:
+// each token's k largest logits, ties to the lower expert id, the expert-sorted tokens, each
+// choice's row among the experts [first, last) (the zero row after them for the others) and the
+// counts; on logits with many ties (values of a coarse grid, a row of equal values).
+TEST_P(KernelContract, RouteTopKFollowsTheRoutingContract) {
+  const std::int64_t tokens = 37, experts = 6;
+  std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    logits[i] = std::round(2.0f * random_normal(91, static_cast<std::uint32_t>(i))) / 2.0f;
+  std::fill_n(logits.begin() + 5 * experts, experts, 0.25f);  // token 5: all tied
+  const Tensor x = on_backend(Tensor::from(std::span<const float>(logits), Shape{tokens, experts}), *backend_);
+  for (const auto& [k, first, last] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{2, 0, experts},
+                                       {1, 0, experts},
+                                       {3, 2, 4},
+                                       {experts, 0, experts},
+                                       {2, 3, 3}}) {
+    SCOPED_TRACE("k " + std::to_string(k) + ", experts [" + std::to_string(first) + ", " + std::to_string(last) + ")");
+    // The contract, stated directly.
+    std::vector<std::int32_t> chosen, slots(static_cast<std::size_t>(tokens * k)), sorted,
+        counts(static_cast<std::size_t>(experts), 0);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+        return logits[static_cast<std::size_t>(t * experts + a)] > logits[static_cast<std::size_t>(t * experts + b)];
+      });
+      for (std::int64_t j = 0; j < k; ++j) {
+        chosen.push_back(static_cast<std::int32_t>(t * experts) + order[static_cast<std::size_t>(j)]);
+        ++counts[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+      }
+    }
+    std::int32_t row = 0, after = 0;
+    for (std::int64_t e = first; e < last; ++e) after += counts[static_cast<std::size_t>(e)];
+    for (std::int64_t e = 0; e < experts; ++e)
+      for (std::int64_t t = 0; t < tokens; ++t)
+        for (std::int64_t j = 0; j < k; ++j)
+          if (chosen[static_cast<std::size_t>(t * k + j)] == t * experts + e) {
+            sorted.push_back(static_cast<std::int32_t>(t));
+            slots[static_cast<std::size_t>(t * k + j)] = e >= first && e < last ? row++ : after;
+          }
+    BufferType& type = backend_->buffer_type();
+    const Tensor got_chosen = Tensor::empty(Shape{tokens, k}, DType::i32, type);
+    const Tensor got_slots = Tensor::empty(Shape{tokens, k}, DType::i32, type);
+    const Tensor got_sorted = Tensor::empty(Shape{tokens * k}, DType::i32, type);
+    const Tensor got_counts = Tensor::empty(Shape{experts}, DType::i32, type);
+    backend_->route_top_k(x.device_data<float>(), tokens, experts, k, first, last,
+                          got_chosen.device_data<std::int32_t>(), got_slots.device_data<std::int32_t>(),
+                          got_sorted.device_data<std::int32_t>(), got_counts.device_data<std::int32_t>());
+    EXPECT_EQ(got_chosen.to_int_vector(), chosen);
+    EXPECT_EQ(got_slots.to_int_vector(), slots);
+    EXPECT_EQ(got_sorted.to_int_vector(), sorted);
+    EXPECT_EQ(got_counts.to_int_vector(), counts);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, KernelContract, ::testing::ValuesIn(registered("backend")),

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <loom/autograd.hpp>
 #include <loom/elementwise_optimizer.hpp>
 #include <loom/error.hpp>
@@ -101,7 +102,7 @@ TEST(DeviceTraining, ShardsOfASplitParameterGetTheirWholeTensorValues) {
   }
 }
 
-Handle<Model> tiny_gpt2(Backend* backend, const char* attention = "naive") {
+Handle<Model> tiny_gpt2(Backend* backend, const char* attention) {
   Value node = Value::map();
   node.set("type", Value("gpt2"));
   node.set("seq_len", Value(std::int64_t{16}));
@@ -120,8 +121,8 @@ Handle<Model> tiny_gpt2(Backend* backend, const char* attention = "naive") {
 
 TEST(DeviceTraining, AModelBuiltOnTheDeviceIsInitialisedThereWithTheHostValues) {
   Handle<Backend> device = guarded();
-  Handle<Model> on_host = tiny_gpt2(nullptr);
-  Handle<Model> on_device = tiny_gpt2(device.get());
+  Handle<Model> on_host = tiny_gpt2(nullptr, "naive");
+  Handle<Model> on_device = tiny_gpt2(device.get(), "naive");
   const auto& h = on_host->parameters();
   const auto& d = on_device->parameters();
   ASSERT_EQ(h.size(), d.size());
@@ -291,10 +292,12 @@ struct StepsRun {
   std::vector<std::vector<float>> parameters, averages;
 };
 
-StepsRun train_steps(const std::string& backend_name, const char* attention) {
+using ModelMaker = std::function<Handle<Model>(Backend* backend, const char* attention)>;
+
+StepsRun train_steps(const std::string& backend_name, const char* attention, const ModelMaker& make_model = tiny_gpt2) {
   training::RunComponents c;
   c.backend = make_backend(backend_name);
-  c.model = tiny_gpt2(c.backend.get(), attention);
+  c.model = make_model(c.backend.get(), attention);
   c.parameters = c.model->parameters();
   c.optimizer = optimizer("adamw", {{"weight_decay", Value(0.1)}});
   OptimizerSetup setup;
@@ -346,6 +349,81 @@ TEST(DeviceTraining, WholeStepsOnTheDeviceGiveTheReferenceBackendsBits) {
     EXPECT_TRUE(bitwise_equal(device.parameters[i], host.parameters[i])) << "parameter " << i;
     EXPECT_TRUE(bitwise_equal(device.averages[i], host.averages[i])) << "average " << i;
   }
+}
+
+// A tiny Mixtral (llama with a mixture of 4 experts, 2 per token, both router losses): the
+// router's top-k, the experts' gathers and the auxiliary losses on the device (BackendOp::routing),
+// with and without remat (whose recomputation routes again).
+ModelMaker tiny_mixtral(const char* remat) {
+  return [remat](Backend* backend, const char* attention) {
+    Value moe = Value::map();
+    moe.set("num_experts", Value(std::int64_t{4}));
+    moe.set("experts_per_token", Value(std::int64_t{2}));
+    moe.set("router_aux_loss_coef", Value(0.05));
+    moe.set("router_z_loss_coef", Value(0.01));
+    Value node = Value::map();
+    node.set("type", Value("llama"));
+    node.set("seq_len", Value(std::int64_t{16}));
+    node.set("hidden_dim", Value(std::int64_t{32}));
+    node.set("intermediate_dim", Value(std::int64_t{24}));
+    node.set("num_layers", Value(std::int64_t{2}));
+    node.set("num_heads", Value(std::int64_t{2}));
+    node.set("num_kv_heads", Value(std::int64_t{1}));
+    node.set("moe", moe);
+    node.set("remat", Value(remat));
+    node.set("attention", Value(attention));
+    Handle<Model> model = plugin_registry().create<Model>(ComponentRef{"model", "llama", node, "model"});
+    ModelSetup setup;
+    setup.vocab_size = 64;
+    setup.backend = backend;
+    model->build(setup);
+    model->initialize(11);
+    return model;
+  };
+}
+
+TEST(DeviceTraining, MixtureOfExpertsStepsOnTheDeviceGiveTheReferenceBackendsBits) {
+  for (const char* remat : {"none", "full"}) {
+    SCOPED_TRACE(std::string("remat ") + remat);
+    const StepsRun host = train_steps("reference", "naive", tiny_mixtral(remat));
+    const StepsRun device = train_steps("guarded", "guarded", tiny_mixtral(remat));
+    ASSERT_EQ(device.losses.size(), host.losses.size());
+    for (std::size_t s = 0; s < host.losses.size(); ++s) {
+      EXPECT_EQ(device.losses[s], host.losses[s]) << "step " << s;
+      EXPECT_EQ(device.norms[s], host.norms[s]) << "step " << s;
+    }
+    ASSERT_EQ(device.parameters.size(), host.parameters.size());
+    for (std::size_t i = 0; i < host.parameters.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(device.parameters[i], host.parameters[i])) << "parameter " << i;
+      EXPECT_TRUE(bitwise_equal(device.averages[i], host.averages[i])) << "average " << i;
+    }
+  }
+}
+
+// The router's metrics come from the device's memory when read (MoeMetrics::read), and equal the
+// reference backend's; reading them is the only copy they cost.
+TEST(DeviceTraining, MixtureOfExpertsMetricsAreReadFromTheDevice) {
+  const auto metrics_of = [](const std::string& backend_name, const char* attention) {
+    Handle<Backend> backend = make_backend(backend_name);
+    Handle<Model> model = tiny_mixtral("none")(backend.get(), attention);
+    std::vector<std::int32_t> ids(2 * 16);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<std::int32_t>(random_bits(5, static_cast<std::uint32_t>(i)) % 64);
+    const Tensor tokens = Tensor::from(std::span<const std::int32_t>(ids), Shape{2, 16}).to(backend->device());
+    Tape tape;
+    Ops ops(*backend, &tape);
+    model->loss(ops, tokens, tokens, Tensor());
+    const HostDeviceCopies before = host_device_copies();
+    auto metrics = model->metrics();
+    const HostDeviceCopies after = host_device_copies();
+    return std::make_pair(metrics, after.count - before.count);
+  };
+  const auto [host, host_copies] = metrics_of("reference", "naive");
+  const auto [device, device_copies] = metrics_of("guarded", "guarded");
+  EXPECT_EQ(host_copies, 0u);
+  EXPECT_EQ(device_copies, 1u);
+  ASSERT_EQ(device.size(), 2u + 4u);  // router_aux_loss, router_z_loss, expert_load/0..3
+  EXPECT_EQ(device, host);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // the default (round, then float32 gemm) bf16 GEMM.
 #include "loom/kinds/backend.hpp"
 
+#include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "loom/error.hpp"
@@ -54,6 +56,8 @@ std::string_view backend_op_name(BackendOp op) {
       return "optimizer";
     case BackendOp::sum_of_squares:
       return "sum_of_squares";
+    case BackendOp::routing:
+      return "routing";
   }
   return "unknown";
 }
@@ -85,6 +89,42 @@ void Backend::gemm_bf16(Transpose trans_a, Transpose trans_b, std::int64_t m, st
   const std::vector<float> ra = rounded_to_bf16(a, ta ? k : m, ta ? m : k, lda);
   const std::vector<float> rb = rounded_to_bf16(b, tb ? n : k, tb ? k : n, ldb);
   gemm(trans_a, trans_b, m, n, k, alpha, ra.data(), lda, rb.data(), ldb, beta, c, ldc);
+}
+
+void Backend::route_top_k(const float* logits, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                          std::int64_t first, std::int64_t last, std::int32_t* chosen, std::int32_t* slots,
+                          std::int32_t* sorted, std::int32_t* counts) {
+  // The selection MoeBlock made on the host before this kernel existed, step for step
+  // (std::partial_sort with the same order), so that a host backend's choices are unchanged.
+  std::fill_n(counts, experts, 0);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(experts));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const float* row = logits + t * experts;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](std::int64_t a, std::int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t e = order[static_cast<std::size_t>(j)];
+      chosen[t * k + j] = static_cast<std::int32_t>(t * experts + e);
+      slots[t * k + j] = counts[e]++;  // its index among e's tokens, for now
+    }
+  }
+  // Where each expert's tokens begin in the sorted list (all experts) and in this member's rows.
+  std::vector<std::int32_t> begin(static_cast<std::size_t>(experts)), mine(begin);
+  std::int32_t all = 0, member = 0;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    begin[static_cast<std::size_t>(e)] = all;
+    mine[static_cast<std::size_t>(e)] = member;
+    all += counts[e];
+    if (e >= first && e < last) member += counts[e];
+  }
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t tj = t * k + j, e = chosen[tj] - t * experts;
+      const auto ue = static_cast<std::size_t>(e);
+      sorted[begin[ue] + slots[tj]] = static_cast<std::int32_t>(t);
+      slots[tj] = e >= first && e < last ? mine[ue] + slots[tj] : member;
+    }
 }
 
 void require_host_memory(const Backend& backend, std::string_view user) {

@@ -49,6 +49,14 @@ struct RopeNode final : Node {
 }  // namespace
 
 Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
+  return lookup(table, ids, true);
+}
+
+Tensor Ops::embedding_of_valid_ids(const Tensor& table, const Tensor& ids) {
+  return lookup(table, ids, false);
+}
+
+Tensor Ops::lookup(const Tensor& table, const Tensor& ids, bool check_ids) {
   observe({&table, &ids});
   constexpr const char* op = "embedding";
   const quant::StoredMatrix* stored = detail::stored_weight(*this, table, op, "table");
@@ -59,12 +67,14 @@ Tensor Ops::embedding(const Tensor& table, const Tensor& ids) {
   detail::require_op(*this, BackendOp::embedding, DType::f32, op);
   detail::require_op(*this, BackendOp::fill, DType::f32, op);
   const std::int64_t vocab = table.size(0), dim = table.size(1);
-  const Tensor host_ids = detail::host_readable(ids);
-  const std::int32_t* id = host_ids.data<std::int32_t>();
-  for (std::int64_t i = 0; i < ids.numel(); ++i)
-    if (id[i] < 0 || id[i] >= vocab)
-      op_error(op, "id " + std::to_string(id[i]) + " at position " + std::to_string(i) + " is outside [0, " +
-                       std::to_string(vocab) + ")");
+  // Stored tables are dequantized on the host, which reads the ids there whatever the caller says.
+  const Tensor host_ids = check_ids || stored ? detail::host_readable(ids) : Tensor();
+  const std::int32_t* id = host_ids.defined() ? host_ids.data<std::int32_t>() : nullptr;
+  if (check_ids)
+    for (std::int64_t i = 0; i < ids.numel(); ++i)
+      if (id[i] < 0 || id[i] >= vocab)
+        op_error(op, "id " + std::to_string(id[i]) + " at position " + std::to_string(i) + " is outside [0, " +
+                         std::to_string(vocab) + ")");
   Shape out_shape = ids.shape();
   if (out_shape.rank() == max_rank) op_error(op, "ids have too many dimensions");
   std::array<std::int64_t, max_rank> dims{};

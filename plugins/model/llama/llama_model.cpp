@@ -535,7 +535,8 @@ class LlamaModel final : public loom::models::TransformerLm {
   Tensor auxiliary_loss(Ops& ops) override { return loom::models::moe_auxiliary_loss(ops, o_.moe, routers_, metrics_); }
 
  public:
-  std::vector<std::pair<std::string, double>> metrics() const override { return metrics_; }
+  // Read from the backend's memory here, when the trainer logs them, not in every step.
+  std::vector<std::pair<std::string, double>> metrics() const override { return metrics_.read(); }
 
  private:
   LlamaOptions o_;
@@ -545,7 +546,7 @@ class LlamaModel final : public loom::models::TransformerLm {
   std::vector<Layer> layers_;
   std::optional<loom::RopeTable> rope_;
   std::vector<loom::models::RouterRecord> routers_;  // of the last forward pass, for auxiliary_loss
-  std::vector<std::pair<std::string, double>> metrics_;
+  loom::models::MoeMetrics metrics_;
 };
 
 loom::OptionSchema rope_schema() {

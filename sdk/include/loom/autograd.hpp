@@ -287,6 +287,15 @@ enum class RematPolicy : std::uint8_t {
               // (norms, activations, attention) runs again, the products are not recomputed
 };
 
+// A mixture of experts' routing decision (Ops::route_top_k, Backend::route_top_k), i32 tensors in
+// the backend's memory, none of them recorded.
+struct TopKRouting {
+  Tensor chosen;  // [tokens, k]: t experts + e, the chosen logits' flat indices
+  Tensor slots;   // [tokens, k]: each choice's row in the member's experts' outputs
+  Tensor sorted;  // [tokens k]: the tokens, expert after expert, each's in token order
+  Tensor counts;  // [experts]: the tokens each expert got
+};
+
 class Ops;
 class CollectiveGroup;
 // A segment of a forward pass for Ops::checkpoint: its outputs from its inputs.
@@ -348,6 +357,10 @@ class Ops {
   // ---- Lookup
   // table [vocab, dim], ids i32 of any shape -> [ids..., dim]. Ids out of range: InternalError.
   Tensor embedding(const Tensor& table, const Tensor& ids);
+  // embedding of ids an operation's contract puts in [0, vocab) (route_top_k's token lists and
+  // slots): not range-checked, because checking ids in a device's memory costs a copy to the
+  // host per lookup (a mixture of experts makes several per layer).
+  Tensor embedding_of_valid_ids(const Tensor& table, const Tensor& ids);
 
   // ---- Normalisation over the last dimension
   Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
@@ -382,6 +395,13 @@ class Ops {
   // Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when
   // not training or p == 0. Deterministic: see set_dropout_seed.
   Tensor dropout(const Tensor& x, float p);
+
+  // ---- Mixture of experts
+  // The top-k routing of logits [tokens, experts] (f32) for this member's experts [first, last)
+  // (Backend::route_top_k, kernel group routing): which experts each token chose, their
+  // expert-sorted order and counts, computed where the logits are. Not differentiable (the
+  // gate weights are gathered from the logits by embedding, which is).
+  TopKRouting route_top_k(const Tensor& logits, std::int64_t k, std::int64_t first, std::int64_t last);
 
   // ---- Positions
   // x [batch, seq, heads, head_dim] (tokens may be strided: a slice of a fused qkv) rotated by
@@ -454,6 +474,7 @@ class Ops {
 
  private:
   friend struct detail::CheckpointNode;
+  Tensor lookup(const Tensor& table, const Tensor& ids, bool check_ids);
   Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, const LinearOptions& options);
   Tensor adapted_linear(const std::vector<LinearAdapter>& adapters, const Tensor& x, const Tensor& weight,
                         const Tensor& bias, const LinearOptions& options);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -338,8 +339,8 @@ inline MoeConfig read_moe_options(const Options& moe, const std::string& at) {
 
 // What one layer's router decided in a forward pass, for the auxiliary losses.
 struct RouterRecord {
-  Tensor logits, probs;                // [tokens, experts], recorded
-  std::vector<std::int64_t> selected;  // tokens * experts_per_token expert ids
+  Tensor logits, probs;              // [tokens, experts], recorded
+  std::vector<std::int32_t> counts;  // [experts]: the tokens routed to each (a host copy)
 };
 
 class MoeBlock {
@@ -389,65 +390,31 @@ class MoeBlock {
     // This member's experts [first, last) (all of them over one member).
     const std::int64_t first = rank_ * e_count / size_, last = (rank_ + 1) * e_count / size_;
     const bool split = size_ > 1;
-    const Tensor host_logits = logits.is_host_visible() ? logits : logits.to(Device::host());
-    const float* r = host_logits.data<float>();
-
-    // Top-k per token (ties: the lower expert id), and each expert's tokens in token order.
+    // The choices, their expert-sorted order and the experts' counts, computed where the logits
+    // are (Backend::route_top_k; ties: the lower expert id). The counts are the one copy to the
+    // host of each forward: dropless routing gives every expert a number of rows that depends on
+    // the data, and the host sizes the experts' matrix products (as MegaBlocks and PyTorch's
+    // dropless implementations copy tokens_per_expert to the CPU). Everything else (the ids of
+    // the gathers, each expert's slice of the sorted tokens) stays in the backend's memory.
+    const TopKRouting route = ops.route_top_k(logits, k, first, last);
     RouterRecord record;
-    record.selected.resize(static_cast<std::size_t>(tokens * k));
-    std::vector<std::vector<std::int32_t>> routed(static_cast<std::size_t>(e_count));
-    std::vector<std::int64_t> order(static_cast<std::size_t>(e_count));
-    std::vector<std::int32_t> chosen_logit(static_cast<std::size_t>(tokens * k));
-    std::vector<std::int32_t> slot_of(static_cast<std::size_t>(tokens * k));  // (t, j) -> position in expert order
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const float* row = r + t * e_count;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](std::int64_t a, std::int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-      for (std::int64_t j = 0; j < k; ++j) {
-        const std::int64_t e = order[static_cast<std::size_t>(j)];
-        const auto tj = static_cast<std::size_t>(t * k + j);
-        record.selected[tj] = e;
-        chosen_logit[tj] = static_cast<std::int32_t>(t * e_count + e);
-        slot_of[tj] = static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size());
-        routed[static_cast<std::size_t>(e)].push_back(static_cast<std::int32_t>(t));
-      }
-    }
-    // slot_of counted within each expert; shift by the rows of the experts before it. Split, a
-    // choice of another member's expert takes the zero row after this member's rows.
-    std::vector<std::int32_t> expert_begin(static_cast<std::size_t>(e_count + 1), 0);
-    for (std::int64_t e = 0; e < e_count; ++e) {
-      const bool mine = e >= first && e < last;
-      expert_begin[static_cast<std::size_t>(e + 1)] =
-          expert_begin[static_cast<std::size_t>(e)] +
-          (mine ? static_cast<std::int32_t>(routed[static_cast<std::size_t>(e)].size()) : 0);
-    }
-    for (std::size_t tj = 0; tj < slot_of.size(); ++tj) {
-      const std::int64_t e = record.selected[tj];
-      if (e >= first && e < last)
-        slot_of[tj] += expert_begin[static_cast<std::size_t>(e)];
-      else
-        slot_of[tj] = expert_begin[static_cast<std::size_t>(e_count)];
-    }
+    record.counts = route.counts.to_int_vector();
 
-    const auto ids = [](const std::vector<std::int32_t>& v, Shape shape) {
-      return Tensor::from(std::span<const std::int32_t>(v), shape);
-    };
-    const Tensor chosen = ids(chosen_logit, Shape{tokens, k});
     const Tensor probs = ops.softmax(logits);
     const Tensor gates =
         c_.softmax_after_top_k
-            ? ops.softmax(ops.embedding(logits.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k}))
-            : ops.embedding(probs.view(Shape{tokens * e_count, 1}), chosen).view(Shape{tokens, k});
+            ? ops.softmax(ops.embedding_of_valid_ids(logits.view(Shape{tokens * e_count, 1}), route.chosen)
+                              .view(Shape{tokens, k}))
+            : ops.embedding_of_valid_ids(probs.view(Shape{tokens * e_count, 1}), route.chosen).view(Shape{tokens, k});
 
     std::vector<Tensor> outputs;
     const Tensor xin = split ? ops.tensor_copy(xf) : xf;
-    for (std::int64_t e = first; e < last; ++e) {
-      const auto& rows = routed[static_cast<std::size_t>(e)];
-      if (rows.empty()) continue;
-      const auto n = static_cast<std::int64_t>(rows.size());
-      const std::int64_t local = e - first;                       // its rows in this member's shards
-      const Tensor xe = ops.embedding(xin, ids(rows, Shape{n}));  // [n, hidden]
+    std::int64_t begin = 0;  // expert e's tokens in route.sorted: after those of experts [0, e)
+    for (std::int64_t e = 0; e < last; begin += record.counts[static_cast<std::size_t>(e)], ++e) {
+      const std::int64_t n = record.counts[static_cast<std::size_t>(e)];
+      if (e < first || n == 0) continue;
+      const std::int64_t local = e - first;  // its rows in this member's shards
+      const Tensor xe = ops.embedding_of_valid_ids(xin, route.sorted.slice(0, begin, begin + n));  // [n, hidden]
       const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, local * f, (local + 1) * f));
       const Tensor up = ops.linear(xe, w3_->tensor().slice(0, local * f, (local + 1) * f));
       outputs.push_back(ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, local * c, (local + 1) * c)));
@@ -455,11 +422,11 @@ class MoeBlock {
     if (split) {
       // The zero row of the other members' choices, taken from xin so that f's backward pass (an
       // all-reduce every member must join) runs even on a member none of whose experts got tokens.
-      const std::vector<std::int32_t> first_row{0};
-      outputs.push_back(ops.scale(ops.embedding(xin, ids(first_row, Shape{1})), 0.0f));
+      const Tensor first_row = Tensor::zeros(Shape{1}, DType::i32, ops.device());
+      outputs.push_back(ops.scale(ops.embedding_of_valid_ids(xin, first_row), 0.0f));
     }
-    const Tensor expert_out = ops.concat(outputs);                                  // [tokens * k, hidden]
-    const Tensor mine = ops.embedding(expert_out, ids(slot_of, Shape{tokens, k}));  // [tokens, k, hidden]
+    const Tensor expert_out = ops.concat(outputs);                            // [tokens * k, hidden]
+    const Tensor mine = ops.embedding_of_valid_ids(expert_out, route.slots);  // [tokens, k, hidden]
     const Tensor weights = split ? ops.tensor_copy(gates) : gates;
     Tensor out = ops.matmul(weights.view(Shape{tokens, 1, k}), mine);  // [tokens, 1, hidden]
     if (split) out = ops.tensor_reduce(out);
@@ -480,8 +447,8 @@ class MoeBlock {
 // One decoder layer with a MoeBlock (its body appends one record to `records`), run under
 // `policy`. Without remat it is run_layer. Under remat the router's logits are an output of the
 // checkpointed segment, so that the auxiliary losses (computed after every layer, from the
-// records) reach the router through the recomputation: the segment's record keeps the host-side
-// choices, its logits and probabilities are replaced by the recorded output. A recomputation in
+// records) reach the router through the recomputation: the segment's record keeps the experts'
+// counts, its logits and probabilities are replaced by the recorded output. A recomputation in
 // the backward pass makes the same choices and leaves no record.
 inline std::pair<Tensor, Tensor> run_moe_layer(Ops& ops, RematPolicy policy, const Tensor& h, const Tensor& x,
                                                LayerBody body, std::vector<RouterRecord>& records) {
@@ -504,68 +471,102 @@ inline std::pair<Tensor, Tensor> run_moe_layer(Ops& ops, RematPolicy policy, con
   return {out[0], out[1]};
 }
 
+// The values moe_auxiliary_loss reports (Model::metrics: router_aux_loss, router_z_loss,
+// expert_load/<e>), kept where they were computed until the trainer logs them.
+struct MoeMetrics {
+  Tensor losses;             // [2]: the unweighted load-balancing loss and z-loss; undefined: none
+  std::vector<double> load;  // per expert: its share of the (token, choice) pairs
+
+  // By name: one copy of two floats to the host (none when the losses are host memory).
+  std::vector<std::pair<std::string, double>> read() const {
+    std::vector<std::pair<std::string, double>> out;
+    if (!losses.defined()) return out;
+    const std::vector<float> v = losses.to_vector();
+    out.emplace_back("router_aux_loss", v[0]);
+    out.emplace_back("router_z_loss", v[1]);
+    for (std::size_t e = 0; e < load.size(); ++e) out.emplace_back("expert_load/" + std::to_string(e), load[e]);
+    return out;
+  }
+};
+
 // The routers' auxiliary losses of a forward pass's `records` (every MoE layer's, cleared here),
-// and their values in `metrics` (router_aux_loss, router_z_loss, expert_load/<e>):
+// and their values in `metrics`:
 //   load balancing (Switch; transformers' load_balancing_loss_func over every layer's tokens
 //   together): experts * sum_e f_e * P_e, f_e the share of the (token, choice) pairs routed to
 //   expert e, P_e its mean router probability;
 //   z-loss (ST-MoE): the mean over layers and tokens of logsumexp(router logits)^2.
 // Returns the weighted sum, recorded, or undefined without records.
+//
+// Computed in the backend's memory: the shares f_e come from the records' counts (on the host
+// already), the probabilities and log-sum-exps stay where they are. The load-balancing loss is
+// linear in the probabilities (the shares are constants), so each layer contributes
+// sum(probs * w) with w[t, e] = coef * experts * count_e / all^2: the host makes w's one row
+// [experts] (and the metric's, without coef) and copies the two rows to the device in one copy,
+// and an embedding of a row with id 0 for every token broadcasts it to [tokens, experts] (Ops
+// has no broadcasting product, and the sum must run over the same [tokens, experts] products as
+// ever to keep its bits). The metrics
+// are computed without recording, in float32, and read only when logged (MoeMetrics::read).
 inline Tensor moe_auxiliary_loss(Ops& ops, const MoeConfig& config, std::vector<RouterRecord>& records,
-                                 std::vector<std::pair<std::string, double>>& metrics) {
-  metrics.clear();
+                                 MoeMetrics& metrics) {
+  metrics = MoeMetrics();
   if (records.empty()) return Tensor();
   const std::int64_t e_count = config.num_experts, k = config.experts_per_token;
   const std::int64_t tokens = records.front().probs.size(0);
   const auto all = static_cast<double>(tokens * static_cast<std::int64_t>(records.size()));
-  // The values, on the host: selections per expert, summed probabilities, squared log-sum-exps.
-  std::vector<double> counts(static_cast<std::size_t>(e_count), 0.0), probs(counts);
-  double z_value = 0;
-  for (const auto& r : records) {
-    for (const std::int64_t e : r.selected) counts[static_cast<std::size_t>(e)] += 1.0;
-    const auto p = r.probs.to_vector(), l = r.logits.to_vector();
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      double m = -INFINITY, sum = 0;
-      for (std::int64_t e = 0; e < e_count; ++e) {
-        probs[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(t * e_count + e)];
-        m = std::max(m, static_cast<double>(l[static_cast<std::size_t>(t * e_count + e)]));
-      }
-      for (std::int64_t e = 0; e < e_count; ++e) sum += std::exp(l[static_cast<std::size_t>(t * e_count + e)] - m);
-      const double lse = m + std::log(sum);
-      z_value += lse * lse / all;
-    }
-  }
-  double balance_value = 0;
-  for (std::int64_t e = 0; e < e_count; ++e)
-    balance_value += static_cast<double>(e_count) * counts[static_cast<std::size_t>(e)] / all *
-                     probs[static_cast<std::size_t>(e)] / all;
-  metrics.emplace_back("router_aux_loss", balance_value);
-  metrics.emplace_back("router_z_loss", z_value);
+  std::vector<double> counts(static_cast<std::size_t>(e_count), 0.0);
+  for (const auto& r : records)
+    for (std::size_t e = 0; e < counts.size(); ++e) counts[e] += r.counts[e];
   // Per-expert load: the share of (token, choice) pairs routed to each expert (1 / experts when
   // balanced).
-  for (std::int64_t e = 0; e < e_count; ++e)
-    metrics.emplace_back("expert_load/" + std::to_string(e),
-                         counts[static_cast<std::size_t>(e)] / (all * static_cast<double>(k)));
+  for (const double count : counts) metrics.load.push_back(count / (all * static_cast<double>(k)));
 
-  // The weighted losses, recorded: the load-balancing loss is linear in the probabilities (the
-  // shares f_e are constants), so each layer contributes sum(probs * w) with
-  // w[t, e] = coef * experts * count_e / all^2.
-  Tensor total;
-  const auto add = [&](const Tensor& t) { total = total.defined() ? ops.add(total, t) : t; };
-  if (config.aux_loss_coef > 0.0) {
-    std::vector<float> w(static_cast<std::size_t>(tokens * e_count));
-    for (std::size_t i = 0; i < w.size(); ++i)
-      w[i] = static_cast<float>(config.aux_loss_coef * static_cast<double>(e_count) *
-                                counts[i % static_cast<std::size_t>(e_count)] / (all * all));
-    const Tensor weights = Tensor::from(std::span<const float>(w), Shape{tokens, e_count});
-    for (const auto& r : records) add(ops.sum(ops.mul(r.probs, weights)));
+  // Row 0: the loss's weights per expert; row 1: the metric's (coef 1).
+  std::vector<float> rows(static_cast<std::size_t>(2 * e_count));
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    const double unit = static_cast<double>(e_count) * counts[e] / (all * all);
+    rows[e] = static_cast<float>(config.aux_loss_coef * unit);
+    rows[counts.size() + e] = static_cast<float>(unit);
   }
-  if (config.z_loss_coef > 0.0) {
-    for (const auto& r : records) {
+  const Tensor table = Tensor::from(std::span<const float>(rows), Shape{2, e_count}).to(ops.device());
+  const Tensor every_token = Tensor::zeros(Shape{tokens}, DType::i32, ops.device());  // row 0 of a row
+  const auto broadcast = [&](std::int64_t row) {
+    return ops.embedding_of_valid_ids(table.slice(0, row, row + 1), every_token);  // [tokens, experts]
+  };
+
+  // The metrics' operations are not recorded; the recorded ones (the losses) run in the order
+  // they always have, which fixes the order of the gradients' sums in the backward pass.
+  const auto unrecorded = [&](const auto& compute) {
+    std::optional<NoGradGuard> guard;
+    if (ops.tape()) guard.emplace(*ops.tape());
+    compute();
+  };
+  const auto accumulate = [&](Tensor& sum, const Tensor& t) { sum = sum.defined() ? ops.add(sum, t) : t; };
+  Tensor total, balance, z_sum;
+  if (config.aux_loss_coef > 0.0) {
+    const Tensor weights = broadcast(0);
+    for (const auto& r : records) accumulate(total, ops.sum(ops.mul(r.probs, weights)));
+  }
+  unrecorded([&] {
+    const Tensor unit = broadcast(1);
+    for (const auto& r : records) accumulate(balance, ops.sum(ops.mul(r.probs, unit)));
+  });
+  for (const auto& r : records) {
+    const auto squares = [&] {
       const Tensor lse = ops.logsumexp(r.logits);
-      add(ops.scale(ops.sum(ops.mul(lse, lse)), static_cast<float>(config.z_loss_coef / all)));
+      return ops.sum(ops.mul(lse, lse));
+    };
+    if (config.z_loss_coef > 0.0) {
+      const Tensor layer = squares();
+      accumulate(total, ops.scale(layer, static_cast<float>(config.z_loss_coef / all)));
+      unrecorded([&] { accumulate(z_sum, layer); });
+    } else {
+      unrecorded([&] { accumulate(z_sum, squares()); });
     }
   }
+  unrecorded([&] {
+    const Tensor parts[2] = {balance.view(Shape{1}), ops.scale(z_sum, static_cast<float>(1.0 / all)).view(Shape{1})};
+    metrics.losses = ops.concat(parts);
+  });
   records.clear();
   return total;
 }

@@ -73,8 +73,10 @@ enum class BackendOp : std::uint8_t {
   fill_normal,     // fill_normal: parameter initialisation
   optimizer,       // elementwise_update: AdamW, SGD, Lion
   sum_of_squares,  // sum_of_squares: the gradient norm
+  // A mixture of experts' router on the device (issue 25): default a host loop, see below.
+  routing,  // route_top_k: Ops::route_top_k
 };
-inline constexpr int backend_op_count = 22;
+inline constexpr int backend_op_count = 23;
 // "gemm", "layer_norm", ...
 std::string_view backend_op_name(BackendOp op);
 
@@ -369,6 +371,31 @@ class Backend : public Component {
   // aligned): the trainer gives every gradient's chunks their slots in one buffer and copies it
   // to the host once per step, where it adds them up in chunk order for the gradient norm.
   virtual void sum_of_squares(const float* x, std::int64_t n, std::int64_t chunk, double* partials);
+
+  // ---------------------------------------------------------------------------------------------
+  // A mixture of experts' router (issue 25): the top-k choices and the dispatch order computed
+  // where the logits are, so that the experts' gathers and the combination read their ids from
+  // the backend's memory. The default is a host loop over the pointers (right for memory the
+  // host can read: `reference` and `cpu` use it, the arrays being a few ints per token); a device
+  // backend overrides it.
+  //
+  // From logits [tokens, experts] (f32, row-major), each token's k largest logits (0 < k <=
+  // experts) in decreasing order, a tie going to the lower expert id (NaN compares as in
+  // std::partial_sort with that order). Choice j of token t, of expert e, gives:
+  //   chosen[t k + j] = t experts + e: the chosen logit's index in the flat logits;
+  //   counts[e]       = the number of tokens that chose e (every e in [0, experts));
+  //   sorted[begin(e) + i] = the i-th token, in token order, that chose e, where begin(e) =
+  //                     counts[0] + ... + counts[e - 1]: the expert-sorted token list (tokens k);
+  //   slots[t k + j]  = the row of the choice in the outputs of the experts [first, last) (this
+  //                     member's; all of them: 0, experts), expert after expert, each one's
+  //                     tokens in token order: counts[first] + ... + counts[e - 1] + i for the
+  //                     i-th token of e in [first, last); for an expert outside, the row after
+  //                     them all (counts[first] + ... + counts[last - 1]), which the caller zeroes.
+  // Every array is i32 in the backend's memory; 0 <= first <= last <= experts and tokens
+  // experts < 2^31 (the core checks).
+  virtual void route_top_k(const float* logits, std::int64_t tokens, std::int64_t experts, std::int64_t k,
+                           std::int64_t first, std::int64_t last, std::int32_t* chosen, std::int32_t* slots,
+                           std::int32_t* sorted, std::int32_t* counts);
 };
 
 // Throws UserError when `backend` computes in memory the host cannot touch: for components that
