@@ -71,7 +71,7 @@ std::vector<Recipe> recipes() {
       // LoRA from the initialisation (the recipe starts from a quickstart run's weights).
       {"lora-gpt2",
        "lora-gpt2.yaml",
-       {"data.paths=[" + data + "tinyshakespeare.txt]", "trainer.init_from="}},
+       {"data.paths=[" + data + "tinyshakespeare.txt]", "trainer.init_from=\"\""}},
   };
 }
 
