@@ -69,9 +69,7 @@ std::vector<Recipe> recipes() {
        "dpo-tiny.yaml",
        {"data.paths=[" + data + "preferences.jsonl]", "model.seq_len=128", "model.hidden_dim=32", "model.num_heads=2"}},
       // LoRA from the initialisation (the recipe starts from a quickstart run's weights).
-      {"lora-gpt2",
-       "lora-gpt2.yaml",
-       {"data.paths=[" + data + "tinyshakespeare.txt]", "trainer.init_from=\"\""}},
+      {"lora-gpt2", "lora-gpt2.yaml", {"data.paths=[" + data + "tinyshakespeare.txt]", "trainer.init_from=\"\""}},
   };
 }
 
