@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -172,6 +173,33 @@ TEST(DeviceRunCopies, ThePerStepCountDoesNotGrowWithTheModel) {
   const double small_copies = constant_copies(a);
   EXPECT_GT(small_copies, 0);
   EXPECT_EQ(constant_copies(b), small_copies);
+}
+
+// A run on the device resumed from its checkpoint (weights, AdamW's moments and the weight
+// average written from device memory and read back into it) continues as the uninterrupted run
+// did, bit for bit: the same losses and the same final weights' bytes.
+TEST(DeviceRunResume, AResumedRunEqualsTheUninterruptedOneBitForBit) {
+  const Recipe quickstart{"quickstart",
+                          "quickstart.yaml",
+                          {"trainer.steps_per_eval=0", "trainer.num_train_steps=10", "trainer.ema_decay=0.9",
+                           "trainer.checkpoint.save_every_steps=5"}};
+  const fs::path whole = scratch("resume-whole"), resumed = scratch("resume-resumed");
+  const CommandResult a = run_command(train_args(quickstart, "guarded", whole), env());
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  const CommandResult b = run_command(
+      train_args(quickstart, "guarded", resumed, {"trainer.resume=" + (whole / "checkpoints" / "step-5").string()}),
+      env());
+  ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("resumed from checkpoint"), std::string::npos) << b.out;
+  const auto all = metric(whole, "train/loss"), after = metric(resumed, "train/loss");
+  ASSERT_EQ(all.size(), 10u);
+  ASSERT_EQ(after.size(), 5u);
+  for (std::size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], all[5 + i]) << "step " << 6 + i;
+  std::ifstream wa(whole / "model.safetensors", std::ios::binary), wb(resumed / "model.safetensors", std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(wa)), {}),
+      bytes_b((std::istreambuf_iterator<char>(wb)), {});
+  EXPECT_FALSE(bytes_a.empty());
+  EXPECT_TRUE(bytes_a == bytes_b) << "the final weights differ";
 }
 
 #ifdef LOOM_MPIRUN_PATH
