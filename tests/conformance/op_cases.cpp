@@ -36,6 +36,19 @@ Tensor targets_with_ignored(Dims& d, const Shape& s, std::int32_t vocab) {
   return t;
 }
 
+// The fused loss's operands: hidden states [b, t, dim], an output matrix [vocab, dim] and targets
+// with ignored positions, and (consts[1]) the chunk of tokens it computes at a time.
+CaseData linear_cross_entropy_data(Dims& d) {
+  const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
+  CaseData data;
+  data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
+  data.consts = {
+      targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
+      Tensor::from(std::span<const std::int32_t>(std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
+                   Shape{1})};
+  return data;
+}
+
 OpCase linear_case(std::string name, bool in_out, bool bias, Activation act) {
   OpCase c;
   c.name = std::move(name);
@@ -311,16 +324,7 @@ std::vector<OpCase> build_cases() {
   {
     OpCase c;
     c.name = "linear_cross_entropy";
-    c.make = [](Dims& d) {
-      const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
-      CaseData data;
-      data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
-      data.consts = {targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
-                     Tensor::from(std::span<const std::int32_t>(
-                                      std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
-                                  Shape{1})};
-      return data;
-    };
+    c.make = linear_cross_entropy_data;
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
       const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];
       return {e.ops.linear_cross_entropy(e.p[0], e.p[1], e.data.consts[0], {.chunk_tokens = chunk})};
@@ -351,16 +355,7 @@ std::vector<OpCase> build_cases() {
   {
     OpCase c;
     c.name = "linear_cross_entropy_none";
-    c.make = [](Dims& d) {
-      const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
-      CaseData data;
-      data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
-      data.consts = {targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
-                     Tensor::from(std::span<const std::int32_t>(
-                                      std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
-                                  Shape{1})};
-      return data;
-    };
+    c.make = linear_cross_entropy_data;
     c.run = [](CaseEnv& e) -> std::vector<Tensor> {
       const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];
       return {e.ops.linear_cross_entropy(e.p[0], e.p[1], e.data.consts[0],
@@ -417,16 +412,7 @@ std::vector<OpCase> build_cases() {
     // The fused loss with Gemma 2's logit soft-cap and z-loss together.
     OpCase c;
     c.name = per_target ? "linear_cross_entropy_softcap_z_loss_none" : "linear_cross_entropy_softcap_z_loss";
-    c.make = [](Dims& d) {
-      const std::int64_t b = d.between(1, 2), t = d.odd(3, 13), dim = d.odd(5, 33), v = d.odd(29, 201);
-      CaseData data;
-      data.params = {rnd(d, {b, t, dim}), rnd(d, {v, dim}, 0.5f)};
-      data.consts = {targets_with_ignored(d, {b, t}, static_cast<std::int32_t>(v)),
-                     Tensor::from(std::span<const std::int32_t>(
-                                      std::vector<std::int32_t>{static_cast<std::int32_t>(d.between(1, 5))}),
-                                  Shape{1})};
-      return data;
-    };
+    c.make = linear_cross_entropy_data;
     c.run = [per_target](CaseEnv& e) -> std::vector<Tensor> {
       e.ops.set_z_loss_weight(0.02f);
       const std::int64_t chunk = e.data.consts[1].to_int_vector()[0];

@@ -102,6 +102,19 @@ TEST(DeviceTraining, ShardsOfASplitParameterGetTheirWholeTensorValues) {
   }
 }
 
+// The model `node` describes, built over a vocabulary of 64 (in `backend`'s memory, or the host's
+// without one) and initialised from `seed`.
+Handle<Model> built(const Value& node, Backend* backend, std::uint64_t seed) {
+  Handle<Model> model =
+      plugin_registry().create<Model>(ComponentRef{"model", node.find("type")->as_string(), node, "model"});
+  ModelSetup setup;
+  setup.vocab_size = 64;
+  setup.backend = backend;
+  model->build(setup);
+  model->initialize(seed);
+  return model;
+}
+
 Handle<Model> tiny_gpt2(Backend* backend, const char* attention) {
   Value node = Value::map();
   node.set("type", Value("gpt2"));
@@ -110,13 +123,7 @@ Handle<Model> tiny_gpt2(Backend* backend, const char* attention) {
   node.set("num_layers", Value(std::int64_t{2}));
   node.set("num_heads", Value(std::int64_t{2}));
   node.set("attention", Value(attention));
-  Handle<Model> model = plugin_registry().create<Model>(ComponentRef{"model", "gpt2", node, "model"});
-  ModelSetup setup;
-  setup.vocab_size = 64;
-  setup.backend = backend;
-  model->build(setup);
-  model->initialize(7);
-  return model;
+  return built(node, backend, 7);
 }
 
 TEST(DeviceTraining, AModelBuiltOnTheDeviceIsInitialisedThereWithTheHostValues) {
@@ -337,9 +344,9 @@ StepsRun train_steps(const std::string& backend_name, const char* attention, con
   return out;
 }
 
-TEST(DeviceTraining, WholeStepsOnTheDeviceGiveTheReferenceBackendsBits) {
-  const StepsRun host = train_steps("reference", "naive");
-  const StepsRun device = train_steps("guarded", "guarded");
+// The two runs' losses, norms, final parameters and weight averages, bit for bit.
+void expect_same_bits(const StepsRun& device, const StepsRun& host) {
+  ASSERT_EQ(device.losses.size(), host.losses.size());
   for (std::size_t s = 0; s < host.losses.size(); ++s) {
     EXPECT_EQ(device.losses[s], host.losses[s]) << "step " << s;
     EXPECT_EQ(device.norms[s], host.norms[s]) << "step " << s;
@@ -349,6 +356,10 @@ TEST(DeviceTraining, WholeStepsOnTheDeviceGiveTheReferenceBackendsBits) {
     EXPECT_TRUE(bitwise_equal(device.parameters[i], host.parameters[i])) << "parameter " << i;
     EXPECT_TRUE(bitwise_equal(device.averages[i], host.averages[i])) << "average " << i;
   }
+}
+
+TEST(DeviceTraining, WholeStepsOnTheDeviceGiveTheReferenceBackendsBits) {
+  expect_same_bits(train_steps("guarded", "guarded"), train_steps("reference", "naive"));
 }
 
 // A tiny Mixtral (llama with a mixture of 4 experts, 2 per token, both router losses): the
@@ -372,31 +383,15 @@ ModelMaker tiny_mixtral(const char* remat) {
     node.set("moe", moe);
     node.set("remat", Value(remat));
     node.set("attention", Value(attention));
-    Handle<Model> model = plugin_registry().create<Model>(ComponentRef{"model", "llama", node, "model"});
-    ModelSetup setup;
-    setup.vocab_size = 64;
-    setup.backend = backend;
-    model->build(setup);
-    model->initialize(11);
-    return model;
+    return built(node, backend, 11);
   };
 }
 
 TEST(DeviceTraining, MixtureOfExpertsStepsOnTheDeviceGiveTheReferenceBackendsBits) {
   for (const char* remat : {"none", "full"}) {
     SCOPED_TRACE(std::string("remat ") + remat);
-    const StepsRun host = train_steps("reference", "naive", tiny_mixtral(remat));
-    const StepsRun device = train_steps("guarded", "guarded", tiny_mixtral(remat));
-    ASSERT_EQ(device.losses.size(), host.losses.size());
-    for (std::size_t s = 0; s < host.losses.size(); ++s) {
-      EXPECT_EQ(device.losses[s], host.losses[s]) << "step " << s;
-      EXPECT_EQ(device.norms[s], host.norms[s]) << "step " << s;
-    }
-    ASSERT_EQ(device.parameters.size(), host.parameters.size());
-    for (std::size_t i = 0; i < host.parameters.size(); ++i) {
-      EXPECT_TRUE(bitwise_equal(device.parameters[i], host.parameters[i])) << "parameter " << i;
-      EXPECT_TRUE(bitwise_equal(device.averages[i], host.averages[i])) << "average " << i;
-    }
+    expect_same_bits(train_steps("guarded", "guarded", tiny_mixtral(remat)),
+                     train_steps("reference", "naive", tiny_mixtral(remat)));
   }
 }
 

@@ -6,8 +6,8 @@
 // bandwidth, so every extra pass (or temporary) would cost as much as the arithmetic. The pass
 // is elementwise, so its result does not depend on how parallel_for splits it. The pass itself
 // is the SDK's UpdateRule::adamw (training_kernels.hpp: torch.optim.AdamW's order of operations),
-// which a device backend runs as its optimizer kernel; the plugin is compiled with
-// -ffp-contract=off, so the roundings are the ones written there.
+// which the SDK base runs on the host and a device backend as its optimizer kernel, both compiled
+// with -ffp-contract=off, so the roundings are the ones written there.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
@@ -52,13 +52,6 @@ class AdamW final : public loom::ElementwiseOptimizer {
     loom::ElementwiseUpdate u = s_;
     u.decay = weight_decay && weight_decay_ != 0.0;
     return u;
-  }
-
-  void update_chunk(const Chunk& c) const override {
-    if (c.weight_decay && weight_decay_ != 0.0)
-      loom::update_rules::adamw<true>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
-    else
-      loom::update_rules::adamw<false>(c.parameter, c.grad, c.slots[0], c.slots[1], c.size, s_);
   }
 
   double beta1_, beta2_, epsilon_, weight_decay_;

@@ -6,8 +6,8 @@
 // Every coordinate moves by exactly lr (plus the decay), so Lion wants a smaller learning rate
 // and a larger weight decay than AdamW; it keeps one moment instead of two. Each parameter is
 // updated in one fused pass over its value, gradient and moment: the SDK's UpdateRule::lion
-// (training_kernels.hpp: the paper's expressions as written, each operation rounded once, the
-// plugin compiled with -ffp-contract=off), which a device backend runs as its optimizer kernel.
+// (training_kernels.hpp: the paper's expressions as written, each operation rounded once, compiled
+// with -ffp-contract=off), which the SDK base runs on the host and a device backend as its kernel.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
@@ -42,10 +42,6 @@ class Lion final : public loom::ElementwiseOptimizer {
     u.beta2 = static_cast<float>(beta2_);
     u.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
     return u;
-  }
-
-  void update_chunk(const Chunk& c) const override {
-    loom::apply_elementwise_update(*update_rule(c.weight_decay, c.first), c.parameter, c.grad, c.slots, c.size);
   }
 
   double beta1_, beta2_, weight_decay_;

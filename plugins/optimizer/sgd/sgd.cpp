@@ -4,9 +4,9 @@
 // Weight decay here is the classic L2 penalty added to the gradient (d = g + wd * p), which then
 // also feeds the momentum, exactly as torch.optim.SGD does; it is not AdamW's decoupled decay.
 // Each parameter is updated in one fused pass over its value, gradient and momentum buffer: the
-// SDK's UpdateRule::sgd (training_kernels.hpp), which a device backend runs as its optimizer
-// kernel. Each a + alpha * b there is one fused multiply-add, as in PyTorch's vectorised
-// add(alpha); the plugin is compiled with -ffp-contract=off so that the compiler fuses nothing else.
+// SDK's UpdateRule::sgd (training_kernels.hpp), which the SDK base runs on the host and a device
+// backend as its optimizer kernel. Each a + alpha * b there is one fused multiply-add, as in
+// PyTorch's vectorised add(alpha); both are compiled with -ffp-contract=off, fusing nothing else.
 #include <cmath>
 #include <cstdint>
 #include <loom/elementwise_optimizer.hpp>
@@ -67,10 +67,6 @@ class Sgd final : public loom::ElementwiseOptimizer {
     u.momentum_factor = static_cast<float>(momentum_);
     u.one_minus_dampening = static_cast<float>(1.0 - dampening_);
     return u;
-  }
-
-  void update_chunk(const Chunk& c) const override {
-    loom::apply_elementwise_update(*update_rule(c.weight_decay, c.first), c.parameter, c.grad, c.slots, c.size);
   }
 
   std::string unexpected_state_hint(std::string_view name) const override {

@@ -1,14 +1,16 @@
 // The base of an optimizer whose update treats every element on its own (AdamW, SGD, Lion): each
 // parameter has the same named slots, shaped like it ("exp_avg", "exp_avg_sq"), and the update
 // is one pass over a chunk of the parameter, its gradient and its slots. The plugin writes its
-// options, its per-step constants (begin_step) and update_chunk(); OptimizerBase does the rest.
+// options, its per-step constants (begin_step) and its arithmetic: an update rule the SDK knows
+// (update_rule(), below) or its own update_chunk(); OptimizerBase does the rest.
 //
 // Parameters in a device backend's memory (backend.hpp, BackendOp::optimizer): the update then
 // runs as the backend's elementwise_update kernel, which takes the arithmetic as a rule and its
 // constants (training_kernels.hpp: adamw, sgd, lion). A plugin whose update is one of those rules
-// says so in update_rule(), and usually writes update_chunk() as apply_elementwise_update of that
-// rule, so that host and device run one arithmetic. A plugin without a rule updates host memory
-// only: on a device backend its step() throws a UserError naming the optimizer and the backend.
+// says so in update_rule() and needs no update_chunk(): the default one runs that rule on the
+// host (apply_elementwise_update), so that host and device run one arithmetic. A plugin without a
+// rule writes update_chunk() and updates host memory only: on a device backend its init() throws a
+// UserError naming the optimizer and the backend.
 //
 //   class Sgd final : public loom::ElementwiseOptimizer {
 //    public:
@@ -58,8 +60,9 @@ class ElementwiseOptimizer : public OptimizerBase {
 
   // Updates the chunk's elements in place. Called concurrently for disjoint chunks of a parameter
   // (boundaries independent of the thread count), after begin_step(): read members, write only
-  // the chunk.
-  virtual void update_chunk(const Chunk& chunk) const = 0;
+  // the chunk. The default applies update_rule(chunk.weight_decay, chunk.first) (compiled with the
+  // optimizer kernels' host fallback, so with its roundings); a plugin without a rule overrides it.
+  virtual void update_chunk(const Chunk& chunk) const;
 
   // The update of a parameter with this weight-decay mask on its first update (`first`) or a
   // later one, as a rule a backend kernel runs (called after begin_step(), from step()'s thread);

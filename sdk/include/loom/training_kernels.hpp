@@ -16,6 +16,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace loom {
 
@@ -140,25 +141,22 @@ inline void lion(float* __restrict p, const float* __restrict g, float* __restri
 // BackendOp::optimizer.
 inline void apply_elementwise_update(const ElementwiseUpdate& u, float* parameter, const float* grad,
                                      const std::array<float*, 4>& slots, std::int64_t n) {
+  // Each rule's loop instantiated for the decay switch (a compile-time constant in the loop).
+  const auto with_decay = [&](auto pass) {
+    if (u.decay)
+      pass(std::true_type{});
+    else
+      pass(std::false_type{});
+  };
   switch (u.rule) {
     case UpdateRule::adamw:
-      if (u.decay)
-        update_rules::adamw<true>(parameter, grad, slots[0], slots[1], n, u);
-      else
-        update_rules::adamw<false>(parameter, grad, slots[0], slots[1], n, u);
-      return;
+      return with_decay(
+          [&](auto d) { update_rules::adamw<decltype(d)::value>(parameter, grad, slots[0], slots[1], n, u); });
     case UpdateRule::sgd:
-      if (u.decay)
-        update_rules::sgd_dispatch<true>(parameter, grad, slots[0], n, u);
-      else
-        update_rules::sgd_dispatch<false>(parameter, grad, slots[0], n, u);
-      return;
+      return with_decay(
+          [&](auto d) { update_rules::sgd_dispatch<decltype(d)::value>(parameter, grad, slots[0], n, u); });
     case UpdateRule::lion:
-      if (u.decay)
-        update_rules::lion<true>(parameter, grad, slots[0], n, u);
-      else
-        update_rules::lion<false>(parameter, grad, slots[0], n, u);
-      return;
+      return with_decay([&](auto d) { update_rules::lion<decltype(d)::value>(parameter, grad, slots[0], n, u); });
   }
 }
 
