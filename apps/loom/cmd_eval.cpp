@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 
 #include "command_line.hpp"
 #include "loom/error.hpp"
@@ -123,8 +124,13 @@ int run_eval(const std::vector<std::string>& args) {
         throw UserError("unexpected argument '" + a + "': a loom run brings its own config (overrides a.b=c only)");
     rest.insert(rest.begin(), (resolve_run_or_checkpoint(target, choice).dir / "config.yaml").string());
   }
-  Runtime runtime(runtime_options(common, rest, config_given));
-  eval::EvalModel model = eval::load_eval_model(runtime, target, choice);
+  // Float32 products unless the command line asks otherwise (backend.matmul_precision=bf16).
+  auto runtime = std::make_unique<Runtime>(runtime_options(common, rest, config_given));
+  if (const auto f32 = eval::float32_products_override(*runtime, rest)) {
+    rest.push_back(*f32);
+    runtime = std::make_unique<Runtime>(runtime_options(common, rest, config_given));
+  }
+  eval::EvalModel model = eval::load_eval_model(*runtime, target, choice);
   std::cerr << "loom eval: " << model.description << "\n";
   eval::ScorerStats stats;
   const std::vector<eval::TaskResult> results =

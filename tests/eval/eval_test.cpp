@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -49,6 +50,21 @@ TEST(EvalTasks, HellaswagIsPreprocessedAsTheHarnessDoes) {
   EXPECT_EQ(d.requests[1].continuation, " Sing loud");
   EXPECT_EQ(d.choice_lengths, (std::vector<double>{16, 9}));
   EXPECT_EQ(d.gold, 1);
+
+  // Python's capitalize() and strip() are Unicode's: full case mappings, every whitespace of
+  // str.isspace() (the harness's strings for this document, from CPython 3.11).
+  const Task u =
+      task_from(dir, "hellaswag", "u.jsonl",
+                "{\"activity_label\": \"Caf\u00e9\u2003\", \"ctx_a\": \"\u00a0Un homme\", \"ctx_b\": "
+                "\"\u00e9LAN du \u00dcBER \u00df\", \"endings\": [\"\u3000rides.\u2028\", \"\u00dfoo\u00a0\"], "
+                "\"label\": \"0\"}\n"
+                "{\"activity_label\": \"a\", \"ctx_a\": \"b\", \"ctx_b\": \"\u00dfig \u0130T\", \"endings\": [\"x\"], "
+                "\"label\": 0}\n");
+  EXPECT_EQ(u.docs[0].requests[0].context, "Caf\u00e9\u2003: \u00a0Un homme \u00c9lan du \u00fcber \u00df");
+  EXPECT_EQ(u.docs[0].requests[0].continuation, " rides.");
+  EXPECT_EQ(u.docs[0].requests[1].continuation, " \u00dfoo");
+  EXPECT_EQ(u.docs[0].choice_lengths, (std::vector<double>{6, 3}));
+  EXPECT_EQ(u.docs[1].requests[0].context, "a: b Ssig i\u0307t");
 }
 
 TEST(EvalTasks, ArcPiqaMmluLambadaAndGenericPrompts) {
@@ -132,7 +148,7 @@ TEST(EvalTasks, TaskNamesFilesAndErrors) {
     return std::string("no error");
   };
   EXPECT_NE(message("piqa", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 2}\n")
-                .find("bad.jsonl:1: the answer 2"),
+                .find("bad.jsonl:1: \"label\" is 2, out of range: it must be 0 to 1"),
             std::string::npos);
   EXPECT_NE(message("arc_easy", "\n{\"question\": 1, \"choices\": {\"text\": [\"a\"], \"label\": [\"A\"]}}\n")
                 .find("bad.jsonl:2: \"question\" is not a string"),
@@ -141,6 +157,59 @@ TEST(EvalTasks, TaskNamesFilesAndErrors) {
   EXPECT_NE(message("winogrande", R"({"sentence": "no blank", "option1": "a", "option2": "b", "answer": "1"})"
                                   "\n")
                 .find("has no \"_\""),
+            std::string::npos);
+
+  // Every integer is range-checked, whatever its size: none wraps or truncates into range.
+  const std::string wino = R"({"sentence": "a _ b", "option1": "x", "option2": "y", "answer": )";
+  EXPECT_NE(
+      message("winogrande", wino + "4294967297}\n")
+          .find("bad.jsonl:1: \"answer\" is 4294967297, out of range: it must be 1 to 2 (1: option1, 2: option2)"),
+      std::string::npos);
+  EXPECT_NE(message("winogrande", wino + "\"3\"}\n").find("bad.jsonl:1: \"answer\" is \"3\": it must be \"1\""),
+            std::string::npos);
+  EXPECT_NE(message("winogrande", wino + "2.0}\n").find("\"answer\" is 2.0, not an integer (1 to 2"),
+            std::string::npos);
+  const std::string generic = R"({"context": "c", "choices": ["a", "b", "c"], "label": )";
+  for (const std::string label : {"18446744073709551615", "-1", "9223372036854775807", "\"99999999999999999999\"", "3"})
+    EXPECT_NE(message("multiple_choice", "\n" + generic + label + "}\n")
+                  .find("bad.jsonl:2: \"label\" is " + label +
+                        ", out of range: it must be 0 to 2 (the right one of the 3 choices, counted from 0)"),
+              std::string::npos)
+        << label;
+  EXPECT_NE(message("mmlu", R"({"question": "q", "choices": ["a", "b", "c", "d"], "answer": 4294967296})"
+                            "\n")
+                .find("\"answer\" is 4294967296, out of range: it must be 0 to 3"),
+            std::string::npos);
+  EXPECT_NE(
+      message("hellaswag", R"({"activity_label": "a", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], "label": "2"})"
+                           "\n")
+          .find("\"label\" is \"2\", out of range: it must be 0 to 1"),
+      std::string::npos);
+
+  // A directory, invalid UTF-8 and a perplexity task without text are named as what they are.
+  fs::create_directories(dir.path() / "tasks.jsonl");
+  try {
+    parse_task_specs({(dir.path() / "tasks.jsonl").string()}, dir.path());
+    ADD_FAILURE() << "a directory taken as a task file";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(message("piqa", "{\"goal\": \"g\xff\"}\n").find("bad.jsonl:1: not UTF-8 text: byte 12 of the line"),
+            std::string::npos);
+  auto perplexity_message = [&](const std::string& name, const std::string& text) {
+    try {
+      load_task(parse_task_specs({"perplexity:" + dir.write(name, text).string()}, dir.path()).front());
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(perplexity_message("empty.txt", "").find("empty.txt' is empty: a perplexity task needs text"),
+            std::string::npos);
+  EXPECT_NE(
+      perplexity_message("blank.jsonl", "{\"text\": \"\"}\n\n{\"text\": \"\"}\n").find("blank.jsonl' holds no text"),
+      std::string::npos);
+  EXPECT_NE(perplexity_message("latin1.txt", "ok\ncaf\xe9\n").find("latin1.txt' is not UTF-8 text: byte 7 (line 2)"),
             std::string::npos);
 }
 
@@ -235,6 +304,34 @@ TEST(EvalFewShot, ExamplesAreDrawnAsTheHarnessDrawsThem) {
   EXPECT_THROW(load_task(parse_task_specs({text.string()}, dir.path()).front(), 0, FewShotOptions{1}), UserError);
 }
 
+// A winogrande example whose blank ends its sentence has an empty target: lm-eval 0.4.5's sampler
+// writes its text alone, without the target delimiter and the few-shot delimiter (`if doc_target
+// != ""`). The contexts are the harness's (its sampler, replayed in CPython 3.11) for these files.
+TEST(EvalFewShot, AWinograndeExampleWithoutTargetEndsAtItsOption) {
+  test::TempDir dir;
+  const fs::path file =
+      dir.write("winogrande.jsonl",
+                R"({"sentence": "The bag fit into _", "option1": "the car", "option2": "the box", "answer": "1"}
+{"sentence": "Tom gave _ a book.", "option1": "Ann", "option2": "Bob", "answer": "2"}
+{"sentence": "She ate _", "option1": "it", "option2": "them", "answer": "2"}
+{"sentence": "We saw _ there.", "option1": "him", "option2": "her", "answer": "1"}
+)");
+  auto load = [&](std::int64_t k) {
+    return load_task(parse_task_specs({file.string()}, dir.path()).front(), 0, FewShotOptions{k});
+  };
+  const Task one = load(1);
+  EXPECT_EQ(one.docs[0].requests[1].context, "We saw him there.\n\nThe bag fit into the box");
+  EXPECT_EQ(one.docs[0].requests[0].continuation, " ");
+  EXPECT_EQ(one.docs[1].requests[0].context, "The bag fit into the carTom gave Ann");
+  EXPECT_EQ(one.docs[2].requests[1].context, "The bag fit into the carShe ate them");
+  EXPECT_EQ(one.docs[3].requests[0].context, "The bag fit into the carWe saw him");
+  const Task two = load(2);
+  EXPECT_EQ(two.docs[0].requests[0].context, "We saw him there.\n\nShe ate themThe bag fit into the car");
+  EXPECT_EQ(two.docs[1].requests[1].context, "The bag fit into the carShe ate themTom gave Bob");
+  EXPECT_EQ(two.docs[2].requests[0].context, "The bag fit into the carWe saw him there.\n\nShe ate it");
+  EXPECT_EQ(two.docs[3].requests[1].context, "Tom gave Bob a book.\n\nThe bag fit into the carWe saw her");
+}
+
 TEST(EvalRequests, EncodedAsTheHarnessEncodesPairs) {
   const WordTokenizer tok;
   // Trailing spaces of the context move to the continuation; the continuation is what the whole
@@ -245,6 +342,53 @@ TEST(EvalRequests, EncodedAsTheHarnessEncodesPairs) {
   const TokenRequest empty = encode_request(tok, {"", " sat down"}, 63);
   EXPECT_EQ(empty.context, std::vector<std::int32_t>{63});
   EXPECT_EQ(empty.continuation, tok.encode(" sat down"));
+  // Python's rstrip() removes Unicode's whitespace: it moves to the continuation too.
+  for (const std::string space : {"\u00a0", "\u3000", "\u2003", "\u0085", "\u2028"}) {
+    const TokenRequest u = encode_request(tok, {"the cat" + space, "sat"}, 63);
+    EXPECT_EQ(u.context, tok.encode("the cat")) << space;
+    const std::vector<std::int32_t> whole = tok.encode("the cat" + space + "sat");
+    EXPECT_EQ(u.continuation, std::vector<std::int32_t>(whole.begin() + 2, whole.end())) << space;
+  }
+}
+
+// Each document checked against the model before any scoring, named by file and line: a
+// continuation longer than the context, one that is empty or encodes to nothing on its own. One
+// whose tokens merged into the context's last token is scored as the harness scores it (0, greedy).
+TEST(EvalRequests, DocumentsTheModelCannotScoreAreNamedByFileAndLine) {
+  test::TempDir dir;
+  const WordTokenizer tok;
+  auto message = [&](const std::string& lines, std::int64_t max_len) {
+    const Task task = task_from(dir, "multiple_choice", "mc.jsonl", lines);
+    try {
+      encode_task(task, tok, 63, max_len);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string ok = R"({"context": "a b", "choices": ["c", "d"], "label": 0})"
+                         "\n";
+  EXPECT_EQ(message(ok + ok, 4), "no error");
+  EXPECT_NE(message(ok + R"({"context": "a", "choices": ["c", "d e f g h"], "label": 0})"
+                         "\n",
+                    4)
+                .find("mc.jsonl:2: choice 1's continuation is 5 tokens, longer than the model's context of 4 tokens"),
+            std::string::npos);
+  EXPECT_NE(message(ok + "\n" +
+                        R"({"context": "a", "choices": ["c", ""], "label": 0, "target_delimiter": ""})"
+                        "\n",
+                    4)
+                .find("mc.jsonl:3: choice 1's continuation \"\" is empty: nothing to score"),
+            std::string::npos);
+  // "pre" + "fix" encodes to the one word "prefix": the continuation has no token of its own.
+  const Task merged =
+      task_from(dir, "multiple_choice", "merged.jsonl",
+                R"({"context": "the word is pre", "choices": ["fix", " text"], "label": 0, "target_delimiter": ""})"
+                "\n");
+  const EncodedTask encoded = encode_task(merged, tok, 63, 16);
+  ASSERT_EQ(encoded.requests.size(), 2u);
+  EXPECT_TRUE(encoded.requests[0].continuation.empty());
+  EXPECT_EQ(encoded.requests[1].continuation, tok.encode(" text"));
 }
 
 TEST(EvalRequests, RollingWindowsPredictEveryTokenOnce) {
@@ -439,6 +583,62 @@ Handle<Model> described_model(const test::TempDir& dir, Runtime& runtime, const 
 
 // Every architecture loom exports reads back, without a config, as the same model: the exported
 // config.json of a loom model describes a model whose own config.json is the same.
+// The token before an empty context of a Hugging Face directory is HFLM's prefix_token_id: the
+// tokenizer's BOS, or its EOS where it has none, as transformers 4.46 reads them; config.json's
+// bos_token_id plays no part.
+TEST(EvalHfDirectory, AnEmptyContextIsTheTokenizersBosOrElseItsEos) {
+  test::TempDir dir;
+  const WordTokenizer tok;
+  const std::string vocab = R"({"model": {"type": "BPE", "vocab": {"<s>": 1, "</s>": 2, "a": 3}},
+                               "added_tokens": [{"id": 40, "content": "<|endoftext|>"}, {"id": 41, "content": "<|im_end|>"}]})";
+  auto prefix = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& files) {
+    for (const auto& [file, text] : files) dir.write(name + "/" + file, text);
+    dir.write(name + "/tokenizer.json", vocab);
+    return hf_prefix_token(dir.path() / name, tok);
+  };
+  // Qwen2-style: no BOS (null), EOS <|im_end|>; config.json's bos_token_id is another token.
+  EXPECT_EQ(
+      prefix("qwen", {{"config.json", R"({"model_type": "qwen2", "bos_token_id": 40})"},
+                      {"tokenizer_config.json",
+                       R"({"tokenizer_class": "Qwen2Tokenizer", "bos_token": null, "eos_token": "<|im_end|>"})"}}),
+      41);
+  // No bos_token at all: the class's default (Qwen2Tokenizer has none; its EOS is <|endoftext|>).
+  EXPECT_EQ(prefix("qwen_default", {{"config.json", R"({"model_type": "qwen2", "bos_token_id": 1})"},
+                                    {"tokenizer_config.json", R"({"tokenizer_class": "Qwen2TokenizerFast"})"}}),
+            40);
+  // GPT-2's class: BOS <|endoftext|>; an AddedToken written as a map.
+  EXPECT_EQ(prefix("gpt2", {{"config.json", R"({"model_type": "gpt2", "bos_token_id": 3})"}}), 40);
+  EXPECT_EQ(prefix("llama", {{"config.json", R"({"model_type": "llama", "bos_token_id": 3})"},
+                             {"tokenizer_config.json", R"({"bos_token": {"content": "<s>", "lstrip": false}})"}}),
+            1);
+  // special_tokens_map.json over tokenizer_config.json, as from_pretrained reads them.
+  EXPECT_EQ(prefix("map", {{"config.json", R"({"model_type": "llama"})"},
+                           {"tokenizer_config.json", R"({"bos_token": "<s>"})"},
+                           {"special_tokens_map.json", R"({"bos_token": "</s>"})"}}),
+            2);
+  // Neither named (a generic class): nullopt, and loom eval keeps the tokenizer's end of text.
+  EXPECT_FALSE(prefix("none", {{"config.json", R"({"model_type": "other", "bos_token_id": 3})"},
+                               {"tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})"}})
+                   .has_value());
+}
+
+// `loom eval` computes in float32 unless the command line asks otherwise.
+TEST(EvalHfDirectory, LoomEvalComputesInFloat32UnlessAsked) {
+  test::TempDir dir;
+  auto with = [&](const std::string& backend, const std::vector<std::string>& overrides) {
+    RuntimeOptions options;
+    options.config = dir.write("c.yaml", backend);
+    options.overrides = overrides;
+    const Runtime runtime(options);
+    return float32_products_override(runtime, overrides);
+  };
+  EXPECT_EQ(with("backend: {type: cpu, matmul_precision: bf16}\n", {}), "backend.matmul_precision=f32");
+  EXPECT_EQ(with("model: {type: gpt2}\n", {"model.seq_len=8"}), "backend.matmul_precision=f32");
+  EXPECT_FALSE(with("backend: {type: cpu}\n", {"backend.matmul_precision=bf16"}).has_value());
+  EXPECT_FALSE(with("backend: {type: cpu}\n", {"backend={type: reference}"}).has_value());
+  EXPECT_FALSE(with("backend: {type: reference}\n", {}).has_value());  // no such option: float64 loops anyway
+}
+
 TEST(EvalHfDirectory, EveryExportedArchitectureIsDescribedByItsConfigJson) {
   test::TempDir dir;
   const std::vector<std::pair<std::string, std::string>> models = {
@@ -636,9 +836,39 @@ TEST(EvalScorer, BadRequestsAreUserErrors) {
   test::TempDir dir;
   Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
   Scorer scorer(*lm.model, *lm.backend, ScorerOptions{});
-  EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, {}}}), UserError);
   EXPECT_THROW(scorer.score(std::vector<TokenRequest>{{{1}, std::vector<std::int32_t>(17, 1)}}), UserError);
   EXPECT_THROW(Scorer(*lm.model, *lm.backend, ScorerOptions{0, KvCacheUse::always}), UserError);
+}
+
+// A continuation whose tokens merged into the context's last one ("pre" + "fix") scores as the
+// harness's HFLM scores it (its logits cache serves it from a one-token choice of the same
+// context): log-likelihood 0, greedy; the other choices as usual, with the cache or without.
+TEST(EvalScorer, AContinuationMergedIntoTheContextScoresZeroAndGreedy) {
+  test::TempDir dir;
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 2, num_heads: 2}");
+  const WordTokenizer tok;
+  const Task task = task_from(
+      dir, "multiple_choice", "merged.jsonl",
+      R"({"context": "the word is pre", "choices": ["fix", " text", " long text"], "label": 0, "target_delimiter": ""})"
+      "\n");
+  for (const KvCacheUse cache : {KvCacheUse::always, KvCacheUse::never}) {
+    EvalOptions options;
+    options.scorer.kv_cache = cache;
+    options.log_samples = true;
+    const auto results = evaluate_tasks(*lm.model, *lm.backend, tok, 63, {task}, options);
+    ASSERT_EQ(results[0].samples.size(), 1u);
+    const auto& scored = results[0].samples[0].results;
+    ASSERT_EQ(scored.size(), 3u);
+    EXPECT_EQ(scored[0].logprob, 0.0);
+    EXPECT_TRUE(scored[0].greedy);
+    EXPECT_LT(scored[1].logprob, 0.0);
+    EXPECT_LT(scored[2].logprob, 0.0);
+    EXPECT_EQ(results[0].samples[0].pred, 0);
+  }
+  Scorer scorer(*lm.model, *lm.backend, ScorerOptions{});
+  const auto alone = scorer.score(std::vector<TokenRequest>{{{1, 2}, {}}});
+  EXPECT_EQ(alone[0].logprob, 0.0);
+  EXPECT_TRUE(alone[0].greedy);
 }
 
 // ---- The command, as a user runs it ----
@@ -734,11 +964,43 @@ TEST(EvalCommand, BadInputIsOneErrorWithStatus2) {
   expect_error({"eval", run, "--tasks", example_tasks(), "--batch-size", "0"}, "--batch-size must be at least 1");
   const fs::path bad = dir.write("piqa_bad.jsonl", "{\"goal\": \"g\"}\n");
   expect_error({"eval", run, "--tasks", bad.string()}, "piqa_bad.jsonl:1: no \"sol1\" field");
+  // A document longer than the model's context (256 bytes), named by file and line, before any scoring.
+  const fs::path long_doc =
+      dir.write("piqa_long.jsonl",
+                "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{\"goal\": \"g\", \"sol1\": \"" +
+                    std::string(300, 'x') + "\", \"sol2\": \"b\", \"label\": 0}\n");
+  expect_error(
+      {"eval", run, "--tasks", long_doc.string()},
+      "piqa_long.jsonl:2: choice 0's continuation is 301 tokens, longer than the model's context of 256 tokens");
+  expect_error({"eval", run, "--tasks", dir.write("empty.txt", "").string()},
+               "empty.txt' is empty: a perplexity task needs text to score");
+  fs::create_directories(dir.path() / "piqa_dir.jsonl");
+  expect_error({"eval", run, "--tasks", (dir.path() / "piqa_dir.jsonl").string()}, "is a directory");
   fs::create_directories(dir.path() / "hf");
   dir.write("hf/config.json", "{}");
   expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()}, "has no model_type");
   expect_error({"eval", (dir.path() / "hf").string(), "--tasks", example_tasks()},
                "give a loom config that describes the model and its tokenizer after the directory instead");
+}
+
+// `loom eval` scores in float32 whatever the run trained with (here bf16 products, on a CPU with
+// AVX512-BF16), unless the command line asks for bf16.
+TEST(EvalCommand, ScoresInFloat32UnlessTheCommandLineAsksForBf16) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "run", {"backend.matmul_precision=bf16"});
+  const std::string run = (dir.path() / "run").string();
+  const auto plain = all_loglikelihoods(eval_json({run, "--tasks", example_tasks()}, dir.path() / "plain.json"));
+  const auto f32 = all_loglikelihoods(
+      eval_json({run, "backend.matmul_precision=f32", "--tasks", example_tasks()}, dir.path() / "f32.json"));
+  const auto bf16 = all_loglikelihoods(
+      eval_json({run, "backend.matmul_precision=bf16", "--tasks", example_tasks()}, dir.path() / "bf16.json"));
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(plain, f32);
+  ASSERT_EQ(bf16.size(), f32.size());
+  double moved = 0;
+  for (std::size_t i = 0; i < f32.size(); ++i) moved = std::max(moved, std::abs(bf16[i] - f32[i]));
+  std::cout << "bf16 products moved a log-likelihood by up to " << moved << " nats\n";
 }
 
 // A Hugging Face directory written by `loom export --format hf` scores without a config: its
@@ -794,10 +1056,14 @@ TEST(EvalTraining, EvalTasksAreLoggedAndPrinted) {
   const auto r = loom(
       {"train", config.string(), "trainer.run_dir=" + run.string(),
        "trainer.eval_tasks=[" + (examples / "piqa.jsonl").string() + "," + (examples / "lambada.jsonl").string() + "]",
-       "trainer.steps_per_task_eval=2"});
+       "trainer.steps_per_task_eval=2", "trainer.checkpoint.save_every_steps=3"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("tasks at step 2: piqa acc "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tasks at step 4: piqa acc "), std::string::npos) << r.out;
+  // The final task evaluation comes after the final weights and checkpoint: it can cost neither.
+  const std::size_t final_checkpoint = r.out.find("step-4: ");
+  ASSERT_NE(final_checkpoint, std::string::npos) << r.out;
+  EXPECT_LT(final_checkpoint, r.out.find("tasks at step 4: ")) << r.out;
   std::ifstream metrics(run / "metrics.jsonl");
   std::map<std::int64_t, nlohmann::json> by_step;
   for (std::string line; std::getline(metrics, line);) {
@@ -827,6 +1093,18 @@ TEST(EvalTraining, EvalTasksAreLoggedAndPrinted) {
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("while reading trainer.eval_tasks"), std::string::npos) << bad.err;
   EXPECT_EQ(bad.out.find("step 2/4"), std::string::npos);
+  // So does a document longer than the model's context (piqa's 165-byte solution against a context
+  // of 128 bytes), named by file and line, and a perplexity file without text: before step 1.
+  for (const auto& [task, text] :
+       std::vector<std::pair<std::string, std::string>>{{(examples / "piqa.jsonl").string(), "piqa.jsonl:"},
+                                                        {dir.write("empty.txt", "").string(), "empty.txt' is empty"}}) {
+    const fs::path short_run = dir.path() / ("short-" + std::to_string(text.size()));
+    const auto too_long = loom({"train", config.string(), "trainer.run_dir=" + short_run.string(), "model.seq_len=128",
+                                "trainer.eval_tasks=[" + task + "]"});
+    EXPECT_EQ(too_long.exit_code, 2) << too_long.out << too_long.err;
+    EXPECT_NE(too_long.err.find(text), std::string::npos) << too_long.err;
+    EXPECT_EQ(too_long.out.find("step 2/4"), std::string::npos) << too_long.out;
+  }
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
     python harness_reference.py HF_DIR TASK_DIR OUT.json [--batch-size B] [--tasks a,b] [--num-fewshot K]
 
 TASK_DIR holds hellaswag.jsonl, arc_easy.jsonl, arc_challenge.jsonl, piqa.jsonl, winogrande.jsonl,
-mmlu.jsonl (subject "anatomy"), lambada.jsonl, my_task.jsonl (generic multiple choice) and
-perplexity.jsonl ({"text"} lines), in the harness's field names. Each is run through the
+mmlu.jsonl (subject "anatomy"), lambada.jsonl, my_task.jsonl (generic multiple choice),
+my_task_glued.jsonl (the same, with target_delimiter "") and perplexity.jsonl ({"text"} lines), in the harness's field names. Each is run through the
 harness's own task YAML (included, so its prompts, delimiters and preprocessing are the
 harness's) with the data read from the local file, by simple_evaluate with the transformers
 backend (HFLM) on the CPU in float32. Writes {task: {"metrics": {...}, "docs": [[[ll, greedy],
@@ -52,11 +52,12 @@ def task_yaml(name, data_file, tasks_root):
                 f"task: loom_{name}\ntag: []\ndataset_path: json\ndataset_name: null\n"
                 f"dataset_kwargs: {{data_files: {data}}}\n"
                 "training_split: null\nfewshot_split: null\n")
-    if name == "my_task":
+    if name in ("my_task", "my_task_glued"):
         return (f"task: loom_{name}\ndataset_path: json\ndataset_kwargs: {{data_files: {data}}}\n"
                 "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{context}}\"\n"
                 "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\n"
-                "metric_list: [{metric: acc}, {metric: acc_norm}]\n")
+                + ("target_delimiter: \"\"\n" if name == "my_task_glued" else "")
+                + "metric_list: [{metric: acc}, {metric: acc_norm}]\n")
     if name == "perplexity":
         return (f"task: loom_{name}\ndataset_path: json\ndataset_kwargs: {{data_files: {data}}}\n"
                 "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: \"\"\n"
@@ -84,7 +85,7 @@ def main():
         del args[i:i + 2]
     hf_dir, task_dir, out_file = args
     tasks_root = os.path.join(os.path.dirname(lm_eval.__file__), "tasks")
-    names = [n for n in list(HARNESS_TASKS) + ["my_task", "perplexity"]
+    names = [n for n in list(HARNESS_TASKS) + ["my_task", "my_task_glued", "perplexity"]
              if os.path.exists(os.path.join(task_dir, n + ".jsonl")) and (only is None or n in only)]
     lm = HFLM(pretrained=hf_dir, device="cpu", batch_size=batch_size, dtype="float32")
     out = {"lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else "?"}

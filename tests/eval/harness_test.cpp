@@ -48,13 +48,19 @@ void write_tasks(const fs::path& dir) {
   fs::create_directories(dir);
   Words w;
   const int n = 24;
-  std::vector<json> hs, arc_e, arc_c, piqa, wino, mmlu, lambada, mine, text;
+  std::vector<json> hs, arc_e, arc_c, piqa, wino, mmlu, lambada, mine, glued, text;
+  // Whitespace beyond ASCII (Python's strip(), rstrip() and \s remove it) and letters whose case
+  // maps beyond ASCII ("ß".capitalize() is "Ss").
+  const std::vector<std::string> spaces = {"\u00a0", "\u3000", "\u2003", "\u2028", "\u0085"};
   for (int i = 0; i < n; ++i) {
     json endings = json::array();
-    for (int c = 0; c < 4; ++c) endings.push_back((c == 1 ? "[step] " : "") + w.sentence(2, 9) + ".");
+    for (int c = 0; c < 4; ++c)
+      endings.push_back((c == 1 ? "[step] " : "") + w.sentence(2, 9) + "." + (i % 3 == 1 ? spaces[i % 5] : ""));
     hs.push_back({{"activity_label", w.sentence(1, 2)},
                   {"ctx_a", w.sentence(4, 12) + (i % 3 == 0 ? " [title] " + w.sentence(2, 4) : "") + "."},
-                  {"ctx_b", i % 4 == 0 ? "" : "The " + w.sentence(1, 3)},
+                  {"ctx_b", i % 4 == 0   ? ""
+                            : i % 4 == 1 ? "\u00dftra\u00dfe \u00c9LAN \u00fcBER " + w.sentence(1, 3)
+                                         : "The " + w.sentence(1, 3)},
                   {"endings", endings},
                   {"label", std::to_string(w.pick(4))}});
     for (auto* arc : {&arc_e, &arc_c}) {
@@ -70,7 +76,9 @@ void write_tasks(const fs::path& dir) {
     }
     piqa.push_back(
         {{"goal", w.sentence(3, 8)}, {"sol1", w.sentence(3, 12)}, {"sol2", w.sentence(3, 12)}, {"label", w.pick(2)}});
-    wino.push_back({{"sentence", w.sentence(3, 7) + " _ " + w.sentence(2, 6) + "."},
+    // A blank that ends the sentence (every fourth): an empty target, which a few-shot example
+    // writes without delimiters.
+    wino.push_back({{"sentence", w.sentence(3, 7) + (i % 4 == 3 ? " _" : " _ " + w.sentence(2, 6) + ".")},
                     {"option1", w.sentence(1, 2)},
                     {"option2", w.sentence(1, 2)},
                     {"answer", std::to_string(1 + w.pick(2))}});
@@ -82,9 +90,21 @@ void write_tasks(const fs::path& dir) {
     json choices = json::array();
     const int k = 2 + w.pick(3);
     for (int c = 0; c < k; ++c) choices.push_back(w.sentence(1, 6));
-    mine.push_back(
-        {{"context", w.sentence(3, 10) + (i % 5 == 0 ? " " : "")}, {"choices", choices}, {"label", w.pick(k)}});
-    if (i < 6) text.push_back({{"text", w.sentence(20, 90) + ".\n" + w.sentence(5, 20)}});
+    mine.push_back({{"context", w.sentence(3, 10) + (i % 5 == 0   ? " "
+                                                     : i % 5 == 1 ? spaces[i % 4]
+                                                                  : "")},
+                    {"choices", choices},
+                    {"label", w.pick(k)}});
+    // Glued to the context (target_delimiter ""): " pre" + "fix" is GPT-2's one token " prefix", so
+    // that choice has no token of its own; " pre" + "x" and " text" are one token each after " pre".
+    if (i < 8)
+      glued.push_back({{"context", w.sentence(3, 8) + " pre"},
+                       {"choices", {"x", "fix", " " + w.sentence(1, 1)}},
+                       {"label", w.pick(3)},
+                       {"target_delimiter", ""}});
+    if (i < 6)
+      text.push_back(
+          {{"text", w.sentence(20, 90) + "." + spaces[i % 5] + w.sentence(3, 9) + "\n" + w.sentence(5, 20)}});
   }
   write_lines(dir / "hellaswag.jsonl", hs);
   write_lines(dir / "arc_easy.jsonl", arc_e);
@@ -94,6 +114,7 @@ void write_tasks(const fs::path& dir) {
   write_lines(dir / "mmlu.jsonl", mmlu);
   write_lines(dir / "lambada.jsonl", lambada);
   write_lines(dir / "my_task.jsonl", mine);
+  write_lines(dir / "my_task_glued.jsonl", glued);
   write_lines(dir / "perplexity.jsonl", text);
 }
 

@@ -1,4 +1,5 @@
 // The model `loom eval` scores, and its results as JSON: see loom/run/eval.hpp.
+#include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -11,6 +12,97 @@
 namespace fs = std::filesystem;
 
 namespace loom::eval {
+
+namespace {
+
+nlohmann::json read_json(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return nullptr;
+  std::ifstream in(file, std::ios::binary);
+  nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+  return json.is_discarded() ? nlohmann::json(nullptr) : json;
+}
+
+// A special token as transformers writes it: a string, or an AddedToken {"content": ...}; null
+// (or anything else) for none.
+std::optional<std::string> token_text(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object() && value.contains("content") && value["content"].is_string())
+    return value["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// transformers 4.46's tokenizer's `role` ("bos_token", "eos_token"): special_tokens_map.json's
+// entry over tokenizer_config.json's (from_pretrained's order), else the tokenizer class's default.
+std::optional<std::string> special_token(const fs::path& dir, const std::string& role) {
+  const nlohmann::json map = read_json(dir / "special_tokens_map.json");
+  if (map.is_object() && map.contains(role)) return token_text(map[role]);
+  const nlohmann::json config = read_json(dir / "tokenizer_config.json");
+  if (config.is_object() && config.contains(role)) return token_text(config[role]);
+  // The class: tokenizer_config.json's tokenizer_class, or AutoTokenizer's for config.json's model_type.
+  std::string name = config.is_object() ? config.value("tokenizer_class", std::string()) : std::string();
+  if (name.empty()) {
+    const nlohmann::json model = read_json(dir / "config.json");
+    const std::string type = model.is_object() ? model.value("model_type", std::string()) : std::string();
+    if (type == "gpt2") name = "GPT2Tokenizer";
+    if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe") name = "Qwen2Tokenizer";
+    if (type == "llama" || type == "mistral" || type == "mixtral") name = "LlamaTokenizer";
+    if (type == "gemma" || type == "gemma2") name = "GemmaTokenizer";
+  }
+  if (name.size() > 4 && name.ends_with("Fast")) name.resize(name.size() - 4);
+  const bool bos = role == "bos_token";
+  if (name == "GPT2Tokenizer") return "<|endoftext|>";
+  if (name == "Qwen2Tokenizer") return bos ? std::nullopt : std::optional<std::string>("<|endoftext|>");
+  if (name == "LlamaTokenizer" || name == "CodeLlamaTokenizer") return bos ? "<s>" : "</s>";
+  if (name == "GemmaTokenizer") return bos ? "<bos>" : "<eos>";
+  return std::nullopt;
+}
+
+// The id of a token of the directory's vocabulary: tokenizer.json's added tokens and model
+// vocabulary, vocab.json, else what `tokenizer` encodes it to when that is one token.
+std::optional<std::int32_t> token_id(const fs::path& dir, const std::string& token, const Tokenizer& tokenizer) {
+  const nlohmann::json json = read_json(dir / "tokenizer.json");
+  if (json.is_object()) {
+    if (json.contains("added_tokens") && json["added_tokens"].is_array())
+      for (const auto& added : json["added_tokens"])
+        if (added.is_object() && added.value("content", std::string()) == token && added.contains("id") &&
+            added["id"].is_number_integer())
+          return added["id"].get<std::int32_t>();
+    if (json.contains("model") && json["model"].is_object() && json["model"].contains("vocab") &&
+        json["model"]["vocab"].is_object() && json["model"]["vocab"].contains(token) &&
+        json["model"]["vocab"][token].is_number_integer())
+      return json["model"]["vocab"][token].get<std::int32_t>();
+  }
+  const nlohmann::json vocab = read_json(dir / "vocab.json");
+  if (vocab.is_object() && vocab.contains(token) && vocab[token].is_number_integer())
+    return vocab[token].get<std::int32_t>();
+  const std::vector<std::int32_t> ids = tokenizer.encode(token);
+  if (ids.size() == 1) return ids.front();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> float32_products_override(const Runtime& runtime,
+                                                     const std::vector<std::string>& overrides) {
+  for (const std::string& o : overrides)
+    if (o.rfind("backend.matmul_precision=", 0) == 0 || o.rfind("backend=", 0) == 0) return std::nullopt;
+  const Value* backend = runtime.raw_config().find("backend");
+  std::string type = "cpu";  // the run config's default backend
+  if (backend && backend->is_string()) type = backend->as_string();
+  if (backend && backend->is_map() && backend->find("type") && backend->find("type")->is_string())
+    type = backend->find("type")->as_string();
+  const ComponentEntry* entry = runtime.registry().find(Backend::kind, type);
+  if (!entry || !entry->decl.options.find("matmul_precision")) return std::nullopt;
+  return "backend.matmul_precision=f32";
+}
+
+std::optional<std::int32_t> hf_prefix_token(const fs::path& dir, const Tokenizer& tokenizer) {
+  for (const char* role : {"bos_token", "eos_token"})
+    if (const auto token = special_token(dir, role))
+      if (const auto id = token_id(dir, *token, tokenizer); id && *id >= 0) return id;
+  return std::nullopt;
+}
 
 EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoice choice) {
   EvalModel out;
@@ -38,9 +130,10 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
     out.description = "the Hugging Face model " + target.string();
     const DocumentBoundary documents = document_boundary(*out.tokenizer, false);
     out.prefix = documents.separator.back();
-    // The harness's HFLM puts the tokenizer's BOS before an empty context (its prefix_token_id).
-    if (const auto bos = hf_bos_token_id(target); bos && *bos >= 0 && *bos < out.model->vocab_size())
-      out.prefix = static_cast<std::int32_t>(*bos);
+    // The harness's HFLM puts its tokenizer's BOS before an empty context, or its EOS where it has
+    // no BOS (its prefix_token_id).
+    if (const auto prefix = hf_prefix_token(target, *out.tokenizer); prefix && *prefix < out.model->vocab_size())
+      out.prefix = *prefix;
     return out;
   }
   const RunFiles files = resolve_run_or_checkpoint(target, choice);

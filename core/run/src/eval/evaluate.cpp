@@ -3,32 +3,21 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
 #include "python_random.hpp"
+#include "python_text.hpp"
 
 namespace loom::eval {
 
 namespace {
 
-bool is_space(unsigned char c) {
-  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-}
-
-// The harness's count_words: len(re.split(r"\s+", text)), one more than the runs of whitespace.
+// The harness's count_words: len(re.split(r"\s+", text)), re's \s being Python's Unicode whitespace.
 double count_words(const std::string& text) {
-  double words = 1;
-  for (std::size_t i = 0; i < text.size();) {
-    if (is_space(static_cast<unsigned char>(text[i]))) {
-      ++words;
-      while (i < text.size() && is_space(static_cast<unsigned char>(text[i]))) ++i;
-    } else {
-      ++i;
-    }
-  }
-  return words;
+  return static_cast<double>(python::split_count(text));
 }
 
 double mean(std::span<const double> xs) {
@@ -88,10 +77,9 @@ TokenRequest encode_request(const Tokenizer& tokenizer, const TextRequest& reque
     out.continuation = tokenizer.encode(request.continuation);
     return out;
   }
-  // Trailing whitespace of the context belongs to the continuation (Python's rstrip()).
+  // Trailing whitespace of the context belongs to the continuation (Python's rstrip(): Unicode's).
   std::string context = request.context, continuation = request.continuation;
-  std::size_t end = context.size();
-  while (end > 0 && is_space(static_cast<unsigned char>(context[end - 1]))) --end;
+  const std::size_t end = python::rstrip_size(context);
   if (end < context.size()) {
     continuation = context.substr(end) + continuation;
     context.resize(end);
@@ -316,33 +304,71 @@ std::vector<TaskResult> mmlu_subtasks(const Task& task, std::span<const DocLog> 
   return out;
 }
 
+EncodedTask encode_task(const Task& task, const Tokenizer& tokenizer, std::int32_t prefix, std::int64_t max_len) {
+  EncodedTask out;
+  for (const TaskDoc& doc : task.docs) {
+    if (task.spec.family == TaskFamily::perplexity) {
+      const std::vector<std::int32_t> tokens = tokenizer.encode(doc.text);
+      out.tokens.push_back(static_cast<std::int64_t>(tokens.size()));
+      std::vector<TokenRequest> windows = rolling_windows(tokens, prefix, max_len);
+      out.sizes.push_back(windows.size());
+      for (auto& w : windows) out.requests.push_back(std::move(w));
+      continue;
+    }
+    out.tokens.push_back(0);
+    out.sizes.push_back(doc.requests.size());
+    for (std::size_t c = 0; c < doc.requests.size(); ++c) {
+      const TextRequest& r = doc.requests[c];
+      TokenRequest encoded = encode_request(tokenizer, r, prefix);
+      const std::string which =
+          doc.requests.size() > 1 ? "choice " + std::to_string(c) + "'s continuation " : "the continuation ";
+      const std::string shown = nlohmann::json(r.continuation).dump();
+      // What the harness's HFLM asserts of each request (len(continuation_enc) <= max_length).
+      if (static_cast<std::int64_t>(encoded.continuation.size()) > max_len)
+        throw UserError(doc.where + ": " + which + "is " + std::to_string(encoded.continuation.size()) +
+                        " tokens, longer than the model's context of " + std::to_string(max_len) +
+                        " tokens: the model cannot score it (neither can the harness, which asserts "
+                        "len(continuation_enc) <= max_length); shorten the document or drop it from the task file");
+      // A continuation that encodes to nothing on its own has nothing to score (the harness asserts
+      // len(continuation_enc) > 0); one whose tokens merged into the context's last token scores
+      // 0 and greedy, as the harness's one-token cache gives it (docs/evaluation.md).
+      if (encoded.continuation.empty() && (r.continuation.empty() || tokenizer.encode(r.continuation).empty()))
+        throw UserError(doc.where + ": " + which + shown +
+                        (r.continuation.empty() ? " is empty" : " encodes to no token") +
+                        ": nothing to score (the harness stops on it too: it asserts len(continuation_enc) > 0); "
+                        "give every choice some text");
+      out.requests.push_back(std::move(encoded));
+    }
+  }
+  return out;
+}
+
 std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tokenizer& tokenizer, std::int32_t prefix,
                                        const std::vector<Task>& tasks, const EvalOptions& options, ScorerStats* stats) {
+  // Every task's requests first: a document the model cannot score stops the run before any scoring.
+  std::vector<EncodedTask> encoded;
+  std::vector<double> encode_seconds;
+  for (const Task& task : tasks) {
+    const auto start = std::chrono::steady_clock::now();
+    encoded.push_back(encode_task(task, tokenizer, prefix, model.max_seq_len()));
+    encode_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   Scorer scorer(model, backend, options.scorer);
   std::vector<TaskResult> results;
-  for (const Task& task : tasks) {
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    const Task& task = tasks[t];
     const auto start = std::chrono::steady_clock::now();
     TaskResult result;
     result.name = task.spec.name;
     result.family = task.spec.family;
     result.docs = static_cast<std::int64_t>(task.docs.size());
     std::vector<DocLog> logs(task.docs.size());
-    std::vector<TokenRequest> requests;
-    std::vector<std::size_t> sizes;
+    const std::vector<TokenRequest>& requests = encoded[t].requests;
+    const std::vector<std::size_t>& sizes = encoded[t].sizes;
     for (std::size_t d = 0; d < task.docs.size(); ++d) {
-      const TaskDoc& doc = task.docs[d];
       logs[d].index = static_cast<std::int64_t>(d);
-      logs[d].gold = doc.gold;
-      if (task.spec.family == TaskFamily::perplexity) {
-        const std::vector<std::int32_t> tokens = tokenizer.encode(doc.text);
-        logs[d].tokens = static_cast<std::int64_t>(tokens.size());
-        std::vector<TokenRequest> windows = rolling_windows(tokens, prefix, model.max_seq_len());
-        sizes.push_back(windows.size());
-        for (auto& w : windows) requests.push_back(std::move(w));
-      } else {
-        for (const TextRequest& r : doc.requests) requests.push_back(encode_request(tokenizer, r, prefix));
-        sizes.push_back(doc.requests.size());
-      }
+      logs[d].gold = task.docs[d].gold;
+      logs[d].tokens = encoded[t].tokens[d];
     }
     const std::vector<Scored> scored =
         task.spec.family == TaskFamily::perplexity ? scorer.score(requests) : scorer.score_grouped(requests, sizes);
@@ -377,7 +403,8 @@ std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tok
     result.metrics = task_metrics(task, logs);
     if (task.spec.family == TaskFamily::mmlu) result.subtasks = mmlu_subtasks(task, logs);
     if (options.log_samples) result.samples = std::move(logs);
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.seconds =
+        encode_seconds[t] + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     results.push_back(std::move(result));
   }
   if (stats) *stats = scorer.stats();

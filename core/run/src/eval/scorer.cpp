@@ -46,8 +46,8 @@ std::pair<double, bool> token_logprob(const float* row, std::int64_t vocab, std:
   return {static_cast<double>(row[token]) - max_logit - std::log(total), best == token};
 }
 
+// (encode_task names a task's file and line for the continuations this refuses.)
 void check_request(const TokenRequest& r, std::int64_t max_len) {
-  if (r.continuation.empty()) throw UserError("a request has an empty continuation: nothing to score");
   if (r.context.empty()) throw InternalError("a request without context (the prefix token stands for an empty one)");
   if (static_cast<std::int64_t>(r.continuation.size()) > max_len)
     throw UserError("a continuation of " + std::to_string(r.continuation.size()) +
@@ -83,6 +83,9 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const TokenRequest& r = requests[i];
     check_request(r, max_len);
+    // No token to score (merged into the context's last one): log-likelihood 0, greedy, as the
+    // harness's logits cache gives it.
+    if (r.continuation.empty()) continue;
     std::vector<std::int32_t> whole(r.context);
     whole.insert(whole.end(), r.continuation.begin(), r.continuation.end());
     whole.pop_back();
@@ -95,7 +98,7 @@ std::vector<Scored> Scorer::score(std::span<const TokenRequest> requests) {
   std::stable_sort(rows.begin(), rows.end(),
                    [](const auto* a, const auto* b) { return a->first.size() > b->first.size(); });
 
-  std::vector<Scored> out(requests.size());
+  std::vector<Scored> out(requests.size(), Scored{0.0, true});
   Tape tape;
   tape.set_enabled(false);
   Ops ops(backend_, &tape);
@@ -170,7 +173,7 @@ bool Scorer::score_with_cache(std::span<const TokenRequest> group, std::span<Sco
   const std::vector<std::int32_t>& context = group.front().context;
   std::size_t longest = 0;
   for (const TokenRequest& r : group) {
-    if (r.context != context) return false;
+    if (r.context != context || r.continuation.empty()) return false;
     check_request(r, model_.max_seq_len());
     longest = std::max(longest, r.continuation.size());
   }

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
+#include "loom/utf8.hpp"
 #include "python_random.hpp"
+#include "python_text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -35,17 +38,7 @@ std::string family_list() {
   return out;
 }
 
-// Python's str.isspace() for the ASCII range (what str.strip() and re's \s remove there).
-bool is_space(unsigned char c) {
-  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-}
-
-std::string strip(const std::string& s) {
-  std::size_t b = 0, e = s.size();
-  while (b < e && is_space(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && is_space(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
+using python::strip;
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   std::string out;
@@ -53,13 +46,6 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   for (std::size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size())
     out += s.substr(pos, hit - pos) + to;
   return out + s.substr(pos);
-}
-
-// Python's len() of a str: code points of the UTF-8 text.
-double characters(const std::string& s) {
-  double n = 0;
-  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
-  return n;
 }
 
 // The harness's hellaswag preprocess(): strip, " [title]" -> ". ", drop "[...]" (within a line),
@@ -78,16 +64,6 @@ std::string hellaswag_preprocess(const std::string& text) {
     out += s[i];
   }
   return replace_all(out, "  ", " ");
-}
-
-// Python's str.capitalize() (ASCII letters; other characters are left as they are).
-std::string capitalize(std::string s) {
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80) continue;
-    s[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
-  }
-  return s;
 }
 
 struct Line {
@@ -115,16 +91,44 @@ struct Line {
     }
     return out;
   }
-  // An integer, or a string of digits (the harness's datasets store labels either way).
-  std::int64_t index(const char* name, const std::string& format) const {
+  // An integer in [first, last], or a string of its digits (the harness's datasets store labels
+  // either way): anything else, or a value out of the range, is an error naming the field and
+  // the range (`what` says what the value indexes).
+  std::int64_t integer(const char* name, const std::string& format, std::int64_t first, std::int64_t last,
+                       const std::string& what) const {
     const nlohmann::json& v = field(name, format);
-    if (v.is_number_integer()) return v.get<std::int64_t>();
-    if (v.is_string()) {
+    std::string shown;
+    std::optional<std::int64_t> value;
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      shown = std::to_string(u);
+      if (u <= static_cast<std::uint64_t>(last)) value = static_cast<std::int64_t>(u);
+    } else if (v.is_number_integer()) {
+      value = v.get<std::int64_t>();
+      shown = std::to_string(*value);
+    } else if (v.is_string()) {
       const std::string s = v.get<std::string>();
-      if (!s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        return std::stoll(s);
+      if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        fail("\"" + std::string(name) + "\" is the string " + nlohmann::json(s).dump() + ", not an integer (" +
+                 std::to_string(first) + " to " + std::to_string(last) + ": " + what + ")",
+             format);
+      shown = nlohmann::json(s).dump();
+      if (s.size() <= 18) value = std::stoll(s);
+    } else {
+      fail("\"" + std::string(name) + "\" is " + (v.is_number() ? v.dump() : std::string(v.type_name())) +
+               ", not an integer (" + std::to_string(first) + " to " + std::to_string(last) + ": " + what + ")",
+           format);
     }
-    fail(std::string("\"") + name + "\" is not an integer", format);
+    if (!value || *value < first || *value > last)
+      fail("\"" + std::string(name) + "\" is " + shown + ", out of range: it must be " + std::to_string(first) +
+               " to " + std::to_string(last) + " (" + what + ")",
+           format);
+    return *value;
+  }
+  // The index of the right one of `count` choices.
+  std::int64_t answer(const char* name, const std::string& format, std::size_t count) const {
+    return integer(name, format, 0, static_cast<std::int64_t>(count) - 1,
+                   "the right one of the " + std::to_string(count) + " choices, counted from 0");
   }
 };
 
@@ -132,15 +136,8 @@ void add_choices(TaskDoc& doc, const std::string& context, const std::vector<std
                  const std::string& delimiter = " ") {
   for (const auto& c : choices) {
     doc.requests.push_back({context, delimiter + c});
-    doc.choice_lengths.push_back(characters(c));
+    doc.choice_lengths.push_back(static_cast<double>(python::length(c)));
   }
-}
-
-void check_gold(const Line& line, const TaskDoc& doc, const std::string& format) {
-  if (doc.gold < 0 || doc.gold >= static_cast<std::int64_t>(doc.requests.size()))
-    line.fail("the answer " + std::to_string(doc.gold) + " is not one of the " + std::to_string(doc.requests.size()) +
-                  " choices (counted from 0)",
-              format);
 }
 
 const char* format_of(TaskFamily family) {
@@ -171,12 +168,12 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
   TaskDoc doc;
   switch (family) {
     case TaskFamily::hellaswag: {
-      const std::string ctx = line.string("ctx_a", format) + " " + capitalize(line.string("ctx_b", format));
+      const std::string ctx = line.string("ctx_a", format) + " " + python::capitalize(line.string("ctx_b", format));
       const std::string query = hellaswag_preprocess(line.string("activity_label", format) + ": " + ctx);
       std::vector<std::string> endings = line.strings(line.field("endings", format), "endings", format);
       for (auto& e : endings) e = hellaswag_preprocess(e);
       add_choices(doc, query, endings);
-      doc.gold = line.index("label", format);
+      doc.gold = line.answer("label", format, endings.size());
       break;
     }
     case TaskFamily::arc_easy:
@@ -197,7 +194,7 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
     case TaskFamily::piqa:
       add_choices(doc, "Question: " + line.string("goal", format) + "\nAnswer:",
                   {line.string("sol1", format), line.string("sol2", format)});
-      doc.gold = line.index("label", format);
+      doc.gold = line.answer("label", format, 2);
       break;
     case TaskFamily::winogrande: {
       // Partial scoring (Trinh & Le): each option completes the sentence up to the blank, and the
@@ -209,13 +206,17 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
       for (const char* option : {"option1", "option2"}) {
         const std::string context = sentence.substr(0, blank) + line.string(option, format);
         doc.requests.push_back({context, target});
-        doc.choice_lengths.push_back(characters(context));
+        doc.choice_lengths.push_back(static_cast<double>(python::length(context)));
       }
-      const std::string answer = line.doc.contains("answer") && line.doc["answer"].is_number_integer()
-                                     ? std::to_string(line.doc["answer"].get<int>())
-                                     : line.string("answer", format);
-      if (answer != "1" && answer != "2") line.fail("\"answer\" is not \"1\" or \"2\"", format);
-      doc.gold = answer == "1" ? 0 : 1;
+      // The harness's answer_to_num: "1" or "2" (an integer 1 or 2 is taken too).
+      const nlohmann::json& answer = line.field("answer", format);
+      if (answer.is_string()) {
+        if (answer != "1" && answer != "2")
+          line.fail("\"answer\" is " + answer.dump() + ": it must be \"1\" (option1) or \"2\" (option2)", format);
+        doc.gold = answer == "1" ? 0 : 1;
+      } else {
+        doc.gold = line.integer("answer", format, 1, 2, "1: option1, 2: option2") - 1;
+      }
       break;
     }
     case TaskFamily::mmlu: {
@@ -237,7 +238,7 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
           answer.get<std::string>()[0] <= 'D')
         doc.gold = answer.get<std::string>()[0] - 'A';
       else
-        doc.gold = line.index("answer", format);
+        doc.gold = line.answer("answer", format, 4);
       break;
     }
     case TaskFamily::lambada: {
@@ -258,13 +259,12 @@ TaskDoc make_doc(TaskFamily family, const Line& line) {
     case TaskFamily::multiple_choice: {
       std::string delimiter = " ";
       if (line.doc.contains("target_delimiter")) delimiter = line.string("target_delimiter", format);
-      add_choices(doc, line.string("context", format), line.strings(line.field("choices", format), "choices", format),
-                  delimiter);
-      doc.gold = line.index("label", format);
+      const auto choices = line.strings(line.field("choices", format), "choices", format);
+      add_choices(doc, line.string("context", format), choices, delimiter);
+      doc.gold = line.answer("label", format, choices.size());
       break;
     }
   }
-  check_gold(line, doc, format);
   return doc;
 }
 
@@ -329,6 +329,9 @@ std::vector<TaskSpec> parse_task_specs(const std::vector<std::string>& entries, 
         spec.name = stem;
       }
     }
+    if (fs::is_directory(spec.file, ec))
+      throw UserError("--tasks: '" + spec.file.string() + "' (" + spec.name +
+                      ") is a directory; a task is one file (JSON lines, or a .txt text for perplexity)");
     if (!fs::is_regular_file(spec.file, ec)) {
       if (item.find('/') == std::string::npos && item.find('.') == std::string::npos && !family_of(item))
         throw UserError("--tasks: '" + item + "' is neither a task (" + family_list() + ") nor a file");
@@ -362,8 +365,8 @@ std::size_t fewshot_draws(TaskFamily family, std::size_t k) {
 }
 
 // ContextSampler.get_context and ConfigurableTask.fewshot_context: the description, then each
-// example (its text, the target delimiter and its answer) and the few-shot delimiter "\n\n",
-// before every request's context.
+// example (its text, the target delimiter, its answer and the few-shot delimiter "\n\n"; its text
+// alone where its target is empty), before every request's context.
 void add_fewshot(Task& task, const std::vector<TaskDoc>& pool, std::size_t docs, const FewShotOptions& fewshot) {
   const auto k = static_cast<std::size_t>(std::max<std::int64_t>(fewshot.num_fewshot, 0));
   const std::size_t draws = fewshot_draws(task.spec.family, k);
@@ -386,7 +389,7 @@ void add_fewshot(Task& task, const std::vector<TaskDoc>& pool, std::size_t docs,
       for (const std::size_t i : drawn) {
         // `[x for x in fewshotex if x != doc][:num_fewshot]`: never the document itself (nor a copy of it).
         if (used == k || pool[i].identity == doc.identity) continue;
-        prefix += pool[i].example + "\n\n";
+        prefix += pool[i].example;
         ++used;
       }
     }
@@ -411,6 +414,18 @@ Task load_task(const TaskSpec& spec, std::int64_t limit, const FewShotOptions& f
     os << in.rdbuf();
     TaskDoc doc;
     doc.text = os.str();
+    doc.where = spec.file.string();
+    // The harness reads text as UTF-8 (and would stop on this file).
+    if (const std::size_t valid = valid_utf8_end(doc.text, 0); valid < doc.text.size())
+      throw UserError("the task file '" + spec.file.string() + "' is not UTF-8 text: byte " +
+                      std::to_string(valid + 1) + " (line " +
+                      std::to_string(1 + std::count(doc.text.begin(),
+                                                    doc.text.begin() + static_cast<std::ptrdiff_t>(valid), '\n')) +
+                      ") starts no UTF-8 character");
+    if (doc.text.empty())
+      throw UserError("the task file '" + spec.file.string() +
+                      "' is empty: a perplexity task needs text to score (its byte and word perplexities divide by "
+                      "its length)");
     task.docs.push_back(std::move(doc));
     return task;
   }
@@ -421,16 +436,26 @@ Task load_task(const TaskSpec& spec, std::int64_t limit, const FewShotOptions& f
     if (!all && limit > 0 && static_cast<std::int64_t>(task.docs.size()) >= limit) break;
     if (strip(text).empty()) continue;
     const std::string where = spec.file.string() + ":" + std::to_string(number);
+    if (const std::size_t valid = valid_utf8_end(text, 0); valid < text.size())
+      throw UserError(where + ": not UTF-8 text: byte " + std::to_string(valid + 1) +
+                      " of the line starts no UTF-8 character (each line of a " + spec.name +
+                      " task file is a JSON object: " + format_of(spec.family) + ")");
     nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
     if (doc.is_discarded() || !doc.is_object())
       throw UserError(where + ": not a JSON object (each line of a " + spec.name +
                       " task file is one: " + format_of(spec.family) + ")");
     TaskDoc made = make_doc(spec.family, Line{doc, where});
+    made.where = where;
     if (spec.family != TaskFamily::perplexity) {
       // As a few-shot example: the context and continuation of its answer (lambada's target " word"
-      // follows the default target delimiter " " there, as in the harness's get_context).
+      // follows the default target delimiter " " there, as in the harness's get_context), then the
+      // few-shot delimiter. A winogrande sentence whose blank ends it has an empty target: the
+      // harness's sampler then writes the example's text alone (`if doc_target != ""`).
       const TextRequest& answer = made.requests.at(static_cast<std::size_t>(made.gold));
-      made.example = answer.context + (spec.family == TaskFamily::lambada ? " " : "") + answer.continuation;
+      if (spec.family == TaskFamily::winogrande && answer.continuation == " ")
+        made.example = answer.context;
+      else
+        made.example = answer.context + (spec.family == TaskFamily::lambada ? " " : "") + answer.continuation + "\n\n";
       made.identity = doc.dump();
     }
     task.docs.push_back(std::move(made));
@@ -441,6 +466,12 @@ Task load_task(const TaskSpec& spec, std::int64_t limit, const FewShotOptions& f
   const std::vector<TaskDoc> pool = all ? task.docs : std::vector<TaskDoc>{};
   add_fewshot(task, pool, docs, fewshot);
   task.docs.resize(docs);
+  if (spec.family == TaskFamily::perplexity &&
+      std::all_of(task.docs.begin(), task.docs.end(), [](const TaskDoc& d) { return d.text.empty(); }))
+    throw UserError(
+        "the task file '" + spec.file.string() + "' holds no text" +
+        (limit > 0 ? " in its first " + std::to_string(docs) + " documents" : "") +
+        ": every \"text\" is empty, and a perplexity task's byte and word perplexities divide by its length");
   return task;
 }
 

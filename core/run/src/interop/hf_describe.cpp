@@ -307,13 +307,4 @@ std::vector<std::string> hf_model_dir_overrides(const fs::path& dir) {
   return {"model=" + interop::to_json(config.model).dump(), "tokenizer=" + interop::to_json(config.tokenizer).dump()};
 }
 
-std::optional<std::int64_t> hf_bos_token_id(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir / "config.json", ec)) return std::nullopt;
-  const Json json = read_json_file(dir / "config.json");
-  if (!json.is_object() || !json.contains("bos_token_id") || !json["bos_token_id"].is_number_integer())
-    return std::nullopt;
-  return json["bos_token_id"].get<std::int64_t>();
-}
-
 }  // namespace loom

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <exception>
 #include <iomanip>
 #include <memory>
 #include <sstream>
@@ -111,13 +112,24 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     progress.say(std::string("note: samples (trainer.sample_length) are not drawn under ") + together_name +
                  " in this build; `loom generate " + run.directory.path().string() +
                  "` draws them from the final weights");
-  // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees.
+  // Benchmark tasks (trainer.eval_tasks) on rank 0, with the weights the evaluation sees. The
+  // documents were checked against the model at set-up; should an evaluation fail all the same,
+  // the run trains on, saves its final weights and checkpoint, and ends with that error: a task
+  // evaluation never costs the weights.
+  std::exception_ptr task_failure;
   auto evaluate_tasks_now = [&](std::int64_t step) {
     // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
-    if (!task_evaluation.enabled() || !parallel.is_primary() || together) return;
-    const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
-    for (auto& t : c.trackers) t->log_scalars(step, scalars);
-    progress.say("tasks at step " + std::to_string(step) + ": " + line);
+    if (!task_evaluation.enabled() || !parallel.is_primary() || together || task_failure) return;
+    try {
+      const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
+      for (auto& t : c.trackers) t->log_scalars(step, scalars);
+      progress.say("tasks at step " + std::to_string(step) + ": " + line);
+    } catch (const std::exception& e) {
+      task_failure = std::current_exception();
+      progress.say("tasks at step " + std::to_string(step) + " failed: " + e.what() +
+                   " (no further task evaluation; the run trains on and saves its weights, then stops with this "
+                   "error)");
+    }
   };
   // Rank 0 evaluates, samples and writes; the others go on to the next step's reduction.
   const ObjectiveModels models{*c.model, c.reference.get()};
@@ -367,6 +379,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
                  " of " + std::to_string(num_steps) + "; checkpoint " +
                  (run.checkpoint.dir / checkpoint::CheckpointStore::dir_name(state.step)).string() +
                  " holds it: run the same command again to continue (trainer.resume: auto)");
+    if (task_failure) std::rethrow_exception(task_failure);
     return summary;
   }
 
@@ -384,7 +397,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
     if (!parts.empty()) progress.say("  per dataset: " + parts);
     for (auto& [name, value] : named("", final_eval.metrics)) summary.final_eval_metrics.emplace_back(name, value);
   }
-  evaluate_tasks_now(num_steps);
+  // (The final task evaluation comes after the final weights and checkpoint, below.)
   if (trainer.get<bool>("save_final") && c.fsdp && !c.lora) {
     // Every rank gathers the units together; rank 0 writes the whole weights.
     std::vector<std::pair<std::string, Tensor>> full = with_average([&] { return c.fsdp->gather_full(); });
@@ -437,6 +450,11 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   commit.settle(/*wait=*/true);
   if (writer) writer->wait();
   report_writes();
+  // The final task evaluation, with everything saved: its failure costs no weights, and a rerun of
+  // the same command finds the run finished.
+  evaluate_tasks_now(num_steps);
+  for (auto& t : c.trackers) t->flush();
+  if (task_failure) std::rethrow_exception(task_failure);
   summary.wall_seconds = elapsed();
   summary.peak_resident_bytes = std::int64_t{parallel.max_over_ranks(peak_resident_mib())} << 20;
   progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.peak_resident_bytes,

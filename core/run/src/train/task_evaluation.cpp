@@ -15,14 +15,20 @@ TaskEvaluation::TaskEvaluation(const RunComponents& components, const Options& t
   with_context("while reading trainer.eval_tasks", [&] {
     for (const auto& spec : eval::parse_task_specs(entries, "eval_data"))
       tasks_.push_back(eval::load_task(spec, trainer.get<std::int64_t>("eval_task_limit")));
+    // Every document against this model now (its tokenizer, its context), so that one it cannot
+    // score stops the run before its first step, not at an evaluation after hours of training.
+    for (const auto& task : tasks_)
+      eval::encode_task(task, *components_.tokenizer, prefix(), components_.model->max_seq_len());
   });
 }
 
+std::int32_t TaskEvaluation::prefix() const {
+  return document_boundary(*components_.tokenizer, components_.dataset->separator_ends_documents()).separator.back();
+}
+
 std::pair<std::vector<std::pair<std::string, double>>, std::string> TaskEvaluation::run() {
-  const DocumentBoundary documents =
-      document_boundary(*components_.tokenizer, components_.dataset->separator_ends_documents());
-  const auto results = eval::evaluate_tasks(*components_.model, *components_.backend, *components_.tokenizer,
-                                            documents.separator.back(), tasks_, options_);
+  const auto results = eval::evaluate_tasks(*components_.model, *components_.backend, *components_.tokenizer, prefix(),
+                                            tasks_, options_);
   std::vector<std::pair<std::string, double>> scalars;
   std::ostringstream line;
   line << std::fixed << std::setprecision(4);

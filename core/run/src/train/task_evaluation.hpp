@@ -15,8 +15,9 @@ namespace loom::training {
 
 class TaskEvaluation {
  public:
-  // Reads the task files (trainer.eval_tasks, trainer.eval_task_limit documents each) now, so that
-  // a bad one fails before the first step.
+  // Reads the task files (trainer.eval_tasks, trainer.eval_task_limit documents each) and encodes
+  // their documents for the model now (eval::encode_task), so that a bad file, or a document the
+  // model cannot score (longer than its context), fails before the first step.
   TaskEvaluation(const RunComponents& components, const Options& trainer);
 
   bool enabled() const { return !tasks_.empty(); }
@@ -27,6 +28,8 @@ class TaskEvaluation {
   std::pair<std::vector<std::pair<std::string, double>>, std::string> run();
 
  private:
+  // What stands for an empty context: the run's document separator.
+  std::int32_t prefix() const;
   const RunComponents& components_;
   std::vector<eval::Task> tasks_;
   std::int64_t every_ = 0;

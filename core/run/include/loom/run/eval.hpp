@@ -76,8 +76,9 @@ struct TaskDoc {
   std::string text;                    // perplexity: the document
   std::string group;                   // mmlu: the subject
   std::string description;             // mmlu: the task's description, before any few-shot example
-  std::string example;                 // as a few-shot example: its text, target delimiter and answer
+  std::string example;                 // as a few-shot example: its text, target delimiter, answer and "\n\n"
   std::string identity;                // its JSON line, parsed: the harness never takes a document as its own example
+  std::string where;                   // its file and line ("piqa.jsonl:7"; a .txt file: the file), for errors
 };
 
 struct Task {
@@ -113,6 +114,22 @@ TokenRequest encode_request(const Tokenizer& tokenizer, const TextRequest& reque
 // every token of `tokens` predicted once, each window with up to max_len tokens of context.
 std::vector<TokenRequest> rolling_windows(std::span<const std::int32_t> tokens, std::int32_t prefix,
                                           std::int64_t max_len);
+
+// A task's requests in tokens, as evaluate_tasks scores them.
+struct EncodedTask {
+  std::vector<TokenRequest> requests;  // multiple choice: each document's choices; perplexity: its rolling windows
+  std::vector<std::size_t> sizes;      // requests of each document
+  std::vector<std::int64_t> tokens;    // perplexity: each document's tokens
+};
+
+// Encodes every request of `task` (encode_request; a perplexity document's rolling_windows).
+// UserError naming the task file and the document's line for a request the model cannot score as
+// the harness would: a continuation longer than max_len tokens (the harness asserts
+// len(continuation_enc) <= max_length), and a continuation that is empty or encodes to no token
+// on its own (it asserts len(continuation_enc) > 0). A continuation whose tokens all merged into
+// the context's last token ("pre" + "fix") is no error: it scores 0 and greedy, as the harness's
+// logits cache gives it.
+EncodedTask encode_task(const Task& task, const Tokenizer& tokenizer, std::int32_t prefix, std::int64_t max_len);
 
 struct Scored {
   double logprob = 0;   // sum of the continuation's log-probabilities
@@ -150,8 +167,9 @@ struct ScorerStats {
 class Scorer {
  public:
   Scorer(Model& model, Backend& backend, ScorerOptions options);
-  // Each request's result, in order. UserError for an empty continuation or one longer than the
-  // model's context.
+  // Each request's result, in order; an empty continuation (its tokens merged into the context's
+  // last one) scores 0, greedy, as the harness's logits cache gives it. UserError for one longer
+  // than the model's context.
   std::vector<Scored> score(std::span<const TokenRequest> requests);
   // Requests grouped by document: each group's requests share their context (multiple choice).
   // Through the KV cache as options.kv_cache says; the rest as score() over all of them.
@@ -201,8 +219,9 @@ struct EvalOptions {
   bool log_samples = false;
 };
 
-// Scores every task. `prefix` is the token that stands for an empty context (the end-of-text
-// token, or the document separator).
+// Scores every task, each encoded first (encode_task: a document the model cannot score is a
+// UserError before any scoring). `prefix` is the token that stands for an empty context (the
+// harness's prefix_token_id: the tokenizer's BOS, or its EOS; a run's document separator).
 std::vector<TaskResult> evaluate_tasks(Model& model, Backend& backend, const Tokenizer& tokenizer, std::int32_t prefix,
                                        const std::vector<Task>& tasks, const EvalOptions& options,
                                        ScorerStats* stats = nullptr);
@@ -230,6 +249,21 @@ struct EvalModel {
   std::string description;  // which weights, for the log
   std::shared_ptr<LoraAdapters> lora;
 };
+
+// `loom eval` computes in float32, as the harness's HFLM with dtype=float32: the override
+// "backend.matmul_precision=f32" when the config's backend declares that option (the cpu
+// backend's default takes bf16 products where the CPU has AVX512-BF16) and `overrides` (the
+// command line's) set neither it nor the whole backend; nullopt otherwise (the user's own choice,
+// bf16 included, stands).
+std::optional<std::string> float32_products_override(const Runtime& runtime, const std::vector<std::string>& overrides);
+
+// What the harness's HFLM puts before an empty context for a Hugging Face model directory (its
+// prefix_token_id): the tokenizer's BOS, or its EOS where it has none, as transformers 4.46 reads
+// them (special_tokens_map.json over tokenizer_config.json, else the tokenizer class's default:
+// GPT-2's "<|endoftext|>", Qwen2's no BOS and "<|endoftext|>", Llama's "<s>", Gemma's "<bos>"), the
+// id from tokenizer.json or vocab.json (else `tokenizer`'s encoding of it, when one token).
+// config.json's bos_token_id plays no part. nullopt where the directory names neither.
+std::optional<std::int32_t> hf_prefix_token(const std::filesystem::path& dir, const Tokenizer& tokenizer);
 
 // A loom run directory, checkpoint or weights file (its own config; a LoRA run's adapters merged
 // into its base model), or a Hugging Face model directory (config.json and safetensors) read

@@ -79,8 +79,6 @@ struct HfDirectoryConfig {
 HfDirectoryConfig describe_hf_model_dir(const std::filesystem::path& dir);
 // The same as command-line overrides ("model={...}", "tokenizer={...}"), to go before the user's.
 std::vector<std::string> hf_model_dir_overrides(const std::filesystem::path& dir);
-// config.json's bos_token_id, when it has one: what the harness puts before an empty context.
-std::optional<std::int64_t> hf_bos_token_id(const std::filesystem::path& dir);
 
 // Reads a Hugging Face model directory (config.json with model.safetensors, or with
 // model.safetensors.index.json and its shards) into the built `model`. config.json must fit
