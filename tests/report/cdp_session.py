@@ -10,7 +10,8 @@ STEPS.json is a list of steps, run in order once the page has loaded:
     {"wait": "JS expression", "timeout": s}   until it is truthy (default 10 s); fails past it
     {"click": "CSS selector", "fx": 0.5, "fy": 0.5}   a real mouse click at that fraction of the element
     {"hover": "CSS selector", "fx": 0.5, "fy": 0.5}   the mouse moved there
-    {"screenshot": "file.png", "selector": "CSS selector" (optional: else the whole page)}
+    {"screenshot": "file.png", "selector": "CSS selector" (optional: else the whole page),
+     "max_height": pixels (optional)}
 RESULT.json: {"results": [one per step], "exceptions": [...], "console": [...], "log": [...],
 "requests": [every URL the page asked for]}. Exits 1 with a message on a failed step.
 """
@@ -153,6 +154,8 @@ def main():
                 else:
                     r = browser.evaluate("[0, 0, document.documentElement.scrollWidth,"
                                          " document.documentElement.scrollHeight]")
+                if "max_height" in step:
+                    r[3] = min(r[3], step["max_height"])
                 shot = browser.call("Page.captureScreenshot", {
                     "format": "png", "captureBeyondViewport": True,
                     "clip": {"x": r[0], "y": r[1], "width": r[2], "height": r[3], "scale": 1}})

@@ -8,7 +8,9 @@
 // -DLOOM_REQUIRE_REFERENCE_TESTS=ON: scripts/install-deps.sh installs it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -229,7 +231,7 @@ TEST(ReportBrowser, ChartsAndInteractions) {
   EXPECT_GE(r[21].get<double>(), 1e29) << "clipping off still leaves the outlier out";
   EXPECT_EQ(r[23], json({"tokens", "time (seconds)"}));
   EXPECT_EQ(r[25], 0);
-  EXPECT_EQ(r[27], 2);
+  EXPECT_EQ(r[27], 3);  // raw and smoothed train/loss (smoothing is on), eval/loss
 
   // The screenshot shows the first two runs' colours (counted by a standard-library PNG decoder).
   const auto count = loom::test::run_command({"/usr/bin/python3", LOOM_PNG_PIXELS, shot.string(), "0072B2", "D55E00"});

@@ -104,7 +104,7 @@ inline std::string quickstart_metrics(double lr, int hidden, int last, double mf
       << ",\"train/grad_norm\":" << 1.0 + 2.0 / step + lr * 100
       << ",\"throughput/tokens_per_second\":" << 20000.0 * 128 / hidden * (1 + lr)
       << ",\"throughput/mfu\":" << mfu_scale * (0.3 + 0.002 * step) + lr * 10
-      << ",\"throughput/elapsed_seconds\":" << 0.4 * step * hidden / 128 << "}\n";
+      << ",\"throughput/elapsed_seconds\":" << 0.4 * step * hidden / 128 << ",\"train/skipped_steps\":0}\n";
     if (step % 10 == 0)
       m << "{\"step\":" << step << ",\"eval/loss\":" << curve(start, floor, rate, step) + 0.15
         << ",\"eval/perplexity\":" << std::exp(curve(start, floor, rate, step) + 0.15)

@@ -3,8 +3,10 @@
 #include "report/charts.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -173,20 +175,30 @@ void check_axis(const std::vector<RunRecord>& runs, ReportAxis axis) {
   }
 }
 
-std::array<double, 2> y_range(std::vector<double> values, bool clip) {
-  if (values.empty()) return {0, 1};
-  std::sort(values.begin(), values.end());
-  const double lo = values.front(), hi = values.back();
-  if (!clip || values.size() < 4) return {lo, hi};
-  const double q1 = quantile(values, 0.25), q3 = quantile(values, 0.75), median = quantile(values, 0.5);
-  const double spread = std::max({q3 - q1, std::abs(median) * 0.05, 1e-300});
-  const double fence_lo = q1 - 10 * spread, fence_hi = q3 + 10 * spread;
-  double in_lo = hi, in_hi = lo;
-  for (double v : values)
-    if (v >= fence_lo && v <= fence_hi) in_lo = std::min(in_lo, v), in_hi = std::max(in_hi, v);
+std::array<double, 2> y_range(const std::vector<std::vector<double>>& series, bool clip) {
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto& values : series)
+    for (double v : values) lo = std::min(lo, v), hi = std::max(hi, v);
+  if (!(hi >= lo)) return {0, 1};
+  if (!clip) return {lo, hi};
+  double in_lo = std::numeric_limits<double>::infinity(), in_hi = -in_lo;
+  for (const auto& values : series) {
+    double fence_lo = -std::numeric_limits<double>::infinity(), fence_hi = -fence_lo;
+    if (values.size() >= 4) {
+      std::vector<double> sorted = values;
+      std::sort(sorted.begin(), sorted.end());
+      const double q1 = quantile(sorted, 0.25), q3 = quantile(sorted, 0.75), median = quantile(sorted, 0.5);
+      const double spread = std::max({q3 - q1, std::abs(median) * 0.05, 1e-300});
+      fence_lo = q1 - 10 * spread, fence_hi = q3 + 10 * spread;
+    }
+    for (double v : values)
+      if (v >= fence_lo && v <= fence_hi) in_lo = std::min(in_lo, v), in_hi = std::max(in_hi, v);
+  }
   if (!(in_hi >= in_lo)) return {lo, hi};
-  const double full = hi - lo, kept = std::max(in_hi - in_lo, spread);
-  if (full < 5 * kept) return {lo, hi};
+  double kept = in_hi - in_lo;
+  if (kept == 0) kept = std::abs(in_hi) * 0.05;
+  if (kept == 0) kept = 1e-300;
+  if (hi - lo < 5 * kept) return {lo, hi};
   return {in_lo, in_hi};
 }
 
@@ -248,15 +260,18 @@ ReportChart render(const ChartSpec& spec, const std::vector<Series>& series, con
   const bool log_y = options.log_y;
   auto fy = [&](double y) { return log_y ? (y > 0 ? std::log10(y) : std::numeric_limits<double>::quiet_NaN()) : y; };
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0;
-  std::vector<double> ys;
-  for (const auto& s : series)
+  std::vector<std::vector<double>> ys;
+  for (const auto& s : series) {
+    ys.emplace_back();
     for (const auto& [x, y] : s.points) {
       x0 = std::min(x0, x), x1 = std::max(x1, x);
-      if (std::isfinite(fy(y))) ys.push_back(fy(y));
+      if (std::isfinite(fy(y))) ys.back().push_back(fy(y));
     }
+  }
   auto [y0, y1] = report::y_range(ys, options.clip_outliers);
   std::size_t clipped = 0;
-  for (double y : ys) clipped += y < y0 || y > y1;
+  for (const auto& own : ys)
+    for (double y : own) clipped += y < y0 || y > y1;
   if (clipped)
     notes.push_back(std::to_string(clipped) + (clipped == 1 ? " value lies" : " values lie") +
                     " far outside the rest: drawn as triangles at the axis's edge");
@@ -280,11 +295,15 @@ ReportChart render(const ChartSpec& spec, const std::vector<Series>& series, con
       }
   }
   std::vector<std::string> y_labels;
-  std::size_t widest = 1;
-  for (double t : y_ticks) {
-    y_labels.push_back(log_y ? report_number(std::pow(10, t)) : tick_label(t, y_step));
-    widest = std::max(widest, y_labels.back().size());
+  for (double t : y_ticks) y_labels.push_back(log_y ? report_number(std::pow(10, t)) : tick_label(t, y_step));
+  if (log_y && y_ticks.size() < 2) {
+    // Less than a factor of 2 or 5 tall: round values between, placed on the log axis.
+    y_ticks.clear(), y_labels.clear();
+    for (double t : ticks(std::pow(10, y0), std::pow(10, y1), false, &y_step))
+      if (t > 0) y_ticks.push_back(std::log10(t)), y_labels.push_back(tick_label(t, y_step));
   }
+  std::size_t widest = 1;
+  for (const auto& label : y_labels) widest = std::max(widest, label.size());
 
   // The y label's rotated line takes x 8..20; the tick labels end 6 px left of the plot and start
   // right of it, each character about 7 px wide.

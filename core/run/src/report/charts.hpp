@@ -31,9 +31,10 @@ std::vector<std::string> chart_notes(const ChartSpec& spec, const std::vector<Ru
 // throughput/elapsed_seconds.
 void check_axis(const std::vector<RunRecord>& runs, ReportAxis axis);
 
-// The y range to draw `values` in (finite, in the axis's space: log10 of them on a log axis):
-// their whole range, or, when clipping, the range without the values far outside the rest (more
-// than 10 spreads beyond the quartiles) where leaving them out narrows it at least fivefold.
-std::array<double, 2> y_range(std::vector<double> values, bool clip);
+// The y range to draw each series' `values` in (finite, in the axis's space: log10 of them on a
+// log axis): their whole range, or, when clipping, the range without the values far outside the
+// rest of their own series (more than 10 spreads beyond its quartiles) where leaving them out
+// narrows it at least fivefold. A whole run apart from the others is never an outlier.
+std::array<double, 2> y_range(const std::vector<std::vector<double>>& series, bool clip);
 
 }  // namespace loom::report

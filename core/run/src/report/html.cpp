@@ -171,6 +171,7 @@ std::string page_data(const std::vector<RunRecord>& runs, const ReportOptions& o
                       {"y", spec.y_label},
                       {"metrics", spec.metrics.size()},
                       {"reference", spec.reference},
+                      {"smooth", spec.id != "learning_rate"},
                       {"notes", report::chart_notes(spec, runs)},
                       {"series", series}});
   }

@@ -35,7 +35,7 @@ function num(v) {
     while (Math.abs(s) >= 999.95 && i < p.length - 1) { s /= 1e3; i++; }
     return String(+s.toPrecision(4)) + p[i];
   }
-  if (a !== 0 && a < 1e-3) return v.toExponential(3).replace(/\.?0+e/, 'e');
+  if (a !== 0 && a < 1e-4) return v.toExponential(3).replace(/\.?0+e/, 'e');
   return String(+v.toPrecision(4));
 }
 function niceTicks(lo, hi, integer) {
@@ -55,18 +55,27 @@ function quantile(sorted, q) {
   var at = q * (sorted.length - 1), i = Math.floor(at), j = Math.min(i + 1, sorted.length - 1);
   return sorted[i] + (sorted[j] - sorted[i]) * (at - i);
 }
-// As loom's static charts: leave out values more than 10 spreads beyond the quartiles, when that
-// narrows the axis at least fivefold.
-function yRange(values, clip) {
-  if (!values.length) return [0, 1];
-  var v = values.slice().sort(function (a, b) { return a - b; });
-  var lo = v[0], hi = v[v.length - 1];
-  if (!clip || v.length < 4) return [lo, hi];
-  var q1 = quantile(v, 0.25), q3 = quantile(v, 0.75), med = quantile(v, 0.5);
-  var spread = Math.max(q3 - q1, Math.abs(med) * 0.05, 1e-300);
-  var flo = q1 - 10 * spread, fhi = q3 + 10 * spread, ilo = hi, ihi = lo;
-  v.forEach(function (x) { if (x >= flo && x <= fhi) { ilo = Math.min(ilo, x); ihi = Math.max(ihi, x); } });
-  if (!(ihi >= ilo) || hi - lo < 5 * Math.max(ihi - ilo, spread)) return [lo, hi];
+// As loom's static charts: leave out of the axis the values more than 10 spreads beyond their own
+// series' quartiles, when that narrows the axis at least fivefold.
+function yRange(series, clip) {
+  var all = [].concat.apply([], series);
+  if (!all.length) return [0, 1];
+  var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
+  if (!clip) return [lo, hi];
+  var ilo = Infinity, ihi = -Infinity;
+  series.forEach(function (values) {
+    var flo = -Infinity, fhi = Infinity;
+    if (values.length >= 4) {
+      var v = values.slice().sort(function (a, b) { return a - b; });
+      var q1 = quantile(v, 0.25), q3 = quantile(v, 0.75), med = quantile(v, 0.5);
+      var spread = Math.max(q3 - q1, Math.abs(med) * 0.05, 1e-300);
+      flo = q1 - 10 * spread; fhi = q3 + 10 * spread;
+    }
+    values.forEach(function (x) { if (x >= flo && x <= fhi) { ilo = Math.min(ilo, x); ihi = Math.max(ihi, x); } });
+  });
+  if (!(ihi >= ilo)) return [lo, hi];
+  var kept = ihi - ilo || Math.abs(ihi) * 0.05 || 1e-300;
+  if (hi - lo < 5 * kept) return [lo, hi];
   return [ilo, ihi];
 }
 // TensorBoard's smoothing: an exponential moving average, debiased; a gap stays a gap.
@@ -101,9 +110,11 @@ function prepare(chart) {
       xs.push(x); ys.push(p[1]); steps.push(p[0]);
     });
     if (!xs.length) return;
-    var sm = s.eval ? ys : smooth(ys, state.smoothing);
+    // Evaluations and a schedule (the learning rate) are not noise: never smoothed.
+    var plain = s.eval || chart.smooth === false;
+    var sm = plain ? ys : smooth(ys, state.smoothing);
     series.push({run: s.run, label: run.label + (chart.metrics > 1 ? ' ' + s.metric : ''), colour: run.colour,
-                 dash: DASH[s.style % DASH.length], eval: s.eval, xs: xs, ys: ys, sm: sm, steps: steps});
+                 dash: DASH[s.style % DASH.length], eval: s.eval, plain: plain, xs: xs, ys: ys, sm: sm, steps: steps});
   });
   return {series: series, missing: Object.keys(missing), unit: unit};
 }
@@ -114,13 +125,15 @@ function draw(chart) {
   var fy = function (y) { return y === null || !isFinite(y) ? null : state.log ? (y > 0 ? Math.log10(y) : null) : y; };
   var x0 = Infinity, x1 = -Infinity, vals = [];
   series.forEach(function (s) {
+    var own = [];
     s.xs.forEach(function (x, i) {
       x0 = Math.min(x0, x); x1 = Math.max(x1, x);
-      var y = fy(s.ys[i]); if (y !== null) vals.push(y);
+      var y = fy(s.ys[i]); if (y !== null) own.push(y);
     });
+    vals.push(own);
   });
   var r = yRange(vals, state.clip), y0 = r[0], y1 = r[1], clipped = 0;
-  vals.forEach(function (y) { if (y < y0 || y > y1) clipped++; });
+  vals.forEach(function (own) { own.forEach(function (y) { if (y < y0 || y > y1) clipped++; }); });
   if (!(x1 > x0)) { x0 -= 0.5; x1 += 0.5; }
   if (!(y1 > y0)) { var pd = y0 === 0 ? 1 : Math.abs(y0) * 0.05; y0 -= pd; y1 += pd; }
   var pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
@@ -130,6 +143,12 @@ function draw(chart) {
     for (var e = Math.floor(y0); e <= y1; e++)
       (y1 - y0 < 3 ? [1, 2, 5] : [1]).forEach(function (m) { var t = e + Math.log10(m); if (t >= y0 && t <= y1) yt.push(t); });
     ylabels = yt.map(function (t) { return num(+Math.pow(10, t).toPrecision(6)); });
+    if (yt.length < 2) {  // less than a factor of 2 or 5 tall: round values between, placed on the log axis
+      var lin = niceTicks(Math.pow(10, y0), Math.pow(10, y1), false);
+      var kept = lin.ticks.filter(function (t) { return t > 0; });
+      yt = kept.map(function (t) { return Math.log10(t); });
+      ylabels = kept.map(function (t) { return tickLabel(t, lin.step); });
+    }
   } else {
     var ny = niceTicks(y0, y1, false); yt = ny.ticks;
     ylabels = yt.map(function (t) { return tickLabel(t, ny.step); });
@@ -181,8 +200,8 @@ function draw(chart) {
   }
   var smoothing = state.smoothing > 0;
   series.forEach(function (s) {
-    o.push(path(s, s.ys, 'series raw', smoothing && !s.eval ? 0.25 : 1));
-    if (smoothing && !s.eval) o.push(path(s, s.sm, 'series smoothed', 1));
+    o.push(path(s, s.ys, 'series raw', smoothing && !s.plain ? 0.25 : 1));
+    if (smoothing && !s.plain) o.push(path(s, s.sm, 'series smoothed', 1));
   });
   o.push('<line class="cursor" x1="0" x2="0" y1="' + TOP + '" y2="' + (TOP + PLOT_H) + '" stroke="#555" visibility="hidden"/>');
   o.push('<g class="hover-dots"></g>');
@@ -225,8 +244,8 @@ function hover(chart, event) {
     var k = -1;
     s.xs.forEach(function (x, i) { if (k < 0 || Math.abs(x - best) < Math.abs(s.xs[k] - best)) k = i; });
     if (k < 0) return;
-    var shown = state.smoothing > 0 && !s.eval ? s.sm[k] : s.ys[k];
-    var text = num(shown) + (state.smoothing > 0 && !s.eval ? ' (raw ' + num(s.ys[k]) + ')' : '') +
+    var shown = state.smoothing > 0 && !s.plain ? s.sm[k] : s.ys[k];
+    var text = num(shown) + (state.smoothing > 0 && !s.plain ? ' (raw ' + num(s.ys[k]) + ')' : '') +
                (s.steps[k] !== bestStep ? ' at step ' + s.steps[k] : '');
     lines.push('<div class="row" data-run="' + esc(data.runs[s.run].label) + '"><span class="swatch" style="background:' + s.colour +
                '"></span>' + esc(s.label) + ': <b>' + esc(text) + '</b></div>');

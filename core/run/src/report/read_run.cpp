@@ -130,8 +130,9 @@ std::vector<MetricsRow> read_metrics(const fs::path& file, std::vector<std::stri
 std::string scalar_text(const Value* v) {
   if (!v || v->is_null() || v->is_map()) return "";
   if (v->is_string()) return v->as_string();
-  if (v->is_list()) return v->to_flow();
-  return v->to_yaml();
+  std::string text = v->is_list() ? v->to_flow() : v->to_yaml();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
 }
 
 void flatten(const Value& v, const std::string& prefix, std::map<std::string, std::string>& out) {
@@ -280,7 +281,7 @@ std::string report_number(double v, bool count) {
       std::snprintf(buf, sizeof buf, "%.4g%s", scaled, prefixes[i]);
     return buf;
   }
-  if (a != 0 && a < 1e-3) {
+  if (a != 0 && a < 1e-4) {
     std::snprintf(buf, sizeof buf, "%.3e", v);
     // 1.000e-05 -> 1e-05; 2.500e-04 -> 2.5e-04
     std::string s = buf;
@@ -440,7 +441,9 @@ std::vector<std::string> config_differences(const std::vector<RunRecord>& runs) 
     std::set<std::string> seen;
     for (const auto& run : runs) {
       const auto it = run.config_values.find(key);
-      seen.insert(it == run.config_values.end() ? std::string("\x01absent") : it->second);
+      seen.insert(it == run.config_values.end() ? std::string("\x01"
+                                                              "absent")
+                                                : it->second);
     }
     if (seen.size() > 1) out.push_back(key);
   }
