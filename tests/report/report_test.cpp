@@ -223,8 +223,9 @@ TEST(Report, OutliersLeftOutOfTheAxisAndLogScale) {
   const auto* logged = find_chart(logged_charts, "loss");
   EXPECT_NE(logged->svg.find(">loss (log)</text>"), std::string::npos);
   const auto ticks = ticks_of(logged->svg, "ytick");
-  EXPECT_EQ(ticks.back(), "1e+30");
+  EXPECT_NE(std::find(ticks.begin(), ticks.end(), "1e+30"), ticks.end());
   EXPECT_NE(std::find(ticks.begin(), ticks.end(), "1"), ticks.end());
+  EXPECT_LE(ticks.size(), 9u);  // 32 decades, a label every 5
 }
 
 TEST(Report, StatusOfEachRun) {

@@ -287,8 +287,10 @@ ReportChart render(const ChartSpec& spec, const std::vector<Series>& series, con
   std::vector<double> y_ticks = ticks(y0, y1, false, &y_step);
   if (log_y) {
     // Powers of ten; 2 and 5 between them when the axis spans less than three.
+    // At most about 8 labels: every k-th power of ten over a tall range.
     y_ticks.clear();
-    for (double e = std::floor(y0); e <= y1; ++e)
+    const double every = std::max(1.0, std::ceil((y1 - y0) / 8));
+    for (double e = std::ceil(std::floor(y0) / every) * every; e <= y1; e += every)
       for (double m : (y1 - y0 < 3 ? std::vector<double>{1, 2, 5} : std::vector<double>{1})) {
         const double t = e + std::log10(m);
         if (t >= y0 && t <= y1) y_ticks.push_back(t);

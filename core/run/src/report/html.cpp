@@ -31,7 +31,7 @@ h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;margin-top:28px}h3{font-si
 .note{color:#a33;font-size:12px;margin:2px 0}.legend{font-size:12px}.legend .entry{margin-right:12px;cursor:pointer;white-space:nowrap}
 .legend .entry svg{display:inline;vertical-align:middle;margin-right:4px}.legend .entry.off{opacity:.35;text-decoration:line-through}
 .tooltip{position:absolute;top:40px;background:rgba(255,255,255,.95);border:1px solid #999;padding:4px 6px;font-size:12px;
-pointer-events:none;max-width:260px;box-shadow:1px 1px 3px rgba(0,0,0,.2)}.tooltip .head{font-weight:bold}
+pointer-events:none;max-width:340px;box-shadow:1px 1px 3px rgba(0,0,0,.2)}.tooltip .head{font-weight:bold}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 #controls{display:flex;gap:18px;align-items:center;font-size:13px;margin:8px 0 12px;flex-wrap:wrap}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}

@@ -140,7 +140,8 @@ function draw(chart) {
   var yt, ylabels;
   if (state.log) {
     yt = [];
-    for (var e = Math.floor(y0); e <= y1; e++)
+    var every = Math.max(1, Math.ceil((y1 - y0) / 8));  // at most about 8 labels
+    for (var e = Math.ceil(Math.floor(y0) / every) * every; e <= y1; e += every)
       (y1 - y0 < 3 ? [1, 2, 5] : [1]).forEach(function (m) { var t = e + Math.log10(m); if (t >= y0 && t <= y1) yt.push(t); });
     ylabels = yt.map(function (t) { return num(+Math.pow(10, t).toPrecision(6)); });
     if (yt.length < 2) {  // less than a factor of 2 or 5 tall: round values between, placed on the log axis
@@ -257,7 +258,7 @@ function hover(chart, event) {
   tip.innerHTML = '<div class="head">' + esc(head) + '</div>' + lines.join('');
   tip.hidden = false;
   var tx = v.px(best) + 14;
-  if (tx + 260 > W) tx = Math.max(0, v.px(best) - 274);
+  if (tx + 340 > W) tx = Math.max(0, v.px(best) - 354);
   tip.style.left = tx + 'px';
 }
 
