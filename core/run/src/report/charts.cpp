@@ -439,4 +439,10 @@ std::vector<ReportChart> report_charts(const std::vector<RunRecord>& runs, const
   return charts;
 }
 
+std::vector<ReportChart> report_charts(const std::vector<RunRecord>& runs, ReportAxis axis) {
+  ReportOptions options;
+  options.axis = axis;
+  return report_charts(runs, options);
+}
+
 }  // namespace loom

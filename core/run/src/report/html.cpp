@@ -254,4 +254,10 @@ std::string render_report_html(const std::vector<RunRecord>& runs, const ReportO
   return os.str();
 }
 
+std::string render_report_html(const std::vector<RunRecord>& runs, ReportAxis axis) {
+  ReportOptions options;
+  options.axis = axis;
+  return render_report_html(runs, options);
+}
+
 }  // namespace loom

@@ -114,6 +114,10 @@ std::vector<ReportChart> report_charts(const std::vector<RunRecord>& runs, const
 // the browser to fetch anything.
 std::string render_report_html(const std::vector<RunRecord>& runs, const ReportOptions& options = {});
 
+// The same with every other option at its default (what callers before the options had).
+std::vector<ReportChart> report_charts(const std::vector<RunRecord>& runs, ReportAxis axis);
+std::string render_report_html(const std::vector<RunRecord>& runs, ReportAxis axis);
+
 // Writes each chart as DIR/<id>.png. UserError when this build has no PNG renderer.
 void write_report_pngs(const std::vector<ReportChart>& charts, const std::filesystem::path& dir);
 
