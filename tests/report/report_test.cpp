@@ -1,13 +1,19 @@
-// `loom report`: the charts carry the runs' data, the page is self-contained, bad input is one
-// clear error, and the command end to end on a real `loom train` run.
+// `loom report`: the charts carry the runs' data (gaps for NaN, outliers left out of the axis, log
+// scale, whole-number step ticks, readable numbers), the runs' status and summary, the labels that
+// tell runs apart, the config differences, the page is self-contained, bad input is one clear
+// error, --watch, and the command end to end on a real `loom train` run.
 #include "loom/run/report.hpp"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "loom/error.hpp"
 #include "report_test_support.hpp"
@@ -33,20 +39,54 @@ std::string user_error_of(const std::function<void()>& f) {
   return "(no UserError)";
 }
 
-// The x pixel coordinates of a series' polyline.
-std::vector<double> xs_of(const std::string& svg, const std::string& run, const std::string& label) {
+// The series group of a run and label in a chart's SVG.
+std::string series_of(const std::string& svg, const std::string& run, const std::string& label) {
   const std::string start = "data-run=\"" + run + "\"";
   for (std::size_t at = svg.find(start); at != std::string::npos; at = svg.find(start, at + 1)) {
     const std::size_t title = svg.find("<title>", at);
     if (svg.compare(title + 7, label.size() + 8, label + "</title>") != 0) continue;
-    const std::size_t p = svg.find(" points=\"", title) + 9;
-    std::istringstream in(svg.substr(p, svg.find('"', p) - p));
-    std::vector<double> xs;
+    return svg.substr(at, svg.find("</g>", at) - at);
+  }
+  return "";
+}
+
+// The x pixel coordinates of a series' polylines.
+std::vector<double> xs_of(const std::string& svg, const std::string& run, const std::string& label) {
+  const std::string group = series_of(svg, run, label);
+  std::vector<double> xs;
+  for (std::size_t p = group.find(" points=\""); p != std::string::npos; p = group.find(" points=\"", p + 1)) {
+    std::istringstream in(group.substr(p + 9, group.find('"', p + 9) - p - 9));
     std::string point;
     while (in >> point) xs.push_back(std::stod(point.substr(0, point.find(','))));
-    return xs;
   }
-  return {};
+  return xs;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The texts of a chart's tick labels of one axis (class xtick or ytick).
+std::vector<std::string> ticks_of(const std::string& svg, const std::string& axis) {
+  std::vector<std::string> out;
+  const std::regex tick("class=\"" + axis + "\"[^>]*>([^<]*)</text>");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+// Where a chart's plot begins: right of its tick labels.
+double plot_left(const std::string& svg) {
+  std::smatch s;
+  if (!std::regex_search(svg, s, std::regex("<rect class=\"plot\" x=\"([0-9.]+)\""))) return -1;
+  return std::stod(s[1]);
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -54,9 +94,9 @@ std::vector<double> xs_of(const std::string& svg, const std::string& run, const 
 TEST(Report, ChartsCarryEveryRunsData) {
   TempDir tmp;
   const auto runs = loom::test::two_runs(tmp.path());
-  const auto charts = loom::report_charts(runs, loom::ReportAxis::step);
+  const auto charts = loom::report_charts(runs);
   for (const char* id : {"loss", "loss_per_source", "perplexity", "learning_rate", "grad_norm", "tokens_per_second",
-                         "mfu", "eval_hellaswag"})
+                         "mfu", "eval_hellaswag_acc", "eval_hellaswag_acc_norm"})
     EXPECT_NE(find_chart(charts, id), nullptr) << id;
   const auto* loss = find_chart(charts, "loss");
   ASSERT_NE(loss, nullptr);
@@ -64,30 +104,29 @@ TEST(Report, ChartsCarryEveryRunsData) {
   EXPECT_NE(loss->svg.find("data-run=\"alpha\" data-points=\"10\"><title>alpha train/loss</title>"), std::string::npos);
   EXPECT_NE(loss->svg.find("data-run=\"beta\" data-points=\"10\"><title>beta train/loss</title>"), std::string::npos);
   EXPECT_NE(loss->svg.find("data-run=\"alpha\" data-points=\"2\"><title>alpha eval/loss</title>"), std::string::npos);
-  EXPECT_NE(loss->svg.find("<text x=\"100\" y=\"292\">alpha train/loss</text>"), std::string::npos) << loss->svg;
   EXPECT_NE(loss->svg.find(">beta eval/loss</text>"), std::string::npos);
   EXPECT_NE(loss->svg.find(">step</text>"), std::string::npos);
-  // Steps 2..20 span the plot: x from its left edge (64) to its right (624), 2 steps apart.
+  // Steps 2..20 span the plot, 2 steps apart: from its left edge to its right (624).
   const auto xs = xs_of(loss->svg, "alpha", "alpha train/loss");
   ASSERT_EQ(xs.size(), 10u);
-  EXPECT_DOUBLE_EQ(xs.front(), 64);
-  EXPECT_DOUBLE_EQ(xs.back(), 624);
-  EXPECT_NEAR(xs[1] - xs[0], 560.0 / 9, 0.1);
-  // The mixture's datasets, and the benchmark task's two metrics.
+  EXPECT_NEAR(xs.back(), 624, 0.05);
+  EXPECT_NEAR(xs[1] - xs[0], (624 - xs[0]) / 9, 0.1);
+  // The mixture's datasets, and each of the benchmark task's metrics in a chart of its own.
   const auto* sources = find_chart(charts, "loss_per_source");
   EXPECT_NE(sources->svg.find("<title>alpha eval/web/loss</title>"), std::string::npos);
   EXPECT_NE(sources->svg.find("<title>beta eval/code/loss</title>"), std::string::npos);
-  const auto* task = find_chart(charts, "eval_hellaswag");
-  EXPECT_NE(task->svg.find("<title>alpha eval/hellaswag/acc</title>"), std::string::npos);
-  EXPECT_NE(task->svg.find("<title>alpha eval/hellaswag/acc_norm</title>"), std::string::npos);
-  // MFU in percent: the ticks of 0.408..0.48 read 40..48.
+  const auto* acc = find_chart(charts, "eval_hellaswag_acc");
+  EXPECT_EQ(acc->title, "Evaluation: hellaswag acc");
+  EXPECT_NE(acc->svg.find("<title>alpha</title>"), std::string::npos);
+  EXPECT_EQ(acc->svg.find("acc_norm"), std::string::npos);
+  // MFU in percent: the ticks of 40.8..48 read 40..48.
   EXPECT_NE(find_chart(charts, "mfu")->svg.find(">44</text>"), std::string::npos);
 }
 
-TEST(Report, TokenAxisScalesByTokensPerStep) {
+TEST(Report, TokenAndTimeAxes) {
   TempDir tmp;
   const auto runs = loom::test::two_runs(tmp.path());
-  const auto charts = loom::report_charts(runs, loom::ReportAxis::tokens);
+  const auto charts = loom::report_charts(runs, {loom::ReportAxis::tokens});
   const auto* loss = find_chart(charts, "loss");
   ASSERT_NE(loss, nullptr);
   EXPECT_NE(loss->svg.find(">tokens</text>"), std::string::npos);
@@ -95,26 +134,227 @@ TEST(Report, TokenAxisScalesByTokensPerStep) {
   const auto alpha = xs_of(loss->svg, "alpha", "alpha train/loss");
   const auto beta = xs_of(loss->svg, "beta", "beta train/loss");
   ASSERT_EQ(beta.size(), 10u);
-  EXPECT_DOUBLE_EQ(alpha.back(), 624);
-  EXPECT_NEAR(beta.back(), 64 + 560.0 * (1280 - 128) / (2560 - 128), 0.1);
+  EXPECT_NEAR(alpha.back(), 624, 0.05);
+  const double left = plot_left(loss->svg);
+  EXPECT_NEAR(beta.front(), left, 0.05);
+  EXPECT_NEAR(beta.back(), left + (624 - left) * (1280 - 128) / (2560 - 128), 0.1);
+  // Time: throughput/elapsed_seconds (0.5 s a step), the evaluations at their step's time.
+  const auto timed = loom::report_charts(runs, {loom::ReportAxis::time});
+  const auto* t = find_chart(timed, "loss");
+  EXPECT_NE(t->svg.find(">seconds</text>"), std::string::npos);
+  EXPECT_EQ(xs_of(t->svg, "alpha", "alpha eval/loss").back(), xs_of(t->svg, "alpha", "alpha train/loss").back());
+}
+
+TEST(Report, NanIsAGapNotAJoin) {
+  TempDir tmp;
+  tmp.write("nan/metrics.jsonl",
+            "{\"step\":1,\"train/loss\":3}\n{\"step\":2,\"train/loss\":2.5}\n{\"step\":3,\"train/loss\":null}\n"
+            "{\"step\":4,\"train/loss\":2}\n{\"step\":5,\"train/loss\":1.5}\n");
+  const auto run = loom::read_run(tmp.path() / "nan");
+  ASSERT_EQ(run.rows.size(), 5u);
+  EXPECT_TRUE(std::isnan(run.rows[2].values.at("train/loss")));
+  const auto charts = loom::report_charts({run});
+  const std::string group = series_of(find_chart(charts, "loss")->svg, "nan", "nan train/loss");
+  // Two pieces: steps 1-2 and 4-5, none across step 3.
+  EXPECT_EQ(count(group, "<polyline"), 2u) << group;
+  EXPECT_EQ(xs_of(find_chart(charts, "loss")->svg, "nan", "nan train/loss").size(), 4u);
+}
+
+TEST(Report, StepTicksAreWholeNumbersAndNumbersReadable) {
+  TempDir tmp;
+  tmp.write("short/metrics.jsonl",
+            "{\"step\":1,\"train/loss\":3,\"train/lr\":0.00002}\n{\"step\":2,\"train/loss\":2.5,\"train/lr\":0."
+            "00004}\n{\"step\":3,\"train/loss\":2,\"train/lr\":0.00006}\n");
+  const auto charts = loom::report_charts({loom::read_run(tmp.path() / "short")});
+  EXPECT_EQ(ticks_of(find_chart(charts, "loss")->svg, "xtick"), (std::vector<std::string>{"1", "2", "3"}));
+  for (const auto& t : ticks_of(find_chart(charts, "learning_rate")->svg, "ytick"))
+    EXPECT_TRUE(std::regex_match(t, std::regex("0|[1-9](\\.[0-9]+)?e-0[45]"))) << t;
+  EXPECT_EQ(loom::report_number(4.347e10), "43.47G");
+  EXPECT_EQ(loom::report_number(2.077e6, true), "2.077M");
+  EXPECT_EQ(loom::report_number(6738415616, true), "6.738B");
+  EXPECT_EQ(loom::report_number(0.0006), "0.0006");
+  EXPECT_EQ(loom::report_number(2.5e-5), "2.5e-05");
+  EXPECT_EQ(loom::report_number(1e30), "1e+30");
+  EXPECT_EQ(loom::report_number(1234.4), "1234");
+}
+
+TEST(Report, YLabelLeavesRoomForTheTickLabels) {
+  TempDir tmp;
+  const auto runs = loom::test::two_runs(tmp.path());
+  for (const auto& chart : loom::report_charts(runs)) {
+    // The rotated label's line ends at x 24; the widest tick label (7 px a character) ends 6 px
+    // left of the plot.
+    const double left = plot_left(chart.svg);
+    ASSERT_GT(left, 0) << chart.id;
+    std::size_t widest = 0;
+    for (const auto& t : ticks_of(chart.svg, "ytick")) widest = std::max(widest, t.size());
+    EXPECT_GE(left - 6 - 7.0 * static_cast<double>(widest), 24) << chart.id;
+  }
+}
+
+TEST(Report, OutliersLeftOutOfTheAxisAndLogScale) {
+  TempDir tmp;
+  std::string metrics;
+  for (int step = 1; step <= 20; ++step)
+    metrics += "{\"step\":" + std::to_string(step) +
+               ",\"train/loss\":" + (step == 7 ? "1e30" : std::to_string(4.0 - 0.1 * step)) + "}\n";
+  tmp.write("spike/metrics.jsonl", metrics);
+  const auto run = loom::read_run(tmp.path() / "spike");
+  const auto clipped_charts = loom::report_charts({run});
+  const auto* clipped = find_chart(clipped_charts, "loss");
+  for (const auto& t : ticks_of(clipped->svg, "ytick")) EXPECT_LT(std::stod(t), 10) << t;
+  EXPECT_EQ(count(clipped->svg, "class=\"clipped\""), 1u);
+  ASSERT_EQ(clipped->notes.size(), 1u);
+  EXPECT_NE(clipped->notes[0].find("1 value lies far outside the rest"), std::string::npos);
+  loom::ReportOptions all;
+  all.clip_outliers = false;
+  const auto whole_charts = loom::report_charts({run}, all);
+  const auto* whole = find_chart(whole_charts, "loss");
+  EXPECT_EQ(ticks_of(whole->svg, "ytick").back(), "1e+30");
+  EXPECT_EQ(count(whole->svg, "class=\"clipped\""), 0u);
+  // A loss falling 4 -> 2 and steady: no outlier to leave out.
+  const auto steady = loom::report_charts(loom::test::two_runs(tmp.path()));
+  EXPECT_TRUE(find_chart(steady, "loss")->notes.empty());
+  // Log scale: powers of ten and their 2 and 5 between, the label says so.
+  loom::ReportOptions log;
+  log.log_y = true;
+  log.clip_outliers = false;
+  const auto logged_charts = loom::report_charts({run}, log);
+  const auto* logged = find_chart(logged_charts, "loss");
+  EXPECT_NE(logged->svg.find(">loss (log)</text>"), std::string::npos);
+  const auto ticks = ticks_of(logged->svg, "ytick");
+  EXPECT_NE(std::find(ticks.begin(), ticks.end(), "1e+30"), ticks.end());
+  EXPECT_NE(std::find(ticks.begin(), ticks.end(), "1"), ticks.end());
+  EXPECT_LE(ticks.size(), 9u);  // 32 decades, a label every 5
+}
+
+TEST(Report, StatusOfEachRun) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  loom::test::TrainingLock lock(dirs[2]);
+  std::vector<loom::RunRecord> runs;
+  for (const auto& d : dirs) runs.push_back(loom::read_run(d));
+  EXPECT_EQ(runs[0].status.state, loom::RunState::finished);
+  EXPECT_EQ(runs[0].status.text, "finished, 40 steps");
+  EXPECT_EQ(runs[1].status.state, loom::RunState::finished);  // a NaN at step 14, then finite again
+  EXPECT_EQ(runs[2].status.state, loom::RunState::running);
+  EXPECT_EQ(runs[2].status.text, "running, step 26 of 40");
+  EXPECT_EQ(runs[3].status.state, loom::RunState::diverged);
+  EXPECT_EQ(runs[3].status.text, "diverged: train/loss NaN or infinite at step 16 and after, to step 18 of 40");
+  EXPECT_EQ(runs[4].status.state, loom::RunState::stopped);
+  EXPECT_EQ(runs[4].status.text.rfind("stopped at step 12 of 40: not running, no final weights; no checkpoint", 0), 0u)
+      << runs[4].status.text;
+  lock.release();
+  EXPECT_EQ(loom::read_run(dirs[2]).status.state, loom::RunState::stopped);
+  // A run that logged its planned last step finished, with or without final weights.
+  fs::remove(dirs[0] / "model.safetensors");
+  EXPECT_EQ(loom::read_run(dirs[0]).status.state, loom::RunState::finished);
+  // The runs table's figures.
+  const auto& m = runs[0].summary;
+  ASSERT_TRUE(m.final_eval_loss && m.best_eval_loss && m.tokens && m.wall_seconds && m.tokens_per_second);
+  EXPECT_NEAR(*m.final_eval_loss, loom::test::curve(5.6, 1.7, 0.12, 40) + 0.15, 1e-4);
+  EXPECT_EQ(m.best_eval_step, 40);
+  EXPECT_EQ(*m.tokens, 40.0 * 8 * 64);
+  EXPECT_NEAR(*m.wall_seconds, 16, 1e-9);
+  EXPECT_NEAR(*m.tokens_per_second, 20040, 1e-6);
+  EXPECT_EQ(runs[3].summary.memory, "5.1 GiB");
+}
+
+TEST(Report, LabelsTellRunsApart) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  std::vector<loom::RunRecord> runs;
+  for (const auto& d : dirs) runs.push_back(loom::read_run(d));
+  runs.push_back(loom::read_run(dirs[0]));
+  loom::label_runs(runs);
+  EXPECT_EQ(runs[0].label, "quickstart-lr2e-3");
+  EXPECT_EQ(runs[2].label, "quickstart-wide");
+  EXPECT_EQ(runs[3].label, "run-nf4/run");
+  EXPECT_EQ(runs[4].label, "run-int8/run");
+  EXPECT_EQ(runs[5].label, "quickstart-lr2e-3 (2)");
+  const auto charts = loom::report_charts(runs);
+  EXPECT_NE(find_chart(charts, "loss")->svg.find("<title>run-nf4/run train/loss</title>"), std::string::npos);
+}
+
+TEST(Report, ConfigDifferencesAndLoraHeader) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  std::vector<loom::RunRecord> runs;
+  for (const auto& d : dirs) runs.push_back(loom::read_run(d));
+  loom::label_runs(runs);
+  EXPECT_EQ(loom::config_differences({runs[0], runs[1]}), (std::vector<std::string>{"optimizer.learning_rate"}));
+  EXPECT_EQ(loom::config_differences({runs[3], runs[4]}), (std::vector<std::string>{"lora.base_dtype"}));
+  EXPECT_EQ(loom::config_differences({runs[0], runs[3]}),
+            (std::vector<std::string>{"lora.alpha", "lora.base_dtype", "lora.rank", "lora.target_modules",
+                                      "optimizer.learning_rate"}));
+  EXPECT_EQ(runs[3].header.at("lora rank"), "16");
+  EXPECT_EQ(runs[3].header.at("lora targets"), "[q_proj, v_proj]");
+  EXPECT_EQ(runs[3].header.at("lora base_dtype"), "nf4");
+  EXPECT_EQ(runs[3].header.at("parameters"), "6.738B");
+  EXPECT_EQ(runs[3].header.at("FLOPs per token"), "43.47G");
+  EXPECT_EQ(runs[3].header.at("training tokens"), "2.077M");
+  EXPECT_EQ(runs[0].header.count("lora rank"), 0u);
+  const std::string html = loom::render_report_html(runs);
+  EXPECT_NE(html.find("<tr><th>lora.base_dtype</th><td><i>not set</i></td><td><i>not set</i></td><td><i>not "
+                      "set</i></td><td>nf4</td><td>int8</td>"),
+            std::string::npos)
+      << html.substr(html.find("config-diff"), 2000);
+}
+
+TEST(Report, NotesForMfuAbove100AndCurvesThatCoincide) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  std::vector<loom::RunRecord> runs;
+  for (const auto& d : dirs) runs.push_back(loom::read_run(d));
+  loom::label_runs(runs);
+  const auto charts = loom::report_charts(runs);
+  const auto* mfu = find_chart(charts, "mfu");
+  ASSERT_NE(mfu, nullptr);
+  ASSERT_EQ(mfu->notes.size(), 1u);
+  EXPECT_EQ(mfu->notes[0].rfind("run-nf4/run: MFU reaches 118.6% (step 18), above the 100% no hardware exceeds", 0), 0u)
+      << mfu->notes[0];
+  EXPECT_NE(mfu->notes[0].find("(1.2T)"), std::string::npos);
+  EXPECT_NE(mfu->svg.find("class=\"reference\""), std::string::npos);
+  // The two LoRA runs' schedules match to step 12, but nf4 goes on: not the same curve. The two
+  // quickstart runs at 2e-3 share every learning rate up to step 26, but the wide one stops there.
+  EXPECT_TRUE(find_chart(charts, "learning_rate")->notes.empty());
+  std::vector<loom::RunRecord> twice = {runs[0], runs[0]};
+  loom::label_runs(twice);
+  const auto twice_charts = loom::report_charts(twice);
+  const auto notes = find_chart(twice_charts, "loss")->notes;
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0],
+            "quickstart-lr2e-3 and quickstart-lr2e-3 (2) logged the same train/loss at every step: their curves "
+            "coincide, and the last drawn hides the others");
+  EXPECT_NE(notes[1].find("the same eval/loss"), std::string::npos);
 }
 
 TEST(Report, PageIsSelfContained) {
   TempDir tmp;
-  const auto runs = loom::test::two_runs(tmp.path());
-  const std::string html = loom::render_report_html(runs, loom::ReportAxis::step);
+  auto runs = loom::test::two_runs(tmp.path());
+  const std::string html = loom::render_report_html(runs);
   EXPECT_EQ(html.find("http://"), std::string::npos);
   EXPECT_EQ(html.find("https://"), std::string::npos);
-  EXPECT_EQ(html.find("<script"), std::string::npos);
-  EXPECT_NE(html.find("content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\""), std::string::npos);
-  // Each run's header, config and checkpoints.
+  EXPECT_EQ(html.find("<script src"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_NE(html.find("content=\"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src "
+                      "data:\""),
+            std::string::npos);
+  // Each run's header, config and checkpoints; the runs table; the data the script draws.
   EXPECT_NE(html.find("<h2>Run alpha</h2>"), std::string::npos);
   EXPECT_NE(html.find("<tr><th>optimizer</th><td>adamw</td></tr>"), std::string::npos);
   EXPECT_NE(html.find("train_batch_size: 4"), std::string::npos);
   EXPECT_NE(html.find("<h3>Checkpoints</h3>\n<p>none</p>"), std::string::npos);
-  // Text from the files is escaped.
+  EXPECT_NE(html.find("<table id=\"runs-table\" class=\"sortable\">"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"num\" data-sort=\"20\">20 / 20</td>"), std::string::npos);
+  EXPECT_NE(html.find("\"metric\":\"train/loss\""), std::string::npos);
+  // Text from the files is escaped, in the HTML and inside the script's data.
   EXPECT_EQ(html.find("<b>bold</b>"), std::string::npos);
   EXPECT_NE(html.find("&lt;b&gt;bold&lt;/b&gt;"), std::string::npos);
+  runs[0].label = "</script><b>x";
+  const std::string hostile = loom::render_report_html(runs);
+  EXPECT_EQ(hostile.find("</script><b>x"), std::string::npos);
+  EXPECT_NE(hostile.find("\\u003c/script>\\u003cb>x"), std::string::npos);
 }
 
 TEST(Report, BadInputIsOneErrorNamingFileAndLine) {
@@ -124,31 +364,56 @@ TEST(Report, BadInputIsOneErrorNamingFileAndLine) {
   fs::create_directories(tmp.path() / "empty");
   EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "empty"); }).find("has no metrics.jsonl"),
             std::string::npos);
+  fs::create_directories(tmp.path() / "dir/metrics.jsonl");
+  EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "dir"); }).find("dir/metrics.jsonl' is not a file"),
+            std::string::npos);
   const std::string good = "{\"step\":1,\"train/loss\":2.5}\n";
   tmp.write("blank/metrics.jsonl", good + "\n" + good);
   EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "blank"); }).find("blank/metrics.jsonl:2: empty line"),
             std::string::npos);
-  tmp.write("cut/metrics.jsonl", good + good + "{\"step\":3,\"train/lo");
-  EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "cut"); }).find("cut/metrics.jsonl:3: not a JSON object"),
+  // A cut line in the middle is damage; at the end, without its newline, a line being written.
+  tmp.write("cut/metrics.jsonl", good + "{\"step\":2,\"train/lo\n" + good);
+  EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "cut"); }).find("cut/metrics.jsonl:2: not a JSON object"),
             std::string::npos);
+  tmp.write("writing/metrics.jsonl", good + good + "{\"step\":3,\"train/lo");
+  const auto writing = loom::read_run(tmp.path() / "writing");
+  EXPECT_EQ(writing.rows.size(), 2u);
+  ASSERT_EQ(writing.notes.size(), 1u);
+  EXPECT_NE(writing.notes[0].find("line 3 of"), std::string::npos);
+  EXPECT_NE(writing.notes[0].find("a line being written, left out"), std::string::npos);
+  // Broken UTF-8 and binary: the bytes named, never copied into the message.
+  tmp.write("latin1/metrics.jsonl", good + "{\"step\":2,\"caf\xe9\":1}\n");
+  const std::string latin1 = user_error_of([&] { loom::read_run(tmp.path() / "latin1"); });
+  EXPECT_NE(latin1.find("latin1/metrics.jsonl:2: not UTF-8 text (byte 0xE9 at column 15)"), std::string::npos)
+      << latin1;
+  tmp.write("binary/metrics.jsonl", good + std::string("\x00\x01\x02\xff\xfe", 5) + "\n");
+  const std::string binary = user_error_of([&] { loom::read_run(tmp.path() / "binary"); });
+  EXPECT_NE(binary.find("binary/metrics.jsonl:2: not UTF-8 text (byte 0x00 at column 1)"), std::string::npos) << binary;
+  for (const std::string& message : {latin1, binary})
+    for (char c : message) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "a raw byte " << int(static_cast<unsigned char>(c));
+  // A syntax error quotes the line with its odd bytes escaped.
+  tmp.write("syntax/metrics.jsonl", good + "{\"step\":2,\"x\":\t@}\n");
+  EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "syntax"); }).find("\\x09@}"), std::string::npos);
   tmp.write("nostep/metrics.jsonl", "{\"train/loss\":2.5}\n");
   EXPECT_NE(user_error_of([&] { loom::read_run(tmp.path() / "nostep"); }).find("nostep/metrics.jsonl:1: no integer"),
             std::string::npos);
-  EXPECT_NE(user_error_of([] { loom::parse_report_axis("time"); }).find("step or tokens"), std::string::npos);
-  // No config: no tokens per step to put on a token axis.
+  EXPECT_NE(user_error_of([] {
+              loom::parse_report_axis("wall\xff");
+            }).find("'wall\\xff': the x axis is step, tokens or time"),
+            std::string::npos);
+  // No config: no tokens per step to put on a token axis; no elapsed time for a time axis.
   tmp.write("noconfig/metrics.jsonl", good);
   const auto run = loom::read_run(tmp.path() / "noconfig");
-  EXPECT_NE(user_error_of([&] { loom::report_charts({run}, loom::ReportAxis::tokens); }).find("--x tokens"),
+  EXPECT_NE(user_error_of([&] { loom::report_charts({run}, {loom::ReportAxis::tokens}); }).find("--x tokens"),
             std::string::npos);
-  // A NaN logged as null is a gap, not an error.
-  tmp.write("nan/metrics.jsonl", good + "{\"step\":2,\"train/loss\":null}\n");
-  EXPECT_EQ(loom::read_run(tmp.path() / "nan").rows.size(), 2u);
+  EXPECT_NE(user_error_of([&] { loom::render_report_html({run}, {loom::ReportAxis::time}); }).find("--x time"),
+            std::string::npos);
 }
 
 TEST(Report, PngsOrASayingSo) {
   TempDir tmp;
   const auto runs = loom::test::two_runs(tmp.path());
-  const auto charts = loom::report_charts(runs, loom::ReportAxis::step);
+  const auto charts = loom::report_charts(runs);
   if (!loom::report_png_available()) {
     EXPECT_NE(user_error_of([&] { loom::write_report_pngs(charts, tmp.path() / "png"); }).find("not available"),
               std::string::npos);
@@ -163,6 +428,41 @@ TEST(Report, PngsOrASayingSo) {
   }
 }
 
+// --watch: the page is rewritten while a run trains (its .lock held), reloads itself, and the
+// command returns once no run trains, leaving a page that no longer reloads.
+TEST(ReportCommand, WatchRewritesWhileARunTrains) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  auto lock = std::make_unique<loom::test::TrainingLock>(dirs[2]);
+  const fs::path html = tmp.path() / "live.html";
+  loom::test::CommandResult watched;
+  std::thread watcher([&] {
+    watched = loom::test::run_command({LOOM_BINARY, "report", dirs[2].string(), "-o", html.string(), "--watch", "1"});
+  });
+  auto wait_for = [&](const std::string& text) {
+    for (int i = 0; i < 600 && read_text(html).find(text) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return read_text(html);
+  };
+  std::string page = wait_for("running, step 26 of 40");
+  EXPECT_NE(page.find("running, step 26 of 40"), std::string::npos);
+  EXPECT_NE(page.find("\"reload\":1"), std::string::npos);
+  EXPECT_NE(page.find("<p class=\"live\">"), std::string::npos);
+  // The trainer logs two more steps, the second one being written as the report reads.
+  std::ofstream(dirs[2] / "metrics.jsonl", std::ios::app) << "{\"step\":28,\"train/loss\":2.1}\n{\"step\":30,\"tr";
+  page = wait_for("running, step 28 of 40");
+  EXPECT_NE(page.find("running, step 28 of 40"), std::string::npos);
+  EXPECT_NE(page.find("a line being written, left out"), std::string::npos);
+  lock.reset();  // the run ends
+  watcher.join();
+  EXPECT_EQ(watched.exit_code, 0) << watched.err;
+  page = read_text(html);
+  EXPECT_NE(page.find("stopped at step 28 of 40"), std::string::npos);
+  EXPECT_NE(page.find("\"reload\":0"), std::string::npos);
+  EXPECT_EQ(page.find("<p class=\"live\">"), std::string::npos);
+  EXPECT_NE(watched.out.find("running, step 26 of 40"), std::string::npos) << watched.out;
+}
+
 // End to end: a short real run of the quickstart, charted by the command.
 TEST(ReportCommand, ChartsARealRun) {
   TempDir tmp;
@@ -175,17 +475,27 @@ TEST(ReportCommand, ChartsARealRun) {
   const fs::path html = tmp.path() / "report.html";
   const auto report = loom::test::run_command({LOOM_BINARY, "report", run.string(), "-o", html.string()});
   ASSERT_EQ(report.exit_code, 0) << report.err;
-  std::ifstream in(html);
-  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(page.find("data-run=\"quick\" data-points=\"6\"><title>quick train/loss</title>"), std::string::npos);
-  EXPECT_NE(page.find("data-run=\"quick\" data-points=\"2\"><title>quick eval/loss</title>"), std::string::npos);
+  EXPECT_NE(report.out.find("(quick finished, 12 steps)"), std::string::npos) << report.out;
+  const std::string page = read_text(html);
+  EXPECT_NE(page.find("{\"eval\":false,\"metric\":\"train/loss\",\"points\":[[2.0,"), std::string::npos);
   EXPECT_NE(page.find("<tr><td>12 (latest)</td>"), std::string::npos);
+  EXPECT_NE(page.find("finished, 12 steps"), std::string::npos);
   EXPECT_EQ(page.find("http://"), std::string::npos);
+  // The header's numbers without exponents.
+  EXPECT_FALSE(std::regex_search(page, std::regex("<td>[0-9.]+e\\+[0-9]+")));
 
   const auto missing = loom::test::run_command({LOOM_BINARY, "report", (tmp.path() / "nope").string(), "-o", "x.html"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("nope' is not a directory"), std::string::npos) << missing.err;
-  std::ofstream(run / "metrics.jsonl", std::ios::app) << "\n";
+  fs::create_directories(tmp.path() / "odd/metrics.jsonl");
+  const auto odd = loom::test::run_command({LOOM_BINARY, "report", (tmp.path() / "odd").string(), "-o", "x.html"});
+  EXPECT_EQ(odd.exit_code, 2);
+  EXPECT_NE(odd.err.find("metrics.jsonl' is not a file"), std::string::npos) << odd.err;
+  const auto smoothing =
+      loom::test::run_command({LOOM_BINARY, "report", run.string(), "-o", html.string(), "--smoothing", "1.5"});
+  EXPECT_EQ(smoothing.exit_code, 2);
+  EXPECT_NE(smoothing.err.find("the smoothing is 0 (none) to 0.99"), std::string::npos) << smoothing.err;
+  std::ofstream(run / "metrics.jsonl", std::ios::app) << "\n{\"step\":13}\n";
   const auto blank = loom::test::run_command({LOOM_BINARY, "report", run.string(), "-o", html.string()});
   EXPECT_EQ(blank.exit_code, 2);
   EXPECT_NE(blank.err.find("metrics.jsonl:7: empty line"), std::string::npos) << blank.err;
