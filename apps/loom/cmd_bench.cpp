@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "command_line.hpp"
+#include "loom/core/registry.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/run/attention_bench.hpp"
@@ -88,12 +89,23 @@ int run_bench_attention(const std::vector<std::string>& args) {
     runtime.registry().set_execution_context(pool.get());
   }
 
+  // `auto` (model.attention's default) is the kernel that `loom train` would pick on the host,
+  // where the benchmark's problems live.
+  auto chosen = [&](ComponentRef ref) {
+    if (ref.name != Registry::auto_attention) return ref;
+    const std::vector<std::string> host = runtime.registry().attention_kernels_on(Device::host());
+    if (host.empty())
+      throw UserError(ref.path + ": auto: no loaded attention kernel computes on the host (attention kernels: " +
+                      runtime.registry().describe_attention_devices() + ")");
+    return attention_ref(Value(host.front()), ref.path);
+  };
   if (runtime.raw_config().at_path("model") != nullptr || !rest.empty()) {
     const Value* node = runtime.raw_config().at_path("model.attention");
-    if (node == nullptr) throw UserError("the config sets no model.attention: name the kernel with --kernels");
-    bench.kernels.push_back(attention_ref(*node, "model.attention"));
+    bench.kernels.push_back(
+        chosen(attention_ref(node ? *node : Value(std::string(Registry::auto_attention)), "model.attention")));
   }
-  for (const std::string& name : split_list(kernels)) bench.kernels.push_back(attention_ref(Value(name), "--kernels"));
+  for (const std::string& name : split_list(kernels))
+    bench.kernels.push_back(chosen(attention_ref(Value(name), "--kernels")));
   bench.seq_lens.clear();
   for (const std::string& item : split_list(seq_lens)) {
     std::size_t used = 0;

@@ -12,7 +12,7 @@
 # PyTorch bf16 and over loom float32.
 #
 #   benchmarks/bf16/run.sh [BUILD_DIR] [--rounds N] [--steps N] [--shapes "256 64"]
-# Run from the repository root. Needs nothing from ../shared/data (the corpus is synthetic).
+# Run from the repository root. Needs no data files (the corpus is synthetic).
 set -e
 build=build
 rounds=2

@@ -20,7 +20,7 @@ loom="$build/bin/loom"
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-gpt2=${LOOM_GPT2_DIR:-$here/../../../shared/data/gpt2}
+gpt2=${LOOM_GPT2_DIR:-$here/../../configs/data/gpt2}
 cat >"$out/model.yaml" <<YAML
 model: {type: gpt2, seq_len: 256, hidden_dim: 256, num_layers: 4, num_heads: 4, attention: flash}
 backend: {type: cpu, matmul_precision: f32}

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "loom/error.hpp"
 #include "loom/kinds.hpp"
+#include "loom/kinds/attention.hpp"
 
 namespace loom {
 
@@ -62,6 +64,11 @@ void Registry::add(std::vector<ComponentEntry> entries) {
     if (!valid_name(e.decl.name))
       throw UserError(e.kind + " name '" + e.decl.name +
                       "' is not valid: use lower-case letters, digits, '_', '-' and '.'");
+    if (e.kind == AttentionKernel::kind && e.decl.name == auto_attention)
+      throw UserError(
+          "attention kernel name 'auto' is reserved: `model.attention: auto` picks a kernel for the "
+          "backend's device (" +
+          e.plugin_file + " registers one under that name; rename it)");
     const std::string key = e.kind + "/" + e.decl.name;
     config::check_declared_defaults(e.decl.options, e.kind + " '" + e.decl.name + "'");
     if (std::find(seen.begin(), seen.end(), key) != seen.end())
@@ -144,8 +151,79 @@ void Registry::throw_unknown(std::string_view kind, std::string_view name, std::
   throw UserError(msg);
 }
 
+namespace {
+
+// The device an attention kernel's default instance computes on, or why it cannot be created.
+struct KernelDevice {
+  std::optional<Device> device;
+  std::string why;
+};
+
+// Set while the kernels are being asked for their devices: a kernel whose default options name
+// `auto` (a wrapper around "the best kernel") would otherwise ask again, without end.
+thread_local bool choosing_attention = false;
+
+KernelDevice default_kernel_device(const Registry& registry, const std::string& name) {
+  try {
+    const Handle<AttentionKernel> kernel =
+        registry.create<AttentionKernel>(ComponentRef{"attention", name, Value(name), "model.attention"});
+    return {kernel->device(), ""};
+  } catch (const std::exception& e) {
+    return {std::nullopt, e.what()};
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> Registry::attention_kernels_on(const Device& device,
+                                                        std::vector<std::string>* unavailable) const {
+  if (choosing_attention)
+    throw UserError(
+        "attention: auto cannot be resolved while the attention kernels are being asked for their "
+        "devices (a kernel whose default options name `auto`): name a kernel there instead");
+  struct Choosing {
+    Choosing() { choosing_attention = true; }
+    ~Choosing() { choosing_attention = false; }
+  } choosing;
+  std::vector<const ComponentEntry*> fitting;
+  for (const ComponentEntry* e : list(AttentionKernel::kind)) {
+    if (conflicts_.count(e->kind + "/" + e->decl.name)) continue;
+    const KernelDevice found = default_kernel_device(*this, e->decl.name);
+    if (!found.device) {
+      if (unavailable) unavailable->push_back(e->decl.name + ": " + found.why);
+      continue;
+    }
+    if (*found.device == device) fitting.push_back(e);
+  }
+  // list() is sorted by name, so a stable sort by preference breaks ties by name.
+  std::stable_sort(fitting.begin(), fitting.end(), [](const ComponentEntry* a, const ComponentEntry* b) {
+    return a->decl.preference > b->decl.preference;
+  });
+  std::vector<std::string> names;
+  for (const ComponentEntry* e : fitting) names.push_back(e->decl.name);
+  return names;
+}
+
+std::string Registry::describe_attention_devices() const {
+  if (choosing_attention) return "being asked for their devices";
+  struct Choosing {
+    Choosing() { choosing_attention = true; }
+    ~Choosing() { choosing_attention = false; }
+  } choosing;
+  std::string out;
+  for (const ComponentEntry* e : list(AttentionKernel::kind)) {
+    const KernelDevice found = default_kernel_device(*this, e->decl.name);
+    out += (out.empty() ? "" : ", ") + e->decl.name + " (" +
+           (found.device ? found.device->str() : "cannot be created here") + ")";
+  }
+  return out.empty() ? "none is loaded" : out;
+}
+
 const OptionSchema& Registry::component_schema(std::string_view kind, std::string_view name, std::string_view path,
                                                const SourceLocation& where) const {
+  // `auto` takes no options of its own: the kernel it picks runs with its defaults.
+  static const OptionSchema no_options;
+  if (kind == AttentionKernel::kind && name == auto_attention) return no_options;
   const ComponentEntry* e = find(kind, name);
   if (!e || conflicts_.count(std::string(kind) + "/" + std::string(name))) throw_unknown(kind, name, path, where);
   return e->decl.options;
@@ -157,6 +235,13 @@ Handle<Component> Registry::create(std::string_view kind, const ComponentRef& re
   if (node.is_null() && !ref.name.empty()) node = Value(ref.name);
   const Value validated = config::validate_component(kind, node, path, *this);
   const std::string name = validated.find("type")->as_string();
+  if (kind == AttentionKernel::kind && name == auto_attention) {
+    const std::vector<std::string> host = attention_kernels_on(Device::host());
+    if (host.empty())
+      throw UserError(path + ": auto: no loaded attention kernel computes on the host (attention kernels: " +
+                      describe_attention_devices() + ")");
+    return create(kind, ComponentRef{std::string(kind), host.front(), Value(host.front()), path});
+  }
   const ComponentEntry* entry = find(kind, name);
   Value options = validated;
   options.erase("type");

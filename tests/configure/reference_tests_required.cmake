@@ -42,12 +42,16 @@ endforeach()
 file(READ ${required}/plugins/tokenizer/gpt2-bpe/CTestTestfile.cmake tests)
 string(REGEX MATCH "set_tests_properties\\(\\[=\\[tokenizer_hf_bpe_reference\\]=\\][^\n]*" hf_bpe "${tests}")
 expect_lacks("${hf_bpe}" "SKIP_RETURN_CODE" "tokenizer_hf_bpe_reference may still skip")
+file(READ ${required}/tests/CTestTestfile.cmake tests)
+string(REGEX MATCH "set_tests_properties\\(\\[=\\[python_env\\]=\\][^\n]*" python_env "${tests}")
+expect_lacks("${python_env}" "SKIP_RETURN_CODE" "python_env may still skip")
 # The GoogleTest reference tests are compiled to fail where they would skip.
 file(READ ${required}/compile_commands.json commands)
 foreach(source tests/interop/peft_test.cpp tests/interop/hf_interop_test.cpp tests/models/hf_agreement_test.cpp
                tests/torch/torch_agreement_test.cpp tests/torch/dpo_agreement_test.cpp tests/io/safetensors_test.cpp
                tests/conformance/optimizer/optimizer_conformance_test.cpp
-               plugins/tokenizer/sentencepiece/test/sentencepiece_test.cpp plugins/tokenizer/gpt2-bpe/test/hf_bpe_test.cpp)
+               plugins/tokenizer/sentencepiece/test/sentencepiece_test.cpp plugins/tokenizer/gpt2-bpe/test/hf_bpe_test.cpp
+               plugins/tracker/tensorboard/tensorboard_test.cpp)
   string(REGEX MATCH "-DLOOM_REQUIRE_REFERENCE_TESTS=1[^\n]* -c [^\n]*/${source}\"" found "${commands}")
   if(NOT found)
     message(FATAL_ERROR "${source} is not compiled with LOOM_REQUIRE_REFERENCE_TESTS=1")

@@ -791,6 +791,12 @@ TEST_P(EvalScorer, AgreesWithTokenByTokenScoringInEveryMode) {
   EXPECT_FALSE(got[1].greedy);
 }
 
+// The cases of EvalScorer, in the order of its values.
+std::string scorer_case_name(const ::testing::TestParamInfo<std::string>& info) {
+  static const char* const names[] = {"gpt2", "llama_gqa", "llama_moe", "gemma_softcap_window"};
+  return names[info.index];
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, EvalScorer,
                          ::testing::Values("{type: gpt2, seq_len: 64, hidden_dim: 32, num_layers: 2, num_heads: 2, "
                                            "initializer_range: 0.5}",
@@ -805,7 +811,8 @@ INSTANTIATE_TEST_SUITE_P(Models, EvalScorer,
                                            "{type: gemma, seq_len: 64, hidden_dim: 32, intermediate_dim: 64, "
                                            "num_layers: 2, num_heads: 2, num_kv_heads: 1, head_dim: 16, "
                                            "query_pre_attn_scalar: 16, attn_logit_softcapping: 50, "
-                                           "final_logit_softcapping: 30, sliding_window: 12, initializer_range: 0.5}"));
+                                           "final_logit_softcapping: 30, sliding_window: 12, initializer_range: 0.5}"),
+                         scorer_case_name);
 
 TEST(EvalScorer, KvCacheRunsTheContextOnce) {
   test::TempDir dir;
@@ -1003,13 +1010,73 @@ TEST(EvalCommand, ScoresInFloat32UnlessTheCommandLineAsksForBf16) {
   std::cout << "bf16 products moved a log-likelihood by up to " << moved << " nats\n";
 }
 
+// A Hugging Face directory whose config.json or tokenizer.json holds a value of the wrong type, or
+// sizes no machine could hold, or whose path is not UTF-8, is one clear error with status 2 naming
+// the file, the key, what it holds and what was expected (not nlohmann's type_error, not
+// std::bad_alloc).
+TEST(EvalCommand, AHuggingFaceDirectoryWithBadValuesIsOneClearError) {
+  test::TempDir dir;
+  auto expect_error = [&](const fs::path& hf, const std::string& text) {
+    const auto r = loom({"eval", hf.string(), "--tasks", example_tasks()});
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("type_error"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  };
+  auto hf_dir = [&](const std::string& name, const std::string& config) {
+    fs::create_directories(dir.path() / name);
+    dir.write(name + "/config.json", config);
+    return dir.path() / name;
+  };
+  const std::string llama =
+      R"("model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, )"
+      R"("num_attention_heads": 4, "vocab_size": 300)";
+  const fs::path rope = hf_dir("rope", "{" + llama + R"(, "rope_scaling": {"rope_type": "linear", "factor": "abc"}})");
+  expect_error(rope, (rope / "config.json").string() + "': rope_scaling.factor is \"abc\", expected a number");
+  const fs::path rope_type = hf_dir("rope_type", "{" + llama + R"(, "rope_scaling": {"rope_type": 3}})");
+  expect_error(rope_type, "': rope_scaling.rope_type is 3, expected a string");
+  const fs::path scaling = hf_dir("scaling", "{" + llama + R"(, "rope_scaling": [1, 2]})");
+  expect_error(scaling, "': rope_scaling is [1,2], expected an object");
+
+  // Sizes: out of a dimension's range, and a model larger than this machine's memory.
+  const fs::path layers = hf_dir("layers", R"({"model_type": "gpt2", "n_layer": 1e12})");
+  expect_error(layers, (layers / "config.json").string() + "': n_layer is 1000000000000.0, expected an integer");
+  const fs::path huge_layers = hf_dir("huge_layers", R"({"model_type": "gpt2", "n_layer": 1000000000000})");
+  expect_error(huge_layers, "': n_layer is 1000000000000, expected a positive integer of at most 2147483647");
+  const fs::path vocab = hf_dir("vocab", R"({"model_type": "gpt2", "vocab_size": 1099511627776})");
+  expect_error(vocab, "': vocab_size is 1099511627776, expected a positive integer of at most 2147483647");
+  const fs::path big = hf_dir("big", R"({"model_type": "gpt2", "vocab_size": 2000000000, "n_embd": 65536})");
+  expect_error(big, (big / "config.json").string() +
+                        "': vocab_size 2000000000, n_embd 65536, n_layer 12 and n_inner 262144 describe a model of at "
+                        "least 1.31e+14 parameters");
+  const fs::path window = hf_dir("window", R"({"model_type": "gemma2", "sliding_window": 1e300})");
+  expect_error(window, "': sliding_window is 1e+300, expected null or a number of positions from 0 to 2147483647");
+  const fs::path llama_big =
+      hf_dir("llama_big", R"({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2000000000})");
+  expect_error(llama_big, "more than this machine's");
+
+  // tokenizer.json's model.type of the wrong type.
+  const fs::path tokenizer = hf_dir("tokenizer", "{" + llama + "}");
+  dir.write("tokenizer/tokenizer.json", R"({"model": {"type": 5}, "pre_tokenizer": null})");
+  expect_error(tokenizer, (tokenizer / "tokenizer.json").string() + "': model.type is 5, expected a string");
+  const fs::path model_list = hf_dir("model_list", "{" + llama + "}");
+  dir.write("model_list/tokenizer.json", R"({"model": [1]})");
+  expect_error(model_list, "tokenizer.json': model is [1], expected an object");
+
+  // A directory whose name holds byte 0xff: its tokenizer's paths cannot go into a config.
+  const fs::path bytes = hf_dir(std::string("bytes-\xff"), "{" + llama + "}");
+  dir.write(std::string("bytes-\xff/tokenizer.json"), R"({"model": {"type": "BPE"}})");
+  expect_error(bytes, "the directory's path is not valid UTF-8 (byte 0xff at offset " +
+                          std::to_string((dir.path() / "bytes-").string().size()) + ")");
+}
+
 // A Hugging Face directory written by `loom export --format hf` scores without a config: its
 // config.json gives the model, its vocab.json and merges.txt the tokenizer, and the scores are
 // the run's own (overrides after the directory still apply).
 TEST(EvalCommand, HuggingFaceDirectoryScoresWithoutAConfig) {
-  const fs::path gpt2 = fs::path(LOOM_SHARED_DATA_DIR) / "gpt2";
-  std::error_code ec;
-  if (!fs::exists(gpt2 / "encoder.json", ec)) GTEST_SKIP() << "GPT-2's vocabulary is missing: " << gpt2;
+  const fs::path gpt2 = fs::path(LOOM_DATA_DIR) / "gpt2";
+  ASSERT_TRUE(fs::exists(gpt2 / "encoder.json")) << "GPT-2's vocabulary ships with the repository: " << gpt2;
   test::TempDir dir;
   const std::string tokenizer = "tokenizer: {type: gpt2-bpe, encoder_json: " + (gpt2 / "encoder.json").string() +
                                 ", vocab_bpe: " + (gpt2 / "vocab.bpe").string() + "}\n";

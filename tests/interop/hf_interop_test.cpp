@@ -746,16 +746,12 @@ class HfTransformers : public ::testing::Test {
     python_ok_ = r.exit_code == 0;
   }
 
-  // A gpt2 (with GPT-2's tokenizer when ../shared/data has it) and a llama trained for a few
-  // steps by the trainer, exported by the `loom` command (the llama in shards).
+  // A gpt2 with GPT-2's tokenizer (configs/data/gpt2, shipped with the repository) and a llama
+  // trained for a few steps by the trainer, exported by the `loom` command (the llama in shards).
   static void train_and_export() {
-    const fs::path data(LOOM_SHARED_DATA_DIR);
-    std::error_code ec;
-    gpt2_bpe_ = fs::exists(data / "gpt2" / "encoder.json", ec) && fs::exists(data / "gpt2" / "vocab.bpe", ec);
-    const std::string tokenizer = gpt2_bpe_
-                                      ? "{type: gpt2-bpe, encoder_json: '" + (data / "gpt2/encoder.json").string() +
-                                            "', vocab_bpe: '" + (data / "gpt2/vocab.bpe").string() + "'}"
-                                      : "byte";
+    const fs::path data(LOOM_DATA_DIR);
+    const std::string tokenizer = "{type: gpt2-bpe, encoder_json: '" + (data / "gpt2/encoder.json").string() +
+                                  "', vocab_bpe: '" + (data / "gpt2/vocab.bpe").string() + "'}";
     const std::map<std::string, std::string> runs = {
         {"gpt2_trained", "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 2, num_heads: 4}"},
         {"llama_trained", std::string(llama_gqa)},
@@ -909,7 +905,7 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
   }
 
   static inline std::string skip_reason_, python_output_;
-  static inline bool python_ok_ = false, gpt2_bpe_ = false;
+  static inline bool python_ok_ = false;
   // The adapters of a model in exports_ whose base is stored (its logits need them in scope).
   static inline std::map<std::string, std::shared_ptr<LoraAdapters>> adapters_;
   static inline std::unique_ptr<test::TempDir> work_;
@@ -924,10 +920,6 @@ trainer: {num_train_steps: 3, train_batch_size: 2, max_eval_batches: 0, sample_l
 TEST_F(HfTransformers, ExportTrainedGpt2) {
   check_export("gpt2_trained", "GPT2LMHeadModel");
   const fs::path dir = work_->path() / "export" / "gpt2_trained";
-  if (!gpt2_bpe_) {
-    EXPECT_NE(export_output_["gpt2_trained"].find("no tokenizer files"), std::string::npos);
-    return;
-  }
   for (const char* file : {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"})
     EXPECT_TRUE(fs::exists(dir / file)) << file;
   // transformers' tokenizer, read from the exported files, encodes as loom's does.

@@ -263,4 +263,94 @@ TEST(DeviceRunRefusals, AHostOnlyOptimizerIsOneClearError) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
+// ---- model.attention: auto, and a kernel on another device (docs/attention-kernels.md#auto) ----
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The command, `loom train configs/quickstart.yaml backend.type=guarded`, cut to three
+// steps: quickstart.yaml's `attention: auto` picks the guarded device's kernel (the run directory's
+// config records it), the run trains, and `loom generate` reads it back on the device.
+TEST(DeviceRunAttention, AutoPicksTheKernelOfTheBackendsDevice) {
+  const fs::path run = scratch("auto-guarded");
+  const CommandResult r =
+      run_command({LOOM_BINARY, "train", kSource + "/configs/quickstart.yaml", "backend.type=guarded",
+                   "trainer.run_dir=" + run.string(), "trainer.num_train_steps=3", "trainer.log_every=1",
+                   "trainer.train_batch_size=4", "trainer.steps_per_eval=0", "trainer.sample_length=0",
+                   "trainer.peak_flops=1e11", "trainer.trackers=[jsonl]", "model.seq_len=32", "model.num_layers=2"},
+                  env());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(metric(run, "train/loss").size(), 3u);
+  const std::string config = read_text(run / "config.yaml");
+  const std::size_t attention = config.find("attention:");
+  ASSERT_NE(attention, std::string::npos) << config;
+  EXPECT_NE(config.find("type: guarded", attention), std::string::npos) << config;
+  const CommandResult g =
+      run_command({LOOM_BINARY, "generate", run.string(), "--prompt", "The ", "--max-new-tokens", "4"}, env());
+  EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
+
+  // On the host, auto is flash (the fastest host kernel), recorded with its options.
+  const fs::path host = scratch("auto-reference");
+  const CommandResult h =
+      run_command({LOOM_BINARY, "train", kSource + "/configs/quickstart.yaml", "backend.type=reference",
+                   "trainer.run_dir=" + host.string(), "trainer.num_train_steps=1", "trainer.steps_per_eval=0",
+                   "trainer.sample_length=0", "trainer.peak_flops=1e11", "trainer.trackers=[jsonl]", "model.seq_len=32",
+                   "model.num_layers=1"},
+                  env());
+  ASSERT_EQ(h.exit_code, 0) << h.out << h.err;
+  const std::string host_config = read_text(host / "config.yaml");
+  const std::size_t host_attention = host_config.find("attention:");
+  ASSERT_NE(host_attention, std::string::npos) << host_config;
+  EXPECT_NE(host_config.find("type: flash", host_attention), std::string::npos) << host_config;
+  EXPECT_NE(host_config.find("block_q", host_attention), std::string::npos) << host_config;
+}
+
+// An explicit kernel that cannot run on the backend's device is refused at set-up (exit 2), naming
+// the kernels that can, before the run directory exists and before the GEMM probe (no
+// trainer.peak_flops here: a run that got that far would probe).
+TEST(DeviceRunAttention, AKernelOnAnotherDeviceIsRefusedBeforeTheRunStarts) {
+  const fs::path run = scratch("flash-on-guarded");
+  const CommandResult r =
+      run_command({LOOM_BINARY, "train", kSource + "/configs/quickstart.yaml", "backend.type=guarded",
+                   "model.attention=flash", "trainer.run_dir=" + run.string()},
+                  env());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("model.attention: the attention kernel 'flash' computes on host, but backend 'guarded' keeps "
+                       "its tensors on guarded:0; attention kernels that compute there: guarded"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run)) << "the run directory was created";
+  EXPECT_EQ((r.out + r.err).find("GEMM probe"), std::string::npos) << r.out << r.err;
+
+  // The other way round: the device's kernel with a host backend, named with the host's kernels.
+  const CommandResult h =
+      run_command({LOOM_BINARY, "train", kSource + "/configs/quickstart.yaml", "backend.type=reference",
+                   "model.attention=guarded", "trainer.run_dir=" + scratch("guarded-on-host").string()},
+                  env());
+  EXPECT_EQ(h.exit_code, 2) << h.out << h.err;
+  EXPECT_NE(h.err.find("the attention kernel 'guarded' computes on guarded:0, but backend 'reference' keeps its "
+                       "tensors on host; attention kernels that compute there: flash, naive"),
+            std::string::npos)
+      << h.err;
+}
+
+// `loom bench attention` measures on host memory: auto is the host's kernel, a device's is refused.
+TEST(DeviceRunAttention, TheBenchmarkResolvesAutoOnTheHost) {
+  const CommandResult r = run_command({LOOM_BINARY, "bench", "attention", "--kernels", "auto", "--seq-lens", "16",
+                                       "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1"},
+                                      env());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("flash"), std::string::npos) << r.out;
+  const CommandResult g =
+      run_command({LOOM_BINARY, "bench", "attention", "--kernels", "guarded", "--seq-lens", "16"}, env());
+  EXPECT_EQ(g.exit_code, 2) << g.out << g.err;
+  EXPECT_NE(g.err.find("the attention kernel 'guarded' computes on guarded:0, and `loom bench attention` measures "
+                       "kernels on host memory; host kernels: flash, naive"),
+            std::string::npos)
+      << g.err;
+}
+
 }  // namespace

@@ -158,7 +158,13 @@ INSTANTIATE_TEST_SUITE_P(Plugins, LoraModels,
                                            Case{gemma_yaml,
                                                 {"layers.0.self_attn.qkv_proj.weight",
                                                  "layers.0.self_attn.o_proj.weight", "layers.1.mlp.gate_proj.weight",
-                                                 "layers.1.mlp.up_proj.weight", "layers.1.mlp.down_proj.weight"}}));
+                                                 "layers.1.mlp.up_proj.weight", "layers.1.mlp.down_proj.weight"}}),
+                         // The model family: the `type` the case's YAML names.
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const std::string yaml = info.param.yaml;
+                           const std::size_t at = yaml.find("type: ") + 6;
+                           return yaml.substr(at, yaml.find_first_of(",}", at) - at);
+                         });
 
 // d loss / d A and d loss / d B by the tape against central differences in double-checked f32,
 // with and without activation checkpointing (the recomputation carries the adapters).

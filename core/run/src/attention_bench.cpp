@@ -118,7 +118,19 @@ std::vector<AttentionBenchResult> run_attention_bench(
   for (int64_t t : o.seq_lens) require_positive(t, "a sequence length");
 
   std::vector<Handle<AttentionKernel>> kernels;
-  for (const ComponentRef& ref : o.kernels) kernels.push_back(registry.create<AttentionKernel>(ref));
+  for (const ComponentRef& ref : o.kernels) {
+    kernels.push_back(registry.create<AttentionKernel>(ref));
+    // The problems live in host memory: a device's kernel cannot read them.
+    if (const Device d = kernels.back()->device(); !d.is_host())
+      throw UserError((ref.path.empty() ? std::string("--kernels") : ref.path) + ": the attention kernel '" + ref.name +
+                      "' computes on " + d.str() + ", and `loom bench attention` measures kernels on host memory; " +
+                      "host kernels: " + [&] {
+                        std::string names;
+                        for (const auto& n : registry.attention_kernels_on(Device::host()))
+                          names += (names.empty() ? "" : ", ") + n;
+                        return names.empty() ? std::string("none is loaded") : names;
+                      }());
+  }
 
   std::vector<AttentionBenchResult> results;
   for (int64_t seq_len : o.seq_lens) {

@@ -319,7 +319,7 @@ LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora, Run
   run.run_dir = files.dir;
   run.weights = files;
   const fs::path& weights = files.weights;
-  const Value config = resolved_run_config(runtime);
+  Value config = resolved_run_config(runtime);
   auto create = [&](const char* section, std::string_view kind) {
     const Value* node = config.find(section);
     if (!node || node->is_null()) throw UserError("the run's config has no `" + std::string(section) + "` section");
@@ -327,6 +327,7 @@ LoadedRun load_run(Runtime& runtime, const RunFiles& files, bool merge_lora, Run
   };
   run.backend = std::static_pointer_cast<Backend>(create("backend", Backend::kind));
   if (memory == RunMemory::host) require_host_memory(*run.backend, command);
+  resolve_attention_kernel(runtime.registry(), config, *run.backend);
   run.tokenizer = std::static_pointer_cast<Tokenizer>(create("tokenizer", Tokenizer::kind));
   run.model = std::static_pointer_cast<Model>(create("model", Model::kind));
   if (std::ifstream state_file{run.run_dir / "tokenizer.state", std::ios::binary}) {

@@ -602,7 +602,8 @@ void register_components(loom::Registrar& registrar) {
       {.name = "flash",
        .description = "tiled attention with an online softmax and a recomputing backward (FlashAttention-2)",
        .version = "1.0.0",
-       .options = options()},
+       .options = options(),
+       .preference = 100},  // the fast host kernel: what `model.attention: auto` picks on the host
       [](const loom::Options& o, const loom::CreateContext& context) {
         return std::make_unique<FlashAttention>(context.execution(), o.get<std::int64_t>("block_q"),
                                                 o.get<std::int64_t>("block_kv"), o.get<std::int64_t>("bf16_cache_mib"));

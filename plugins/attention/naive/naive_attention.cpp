@@ -181,7 +181,8 @@ void register_components(loom::Registrar& registrar) {
   registrar.add<loom::AttentionKernel>(
       {.name = "naive",
        .description = "materialises each head's score matrix; the readable reference kernel",
-       .version = "1.0.0"},
+       .version = "1.0.0",
+       .preference = 10},  // the reference: chosen by `auto` only where no faster kernel is loaded
       [](const loom::Options&, const loom::CreateContext& context) {
         return std::make_unique<NaiveAttention>(context.execution());
       });

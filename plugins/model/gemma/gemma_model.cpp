@@ -279,7 +279,9 @@ loom::OptionSchema gemma_schema() {
   s.boolean("tie_word_embeddings", true, "Use the token embedding as the output projection (Gemma always does).");
   s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
-  s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
+  s.component("attention", "attention", "auto",
+              "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "
+              "(flash on the host; docs/attention-kernels.md#auto).");
   return s;
 }
 

@@ -592,7 +592,9 @@ loom::OptionSchema llama_schema() {
   s.object("moe", loom::models::moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
-  s.component("attention", "attention", "flash", "The attention kernel, by name or {type: NAME, ...}.");
+  s.component("attention", "attention", "auto",
+              "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "
+              "(flash on the host; docs/attention-kernels.md#auto).");
   return s;
 }
 

@@ -22,6 +22,7 @@
 #include "loom/core/registry.hpp"
 #include "loom/error.hpp"
 #include "loom/kinds/tracker.hpp"
+#include "reference_required.hpp"
 #include "tfrecord.hpp"
 
 namespace {
@@ -332,10 +333,11 @@ TEST_F(TensorBoardTracker, ARunDirectoryThatCannotBeWrittenIsAUserError) {
 
 // ---- TensorBoard itself ----
 
-// A Python that can import tensorboard, or "".
+// A Python that can import tensorboard, or "": the reference environment's
+// (scripts/setup-python-env.sh installs TensorBoard there, pinned), then the system's.
 std::string python_with_tensorboard() {
-  for (const char* python : {"/usr/bin/python3", "python3"}) {
-    const std::string probe = std::string(python) + " -c 'import tensorboard' >/dev/null 2>&1";
+  for (const char* python : {LOOM_REFERENCE_ENV_PYTHON, "/usr/bin/python3", "python3"}) {
+    const std::string probe = "'" + std::string(python) + "' -c 'import tensorboard' >/dev/null 2>&1";
     if (std::system(probe.c_str()) == 0) return python;
   }
   return "";
@@ -355,7 +357,10 @@ std::string run_command(const std::string& command) {
 TEST_F(TensorBoardTracker, TensorBoardReadsTheScalarsAndTextBackAndHonoursAResume) {
   const std::string python = python_with_tensorboard();
   if (python.empty())
-    GTEST_SKIP() << "no Python with the tensorboard package (pip install tensorboard) to read the files back";
+    return loom::test::skip_missing_reference(
+        std::string("tensorboard is not available: no Python with the tensorboard package (") +
+        LOOM_REFERENCE_ENV_PYTHON +
+        ", /usr/bin/python3) to read the files back; scripts/setup-python-env.sh installs it");
   {
     auto t = tensorboard();
     t->start(run());
@@ -372,8 +377,8 @@ TEST_F(TensorBoardTracker, TensorBoardReadsTheScalarsAndTextBackAndHonoursAResum
     t->log_text(6, "sample", "resumed \xc3\xa9");
     t->flush();
   }
-  const std::string out =
-      run_command(python + " " + LOOM_READ_EVENTS_SCRIPT + " " + (dir_ / "tensorboard").string() + " 2>/dev/null");
+  const std::string out = run_command("'" + python + "' " + LOOM_READ_EVENTS_SCRIPT + " " +
+                                      (dir_ / "tensorboard").string() + " 2>/dev/null");
   nlohmann::json read;
   ASSERT_NO_THROW(read = nlohmann::json::parse(out)) << out;
 

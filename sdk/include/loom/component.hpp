@@ -55,6 +55,11 @@ struct ComponentDecl {
   std::string description{};  // one line, shown by `loom plugins`
   std::string version{};      // the component's version, shown by `loom plugins`
   OptionSchema options{};     // everything its config node may contain besides `type`
+  // How strongly an `auto` choice prefers this component among those of its kind that fit
+  // (today `model.attention: auto`, among the attention kernels on the backend's device):
+  // higher first, then by name; 0 (the default) for a component that says nothing.
+  // docs/attention-kernels.md#auto says what the built-in kernels declare and why.
+  int preference = 0;
 };
 
 // Handed to factories. Lets a component create the components it is configured with (a model

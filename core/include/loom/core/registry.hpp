@@ -10,6 +10,7 @@
 
 #include "loom/component.hpp"
 #include "loom/core/config.hpp"
+#include "loom/device.hpp"
 
 namespace loom {
 
@@ -58,6 +59,24 @@ class Registry final : public config::ComponentCatalog {
   // default context until set. Not owned; must outlive the registry's components.
   void set_execution_context(ExecutionContext* context) { execution_ = context; }
   ExecutionContext& execution() const;
+
+  // `auto` as the name of an attention kernel (`model.attention: auto`, every model's default):
+  // the kernel on the backend's device that its ComponentDecl::preference ranks first
+  // (docs/attention-kernels.md#auto). The run layer resolves it against the configured backend
+  // before it creates the model (loom::resolve_attention_kernel); a component created here
+  // with `auto` gets the host's kernel. No attention kernel may be named `auto`.
+  static constexpr std::string_view auto_attention = "auto";
+
+  // The attention kernels that compute on `device`, most preferred first (preference, then
+  // name), each with the device its default instance declares (AttentionKernel::device()):
+  // every attention kernel is created with its defaults and asked. A kernel that cannot be
+  // created here (a GPU's, on a machine without that GPU) is left out, with the reason in
+  // `unavailable` when given.
+  std::vector<std::string> attention_kernels_on(const Device& device,
+                                                std::vector<std::string>* unavailable = nullptr) const;
+  // Every loaded attention kernel and the device its default instance computes on ("host",
+  // "guarded:0"), or why it cannot be created: "flash (host), guarded (guarded:0)". For messages.
+  std::string describe_attention_devices() const;
 
   // Validates `ref.node` and creates the component. The handle keeps the plugin loaded.
   Handle<Component> create(std::string_view kind, const ComponentRef& ref) const;

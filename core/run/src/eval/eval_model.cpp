@@ -108,7 +108,7 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
   EvalModel out;
   std::error_code ec;
   if (fs::is_directory(target, ec) && is_hf_model_dir(target)) {
-    const Value config = resolved_run_config(runtime);
+    Value config = resolved_run_config(runtime);
     auto create = [&](const char* section, std::string_view kind) {
       const Value* node = config.find(section);
       if (!node || node->is_null())
@@ -117,6 +117,7 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
       return runtime.registry().create(kind, ComponentRef{std::string(kind), "", *node, section});
     };
     out.backend = std::static_pointer_cast<Backend>(create("backend", Backend::kind));
+    resolve_attention_kernel(runtime.registry(), config, *out.backend);
     out.tokenizer = std::static_pointer_cast<Tokenizer>(create("tokenizer", Tokenizer::kind));
     if (out.tokenizer->needs_fit())
       throw UserError(
@@ -206,7 +207,9 @@ std::string results_json(const std::vector<TaskResult>& results, const std::stri
     }
     out["samples"][r.name] = samples;
   }
-  return out.dump(2) + "\n";
+  // JSON is UTF-8: a description naming a path that is not (a directory name with byte 0xff)
+  // shows U+FFFD there rather than failing the whole report.
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace loom::eval

@@ -3,12 +3,18 @@
 // hf_config(): absent fields take the defaults of transformers' config classes (4.46.3), the ones
 // the plugins' hf_config_mismatches assume, so that the plugin's own check of the directory, which
 // import_hf runs next, finds nothing to object to. A field read wrongly here is caught there.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "json_value.hpp"
 #include "loom/error.hpp"
 #include "loom/run/hf_interop.hpp"
+#include "loom/utf8.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,11 +36,20 @@ Json read_json_file(const fs::path& path) {
   }
 }
 
+// A JSON value as a message shows it: its text, cut short.
+std::string shown(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 // config.json's fields, with a default for an absent one; a present field of the wrong type is
-// an error naming the file and the field.
+// an error naming the file and the field. `prefix` names an object inside the file
+// ("rope_scaling.") in the messages.
 class Fields {
  public:
-  Fields(const Json& json, fs::path file) : json_(json), file_(std::move(file)) {}
+  Fields(const Json& json, fs::path file, std::string prefix = "")
+      : json_(json), file_(std::move(file)), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return json_.contains(key); }
   bool is_null(const char* key) const { return json_.contains(key) && json_[key].is_null(); }
@@ -58,16 +73,40 @@ class Fields {
     if (!json_[key].is_string()) wrong(key, "a string");
     return json_[key].get<std::string>();
   }
+  // A size of the model (a width, a count of layers, heads or tokens): a positive integer that
+  // fits a tensor dimension, so that no size read from the file overflows or asks for more
+  // than any machine has before the model is even described.
+  std::int64_t size(const char* key, std::int64_t fallback) const {
+    const std::int64_t n = integer(key, fallback);
+    if (n < 1 || n > std::numeric_limits<std::int32_t>::max())
+      wrong(key, "a positive integer of at most 2147483647 (2^31 - 1)");
+    return n;
+  }
   // A number, or null (off, given as 0) when the field is null; `fallback` when absent.
   double number_or_off(const char* key, double fallback) const { return is_null(key) ? 0.0 : number(key, fallback); }
+  // A count of positions, or null (off, 0): at most 2^31 - 1, so that it converts to an integer.
+  std::int64_t positions_or_off(const char* key, double fallback) const {
+    const double n = number_or_off(key, fallback);
+    if (!(n >= 0 && n <= std::numeric_limits<std::int32_t>::max()))
+      wrong(key, "null or a number of positions from 0 to 2147483647");
+    return static_cast<std::int64_t>(n);
+  }
   const Json& raw(const char* key) const { return json_[key]; }
+  // The object `key`, read with the same checks, or null when absent or null; another type is an error.
+  std::optional<Fields> object(const char* key) const {
+    if (!has(key) || json_[key].is_null()) return std::nullopt;
+    if (!json_[key].is_object()) wrong(key, "an object");
+    return Fields(json_[key], file_, prefix_ + key + ".");
+  }
+  const fs::path& file() const { return file_; }
 
  private:
   [[noreturn]] void wrong(const char* key, const char* wanted) const {
-    throw UserError("'" + file_.string() + "': " + key + " is " + json_[key].dump() + ", expected " + wanted);
+    throw UserError("'" + file_.string() + "': " + prefix_ + key + " is " + shown(json_[key]) + ", expected " + wanted);
   }
   const Json& json_;
   fs::path file_;
+  std::string prefix_;
 };
 
 Value optional_positive(double x) {
@@ -80,21 +119,21 @@ Value optional_positive(std::int64_t x) {
 Value gpt2_section(const Fields& f, const fs::path& file) {
   Value m = Value::map();
   m.set("type", "gpt2");
-  const std::int64_t hidden = f.integer("n_embd", 768);
-  const std::int64_t inner = f.integer("n_inner", 4 * hidden);
+  const std::int64_t hidden = f.size("n_embd", 768);
+  const std::int64_t inner = f.size("n_inner", 4 * hidden);
   if (hidden <= 0 || inner % hidden != 0)
     throw UserError("'" + file.string() + "': n_inner (" + std::to_string(inner) + ") is not a multiple of n_embd (" +
                     std::to_string(hidden) + "); loom's gpt2 has an MLP of mlp_scale x hidden_dim");
-  m.set("seq_len", f.integer("n_positions", 1024));
+  m.set("seq_len", f.size("n_positions", 1024));
   m.set("hidden_dim", hidden);
-  m.set("num_layers", f.integer("n_layer", 12));
-  m.set("num_heads", f.integer("n_head", 12));
+  m.set("num_layers", f.size("n_layer", 12));
+  m.set("num_heads", f.size("n_head", 12));
   m.set("mlp_scale", inner / hidden);
   m.set("layer_norm_epsilon", f.number("layer_norm_epsilon", 1e-5));
   m.set("initializer_range", f.number("initializer_range", 0.02));
   m.set("scale_attn_by_inverse_layer_idx", f.boolean("scale_attn_by_inverse_layer_idx", false));
   m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", true));
-  m.set("vocab_size", f.integer("vocab_size", 50257));
+  m.set("vocab_size", f.size("vocab_size", 50257));
   return m;
 }
 
@@ -103,43 +142,46 @@ Value llama_section(const Fields& f, const std::string& type) {
   m.set("type", "llama");
   const bool mixtral = type == "mixtral", mistral = type == "mistral", qwen3 = type == "qwen3";
   const bool qwen = type == "qwen2" || qwen3;  // Qwen3Config's defaults are Qwen2Config's unless noted
-  const std::int64_t hidden = f.integer("hidden_size", 4096);
-  const std::int64_t heads = f.integer("num_attention_heads", 32);
-  m.set("seq_len", f.integer("max_position_embeddings", mixtral || mistral ? 4096 * 32 : qwen ? 32768 : 2048));
+  const std::int64_t hidden = f.size("hidden_size", 4096);
+  const std::int64_t heads = f.size("num_attention_heads", 32);
+  m.set("seq_len", f.size("max_position_embeddings", mixtral || mistral ? 4096 * 32 : qwen ? 32768 : 2048));
   m.set("hidden_dim", hidden);
-  m.set("intermediate_dim", f.integer("intermediate_size", mixtral || mistral ? 14336 : qwen ? 22016 : 11008));
-  m.set("num_layers", f.integer("num_hidden_layers", 32));
+  m.set("intermediate_dim", f.size("intermediate_size", mixtral || mistral ? 14336 : qwen ? 22016 : 11008));
+  m.set("num_layers", f.size("num_hidden_layers", 32));
   m.set("num_heads", heads);
   // Absent: LlamaConfig's None (as many as the query heads), Mistral's and Mixtral's 8, Qwen2's
   // and Qwen3's 32; null: as many as the query heads.
-  m.set("num_kv_heads", f.integer("num_key_value_heads", f.has("num_key_value_heads") ? heads
-                                                         : mistral || mixtral         ? 8
-                                                         : qwen                       ? 32
-                                                                                      : heads));
+  m.set("num_kv_heads", f.size("num_key_value_heads", f.has("num_key_value_heads") ? heads
+                                                      : mistral || mixtral         ? 8
+                                                      : qwen                       ? 32
+                                                                                   : heads));
   // Qwen2 and Mixtral derive the head width; Mistral's 0 or null derives it too; Qwen3's is 128
   // when absent.
-  const std::int64_t head_dim = qwen3 ? f.integer("head_dim", 128) : qwen || mixtral ? 0 : f.integer("head_dim", 0);
+  const std::int64_t head_dim = qwen3                          ? f.size("head_dim", 128)
+                                : qwen || mixtral              ? 0
+                                : f.integer("head_dim", 0) > 0 ? f.size("head_dim", 0)
+                                                               : 0;
   m.set("head_dim", optional_positive(head_dim));
   m.set("layer_norm_epsilon", f.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
   m.set("initializer_range", f.number("initializer_range", 0.02));
   m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", false));
-  m.set("vocab_size", f.integer("vocab_size", qwen ? 151936 : 32000));
+  m.set("vocab_size", f.size("vocab_size", qwen ? 151936 : 32000));
 
   Value rope = Value::map();
   rope.set("type", "default");
   rope.set("theta", f.number("rope_theta", mixtral ? 1e6 : 10000.0));
-  if (!mistral && !mixtral && f.has("rope_scaling") && f.raw("rope_scaling").is_object()) {
+  if (!mistral && !mixtral) {
     // transformers' rope_scaling: {"rope_type" (or the older "type"): "linear" | "llama3" | "default", "factor", ...}
-    const Json& s = f.raw("rope_scaling");
-    const std::string kind = s.value("rope_type", s.value("type", std::string("default")));
+    const std::optional<Fields> s = f.object("rope_scaling");
+    const std::string kind = s ? s->string("rope_type", s->string("type", "default")) : "default";
     if (kind == "linear") {
-      rope.set("factor", s.value("factor", 1.0));
+      rope.set("factor", s->number("factor", 1.0));
     } else if (kind == "llama3") {
       rope.set("type", "llama3");
-      rope.set("factor", s.value("factor", 8.0));
-      rope.set("low_freq_factor", s.value("low_freq_factor", 1.0));
-      rope.set("high_freq_factor", s.value("high_freq_factor", 4.0));
-      rope.set("original_max_position_embeddings", s.value("original_max_position_embeddings", std::int64_t{8192}));
+      rope.set("factor", s->number("factor", 8.0));
+      rope.set("low_freq_factor", s->number("low_freq_factor", 1.0));
+      rope.set("high_freq_factor", s->number("high_freq_factor", 4.0));
+      rope.set("original_max_position_embeddings", s->size("original_max_position_embeddings", 8192));
     } else if (kind != "default") {
       throw UserError("rope_scaling.rope_type is " + Value(kind).describe() +
                       "; loom's llama computes default, linear and llama3 RoPE");
@@ -170,8 +212,8 @@ Value llama_section(const Fields& f, const std::string& type) {
 
   if (mixtral) {
     Value moe = Value::map();
-    moe.set("num_experts", f.integer("num_local_experts", 8));
-    moe.set("experts_per_token", f.integer("num_experts_per_tok", 2));
+    moe.set("num_experts", f.size("num_local_experts", 8));
+    moe.set("experts_per_token", f.size("num_experts_per_tok", 2));
     moe.set("router_softmax", "after_top_k");
     moe.set("router_aux_loss_coef", f.number("router_aux_loss_coef", 0.001));
     m.set("moe", moe);
@@ -182,23 +224,65 @@ Value llama_section(const Fields& f, const std::string& type) {
 Value gemma2_section(const Fields& f) {
   Value m = Value::map();
   m.set("type", "gemma");
-  m.set("seq_len", f.integer("max_position_embeddings", 8192));
-  m.set("hidden_dim", f.integer("hidden_size", 3072));
-  m.set("intermediate_dim", f.integer("intermediate_size", 24576));
-  m.set("num_layers", f.integer("num_hidden_layers", 28));
-  m.set("num_heads", f.integer("num_attention_heads", 16));
-  m.set("num_kv_heads", f.integer("num_key_value_heads", 16));
-  m.set("head_dim", f.integer("head_dim", 256));
+  m.set("seq_len", f.size("max_position_embeddings", 8192));
+  m.set("hidden_dim", f.size("hidden_size", 3072));
+  m.set("intermediate_dim", f.size("intermediate_size", 24576));
+  m.set("num_layers", f.size("num_hidden_layers", 28));
+  m.set("num_heads", f.size("num_attention_heads", 16));
+  m.set("num_kv_heads", f.size("num_key_value_heads", 16));
+  m.set("head_dim", f.size("head_dim", 256));
   m.set("query_pre_attn_scalar", f.number("query_pre_attn_scalar", 224.0));
   m.set("attn_logit_softcapping", optional_positive(f.number_or_off("attn_logit_softcapping", 50.0)));
   m.set("final_logit_softcapping", optional_positive(f.number_or_off("final_logit_softcapping", 30.0)));
-  m.set("sliding_window", optional_positive(static_cast<std::int64_t>(f.number_or_off("sliding_window", 4096.0))));
+  m.set("sliding_window", optional_positive(f.positions_or_off("sliding_window", 4096.0)));
   m.set("rope_theta", f.number("rope_theta", 10000.0));
   m.set("layer_norm_epsilon", f.number("rms_norm_eps", 1e-6));
   m.set("initializer_range", f.number("initializer_range", 0.02));
   m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", true));
-  m.set("vocab_size", f.integer("vocab_size", 256000));
+  m.set("vocab_size", f.size("vocab_size", 256000));
   return m;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, bytes < 1e6 ? "%.1f %s" : "%.3g %s", bytes, units[u]);
+  return text;
+}
+
+// The parameters the described model has at least (its embedding, and each layer's two MLP
+// matrices), against this machine's memory: sizes that no model here could have are the file's
+// mistake, named with its fields, before the model plugin allocates anything (the weights load
+// in float32).
+void check_model_fits(const Value& model, const fs::path& file, bool gpt2) {
+  auto get = [&](const char* key) { return static_cast<double>(model.find(key)->as_int()); };
+  const double vocab = get("vocab_size"), hidden = get("hidden_dim"), layers = get("num_layers");
+  const double inner = gpt2 ? get("mlp_scale") * hidden : get("intermediate_dim");
+  const double parameters = vocab * hidden + layers * 2 * hidden * inner;
+  const double bytes = 4 * parameters;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double memory = static_cast<double>(pages) * static_cast<double>(page);
+  if (bytes <= memory) return;
+  auto n = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.0f", x);
+    return std::string(text);
+  };
+  char count[32];
+  std::snprintf(count, sizeof count, "%.3g", parameters);
+  const std::string v = "vocab_size", h = gpt2 ? "n_embd" : "hidden_size", l = gpt2 ? "n_layer" : "num_hidden_layers",
+                    i = gpt2 ? "n_inner" : "intermediate_size";
+  throw UserError("'" + file.string() + "': " + v + " " + n(vocab) + ", " + h + " " + n(hidden) + ", " + l + " " +
+                  n(layers) + " and " + i + " " + n(inner) + " describe a model of at least " + count +
+                  " parameters (" + v + " x " + h + " + " + l + " x 2 x " + h + " x " + i + "), " + human_bytes(bytes) +
+                  " in float32, more than this machine's " + human_bytes(memory) +
+                  " of memory; expected the sizes of the model whose weights are in the directory");
 }
 
 // A special token of tokenizer_config.json or special_tokens_map.json: a string or an AddedToken
@@ -221,8 +305,10 @@ std::optional<std::string> special_token(const fs::path& dir, const char* role) 
 // SentencePiece-style one (Metaspace, byte fallback) is read from its tokenizer.model instead.
 bool byte_level_bpe(const fs::path& file) {
   const Json json = read_json_file(file);
-  if (!json.is_object() || !json.contains("model") || !json["model"].is_object()) return false;
-  if (json["model"].value("type", std::string()) != "BPE") return false;
+  if (!json.is_object())
+    throw UserError("'" + file.string() + "' is " + shown(json) + ", expected a JSON object (a tokenizer)");
+  const std::optional<Fields> model = Fields(json, file).object("model");
+  if (!model || model->string("type", "") != "BPE") return false;
   const Json& pre = json.contains("pre_tokenizer") ? json["pre_tokenizer"] : Json();
   return pre.dump().find("\"ByteLevel\"") != std::string::npos;
 }
@@ -266,6 +352,17 @@ std::optional<Value> tokenizer_section(const fs::path& dir) {
 }  // namespace
 
 HfDirectoryConfig describe_hf_model_dir(const fs::path& dir) {
+  // The sections name the tokenizer's files by path, and a config holds text: a path that is not
+  // UTF-8 cannot be written into one (nor read back byte for byte).
+  const std::string path = dir.string();
+  if (const std::size_t bad = valid_utf8_end(path, 0); bad < path.size()) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned>(static_cast<unsigned char>(path[bad])));
+    throw UserError("'" + path + "': the directory's path is not valid UTF-8 (byte " + byte + " at offset " +
+                    std::to_string(bad) +
+                    "), and the config loom makes from its config.json names the tokenizer's files by their "
+                    "paths, which must be text: expected a UTF-8 path; rename the directory (or a link to it)");
+  }
   const std::string how =
       "; give a loom config that describes the model and its tokenizer after the directory instead "
       "(`loom eval " +
@@ -279,10 +376,13 @@ HfDirectoryConfig describe_hf_model_dir(const fs::path& dir) {
   try {
     if (type == "gpt2") {
       out.model = gpt2_section(f, file);
+      check_model_fits(out.model, file, true);
     } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral") {
       out.model = llama_section(f, type);
+      check_model_fits(out.model, file, false);
     } else if (type == "gemma2") {
       out.model = gemma2_section(f);
+      check_model_fits(out.model, file, false);
     } else {
       throw UserError("'" + file.string() + "' has " +
                       (type.empty() ? std::string("no model_type") : "model_type " + Value(type).describe()) +

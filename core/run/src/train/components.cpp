@@ -32,9 +32,13 @@ Handle<T> create(const Registry& registry, const Value& config, const char* sect
 
 }  // namespace
 
-RunComponents create_components(const Registry& registry, const Value& config) {
+RunComponents create_components(const Registry& registry, Value& config) {
   RunComponents c;
   c.backend = create<Backend>(registry, config, "backend");
+  // Before anything that creates the model (and with it the kernel): `auto` becomes the kernel for
+  // the backend's device in the config the run directory records, and a kernel that computes
+  // elsewhere is refused here, before the run directory, the memory estimate and the GEMM probe.
+  resolve_attention_kernel(registry, config, *c.backend);
   c.tokenizer = create<Tokenizer>(registry, config, "tokenizer");
   if (const Value* data = config.find("data"); data && is_mixture(*data))
     c.dataset = std::make_shared<MixtureDataset>(registry, *data);

@@ -60,7 +60,7 @@ struct RunComponents {
 
 // Backend, tokenizer, dataset, model, optimizer and lr_schedule from their sections of the
 // resolved `config`, in that order. A missing section is a UserError.
-RunComponents create_components(const Registry& registry, const Value& config);
+RunComponents create_components(const Registry& registry, Value& config);
 
 // What the start-up memory estimate needs (memory_estimate.hpp), from a declared but unallocated
 // instance of the configured model and the options: nothing of the run is allocated.

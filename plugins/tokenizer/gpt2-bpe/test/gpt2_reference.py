@@ -8,7 +8,8 @@ reference and not against itself. encoder.py does not treat <|endoftext|> specia
 tiktoken with allowed_special="all", the text is split at it first and its id put in between.
 
 usage: gpt2_reference.py DATA_DIR OUT_DIR
-  DATA_DIR holds tinyshakespeare.txt and gpt2/{encoder.json,vocab.bpe}. Writes into OUT_DIR:
+  DATA_DIR (the repository's configs/data) holds tinyshakespeare.txt and gpt2/{encoder.json,vocab.bpe}.
+  Writes into OUT_DIR:
     cases.json              varied texts, their pre-tokenizer pieces and ids
     tinyshakespeare.ids     the ids of the whole of tinyshakespeare.txt (int32, little-endian)
     classes.bin             per code point 0..0x10FFFF, the regex's class: L, N, S(pace), O(ther),
@@ -18,7 +19,8 @@ usage: gpt2_reference.py DATA_DIR OUT_DIR
     small_tokenizer.json    a 2257-token vocabulary: the 256 bytes, the first 2000 merges (written
                             as "a b" strings) and <|endoftext|>
     small_cases.json        the texts of cases.json encoded with the small vocabulary
-Exits 77 (ctest's "skipped") when DATA_DIR or the `regex` module is missing.
+Exits 77 (ctest's "skipped") when the `regex` module is missing, 1 when a file of DATA_DIR is (they ship with
+the repository).
 """
 import json
 import os
@@ -195,8 +197,8 @@ def main():
     shakespeare_path = os.path.join(data_dir, "tinyshakespeare.txt")
     for p in (encoder_path, vocab_path, shakespeare_path):
         if not os.path.exists(p):
-            print("skipped: %s is missing (../shared/data is absent)" % p)
-            return SKIP
+            print("error: %s is missing (it ships with the repository, under configs/data)" % p)
+            return 1
     os.makedirs(out_dir, exist_ok=True)
 
     with open(encoder_path, "r", encoding="utf-8") as f:

@@ -1,6 +1,8 @@
 """Hugging Face tokenizers' side of gpt2-bpe's tokenizer.json test (hf_bpe_test.cpp).
 
-    hf_reference.py OUT_DIR [SHARED_DATA_DIR]
+    hf_reference.py OUT_DIR [DATA_DIR]
+
+DATA_DIR (the repository's configs/data) adds its tinyshakespeare.txt to the corpus and the cases.
 
 Trains small byte-level BPE vocabularies with the `tokenizers` package (PyPI), each with the
 pipeline of a model family as its tokenizer.json writes it, and records the ids `tokenizers`
@@ -71,9 +73,9 @@ def random_text(rng, length):
     return "".join(parts)
 
 
-def corpus(shared):
+def corpus(data_dir):
     lines = []
-    path = os.path.join(shared, "tinyshakespeare.txt") if shared else ""
+    path = os.path.join(data_dir, "tinyshakespeare.txt") if data_dir else ""
     if path and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -130,19 +132,19 @@ FIXED = [
 ]
 
 
-def cases(shared):
+def cases(data_dir):
     out = list(FIXED)
     rng = random.Random(7)
     for i in range(300):
         out.append((f"random_{i}", random_text(rng, rng.randint(1, 40))))
-    path = os.path.join(shared, "tinyshakespeare.txt") if shared else ""
+    path = os.path.join(data_dir, "tinyshakespeare.txt") if data_dir else ""
     if path and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             out.append(("tinyshakespeare", f.read()))
     return out
 
 
-def build(name, normalizer, pre_tokenizer, ignore_merges, specials, added, shared):
+def build(name, normalizer, pre_tokenizer, ignore_merges, specials, added, data_dir):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if normalizer is not None:
         tok.normalizer = normalizer
@@ -151,14 +153,14 @@ def build(name, normalizer, pre_tokenizer, ignore_merges, specials, added, share
     trainer = trainers.BpeTrainer(vocab_size=3000, min_frequency=2, show_progress=False,
                                   special_tokens=[AddedToken(s, special=True, normalized=False) for s in specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(shared), trainer)
+    tok.train_from_iterator(corpus(data_dir), trainer)
     tok.add_tokens(added)
     return tok
 
 
 def main():
     out_dir = sys.argv[1]
-    shared = sys.argv[2] if len(sys.argv) > 2 else ""
+    data_dir = sys.argv[2] if len(sys.argv) > 2 else ""
     os.makedirs(out_dir, exist_ok=True)
     print(f"tokenizers {tokenizers.__version__}")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)
@@ -167,22 +169,22 @@ def main():
                         pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3), "isolated", invert=False),
                                                  byte_level]),
                         True, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-                        [AddedToken("assistant", special=False, normalized=False)], shared),
+                        [AddedToken("assistant", special=False, normalized=False)], data_dir),
         "qwen2": build("qwen2", normalizers.NFC(),
                        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated", invert=False),
                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False,
                                                                          use_regex=False)]),
                        False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                       [AddedToken("café", special=False, normalized=True)], shared),
+                       [AddedToken("café", special=False, normalized=True)], data_dir),
         "splits": build("splits", None,
                         pre_tokenizers.Sequence([
                             pre_tokenizers.Split("--", "isolated"),
                             pre_tokenizers.Split(Regex(r"\s+"), "removed"),
                             pre_tokenizers.Split(Regex(r"[\p{L}\p{N}']+|-"), "removed", invert=True),
                             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
-                        False, ["<|endoftext|>"], [], shared),
+                        False, ["<|endoftext|>"], [], data_dir),
     }
-    texts = cases(shared)
+    texts = cases(data_dir)
     for name, tok in configs.items():
         tok.save(os.path.join(out_dir, name + ".tokenizer.json"))
         # Encode with the saved file, so what is checked is what loom reads.

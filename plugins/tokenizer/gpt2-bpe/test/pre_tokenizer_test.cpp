@@ -38,8 +38,7 @@ std::vector<std::string> split(const PreTokenizer& pre, std::string_view text) {
 std::string missing_reference(const char* file) {
   if (fs::exists(kReference / file)) return "";
   return "no reference " + (kReference / file).string() +
-         ": ctest's tokenizer_gpt2_bpe_reference writes it (and skips when ../shared/data or Python's `regex` module "
-         "is missing)";
+         ": ctest's tokenizer_gpt2_bpe_reference writes it (and skips when Python's `regex` module is missing)";
 }
 
 TEST(Gpt2PreTokenizer, CutsTextAsPythonRegexDoes) {
