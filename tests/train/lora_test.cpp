@@ -616,6 +616,24 @@ TEST_F(LoraTraining, PatternsThatMatchNothingAreUserErrors) {
   EXPECT_THROW(train_tiny(*dir_, "bad6", lora({"trainer.trainable=[ln_f]"})), UserError);
 }
 
+// A quantized base needs adapters: lora.base_dtype with lora.rank 0 (LoRA off) would train the
+// whole model in float32, so the run is refused before anything is built, saying what to set.
+TEST(LoraConfig, AQuantizedBaseWithoutAdaptersIsRefused) {
+  const test::TempDir dir;
+  for (const std::string format : {"bf16", "int8", "nf4"}) {
+    try {
+      train_tiny(dir, "rank0-" + format, {"lora.base_dtype=" + format});
+      FAIL() << format << ": trained without adapters";
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("lora.base_dtype: " + format), std::string::npos) << what;
+      EXPECT_NE(what.find("lora.rank is 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("set lora.rank"), std::string::npos) << what;
+    }
+    EXPECT_FALSE(fs::exists(dir.path() / ("rank0-" + format) / "config.yaml")) << "refused before the run directory";
+  }
+}
+
 // configs/lora-gpt2.yaml, shortened: from a short quickstart run's weights, the adapters learn
 // tiny Shakespeare (the evaluation loss falls).
 TEST(LoraConfig, LoraGpt2Learns) {
