@@ -179,10 +179,14 @@ TEST(MemoryEstimate, AQuantizedBaseCountsInItsStoredBits) {
               std::string::npos)
         << e.describe();
   }
-  // From a Hugging Face directory the base goes straight into its format: no float32 peak.
+  // From a Hugging Face directory the base goes straight into its format: no float32 peak, but
+  // the stored base and the tensors the loading threads hold as the files hold them.
   in.base_streams = true;
-  EXPECT_EQ(estimate_memory(in).loading, 0);
-  EXPECT_EQ(estimate_memory(in).describe().find("loading peak"), std::string::npos);
+  in.stream_in_flight = 300000;
+  EXPECT_EQ(estimate_memory(in).loading, 51587 + 300000);
+  EXPECT_EQ(estimate_memory(in).describe().find("the float32 base"), std::string::npos);
+  EXPECT_NE(estimate_memory(in).describe().find("the tensors being read"), std::string::npos);
+  in.stream_in_flight = 0;
   in.base_streams = false;
   in.lora_rank = 0;  // full training stores nothing
   EXPECT_EQ(estimate_memory(in).parameters, 400000);

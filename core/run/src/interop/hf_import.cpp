@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "json_value.hpp"
+#include "loom/allocator.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
@@ -112,6 +113,15 @@ bool ends_with_any(const std::string& name, const std::vector<std::string>& suff
 }
 
 }  // namespace
+
+std::vector<std::int64_t> hf_tensor_bytes(const fs::path& dir) {
+  std::vector<std::int64_t> out;
+  for (const auto& file : weight_files(dir)) {
+    const safetensors::Reader reader(file);
+    for (const auto& t : reader.tensors()) out.push_back(static_cast<std::int64_t>(t.end - t.begin));
+  }
+  return out;
+}
 
 bool is_hf_model_dir(const fs::path& dir) {
   std::error_code ec;
@@ -248,6 +258,9 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir, const Stor
             p.set_stored(std::make_shared<const quant::StoredMatrix>(std::move(m)));
           }
         });
+    // The tensors read in flight went back to the allocator's cache: give them to the system, so
+    // that the run holds the stored base alone (the loading peak is the start-up estimate's).
+    allocator_release_cached();
   }
 
   std::vector<std::string> notes;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "loom/error.hpp"
+#include "loom/execution.hpp"
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
 #include "loom/run/run_config.hpp"
@@ -83,7 +84,15 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
     in.vocab_table_values =
         std::max<std::int64_t>(0, wider->num_parameters() - in.num_parameters) * probe->vocab_size();
   }
-  in.base_streams = !hf_source_dir(trainer.get<std::string>("init_from")).empty();
+  const std::filesystem::path hf_from = hf_source_dir(trainer.get<std::string>("init_from"));
+  in.base_streams = !hf_from.empty();
+  if (in.base_streams && lora.enabled() && lora.base_dtype != quant::StorageFormat::f32) {
+    // Each loading thread holds a tensor mapped and read as the files hold it: the largest ones.
+    std::vector<std::int64_t> bytes = hf_tensor_bytes(hf_from);
+    std::sort(bytes.rbegin(), bytes.rend());
+    const auto threads = static_cast<std::size_t>(std::max(1, default_execution_context().num_threads()));
+    for (std::size_t i = 0; i < bytes.size() && i < threads; ++i) in.stream_in_flight += 2 * bytes[i];
+  }
   in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");

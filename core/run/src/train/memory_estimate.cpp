@@ -69,7 +69,10 @@ std::string MemoryEstimate::describe() const {
   os << "memory estimate per rank: " << format_bytes(total()) << " (parameters " << format_bytes(parameters);
   if (base_format != quant::StorageFormat::f32) {
     os << " with the frozen base in " << quant::storage_format_name(base_format);
-    if (loading > 0) os << ", loading peak " << format_bytes(loading) << " (the float32 base before it is stored)";
+    if (loading > 0)
+      os << ", loading peak " << format_bytes(loading)
+         << (loading_streams ? " (the stored base and the tensors being read into it)"
+                             : " (the float32 base before it is stored)");
   }
   if (matmul_copies > 0) os << ", bf16 weight copies " << format_bytes(matmul_copies);
   if (reference > 0) os << ", reference model " << format_bytes(reference);
@@ -110,7 +113,6 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     // copies. The float32 base exists while it loads, unless it is read from a Hugging Face
     // directory straight into the format.
     e.base_format = in.base_format;
-    e.loading = in.base_streams ? 0 : in.parameter_bytes;
     const double bits = in.base_format == quant::StorageFormat::bf16   ? 16.0
                         : in.base_format == quant::StorageFormat::int8 ? 8.0
                                                                        : 4.127;
@@ -118,6 +120,8 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
                             ? 0
                             : std::clamp<Wide>(in.vocab_table_values, 0, values);
     parameters = static_cast<Wide>(static_cast<double>(values - tables) * bits / 8.0) + tables * 2;
+    e.loading = capped(in.base_streams ? parameters + in.stream_in_flight : f32_bytes);
+    e.loading_streams = in.base_streams;
     matmul_copies = std::min<Wide>(Wide{8} << 20, f32_bytes) + (in.reference_model ? values * 2 : 0);
   }
   // LoRA: every linear weight adapted (the upper bound: target_modules may name fewer).

@@ -35,6 +35,10 @@ struct MemoryInputs {
   // trainer.init_from is a Hugging Face directory: a stored base is read straight into its format
   // (no float32 loading peak).
   bool base_streams = false;
+  // Then what the loading threads hold at once besides the stored base: each the tensor it
+  // stores, as the file holds it, mapped and read (twice its bytes in the file), the loading
+  // threads' count of the largest.
+  std::int64_t stream_in_flight = 0;
   double optimizer_bytes_per_parameter = 8;
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
@@ -48,10 +52,11 @@ struct MemoryInputs {
 };
 
 struct MemoryEstimate {
-  // loading: the peak while the base is loaded, before it is stored in lora.base_dtype (the
-  // float32 base as it is built, initialised and read from a loom init_from; 0 with a float32
-  // base, and with a Hugging Face init_from, which is read straight into the format).
+  // loading: the peak while the base is loaded into lora.base_dtype (the float32 base as it is
+  // built, initialised and read from a loom init_from; from a Hugging Face init_from, read
+  // straight into the format, the stored base and the tensors in flight; 0 with a float32 base).
   std::int64_t loading = 0;
+  bool loading_streams = false;  // loading is the stored base and the tensors in flight
   quant::StorageFormat base_format = quant::StorageFormat::f32;
   std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,
                ema = 0, buckets = 0, kv_cache = 0, overhead = 0;

@@ -71,6 +71,10 @@ struct StoredWeights {
   std::function<quant::StorageFormat(const Parameter*)> format_of;
 };
 
+// The bytes each tensor of a Hugging Face model directory's safetensors files takes in them
+// (their headers only are read): what import_hf holds in flight while it stores one.
+std::vector<std::int64_t> hf_tensor_bytes(const std::filesystem::path& dir);
+
 // Whether `dir` is a Hugging Face model directory (it holds config.json).
 bool is_hf_model_dir(const std::filesystem::path& dir);
 
