@@ -133,8 +133,7 @@ int run_eval(const std::vector<std::string>& args) {
   eval::EvalModel model = eval::load_eval_model(*runtime, target, choice);
   std::cerr << "loom eval: " << model.description << "\n";
   eval::ScorerStats stats;
-  const std::vector<eval::TaskResult> results =
-      eval::evaluate_tasks(*model.model, *model.backend, *model.tokenizer, model.prefix, loaded, options, &stats);
+  const std::vector<eval::TaskResult> results = eval::evaluate_tasks(model, loaded, options, &stats);
   print_table(results);
   double seconds = 0;
   std::int64_t docs = 0;

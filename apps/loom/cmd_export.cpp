@@ -38,7 +38,7 @@ int run_export(const std::vector<std::string>& args) {
              "usage: loom export RUN_DIR_OR_CHECKPOINT --format hf OUT_DIR [--max-shard-size SIZE] [--weights "
              "ema|live]\n                   [--merge-lora] [--dtype f32|bf16]\n\n"
              "Writes the run's model as Hugging Face transformers loads it: config.json, model.safetensors (or\n"
-             "shards and model.safetensors.index.json) and, for a gpt2-bpe run, the tokenizer's files. A run\n"
+             "shards and model.safetensors.index.json) and the tokenizer's files (gpt2-bpe, sentencepiece). A run\n"
              "directory means its latest checkpoint, or its final weights when it has no checkpoints. A LoRA run\n"
              "exports its adapters in PEFT's layout, or with --merge-lora the merged model. Of a run trained with\n"
              "trainer.ema_decay, the weight average is exported unless --weights live; the output says which."))
@@ -85,6 +85,8 @@ int run_export(const std::vector<std::string>& args) {
     export_options.add_to_stored = [&](const Parameter& w, std::int64_t begin, std::int64_t end, float* rows) {
       run.lora->add_merged_rows(w, begin, end, rows);
     };
+  if (const Value* from = resolved_run_config(runtime).at_path("trainer.init_from"); from && from->is_string())
+    if (!from->as_string().empty()) export_options.base_dir = hf_source_dir(from->as_string());
   const HfExportResult result = with_context("while exporting " + run_files.weights.string(), [&] {
     return export_hf(*run.model, run.tokenizer.get(), out_dir, export_options);
   });

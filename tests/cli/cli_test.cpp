@@ -276,6 +276,33 @@ TEST(Cli, ARunThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
   EXPECT_NE(r.out.find("warning: the run needs about "), std::string::npos) << r.out;
 }
 
+// Shapes no machine could hold are user errors (exit 2) with the option and its range, or the
+// memory estimate's refusal with its figures: never an internal error ("negative extent") or a
+// std::bad_alloc (exit 1).
+TEST(Cli, AbsurdModelShapesAreUserErrors) {
+  test::TempDir dir;
+  const auto file = memory_test_config(dir);
+  const auto run_dir = dir.path() / "run";
+  for (const std::string option : {"model.hidden_dim=4611686018427387904", "model.num_layers=1e15"}) {
+    const auto r = loom({"train", file, "trainer.run_dir=" + run_dir.string(), option});
+    EXPECT_EQ(r.exit_code, 2) << option << "\n" << r.err << r.out;
+    EXPECT_NE(r.err.find(option.substr(0, option.find('='))), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+  // Within each option's range, but together more values than 64 bits count.
+  auto r = loom({"train", file, "trainer.run_dir=" + run_dir.string(), "model.hidden_dim=1048576",
+                 "model.num_heads=4096", "model.num_layers=16384"});
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  EXPECT_NE(r.err.find("more than 2^56 parameter values"), std::string::npos) << r.err;
+  // Countable, and far larger than the machine: the estimate's refusal.
+  r = loom({"train", file, "trainer.run_dir=" + run_dir.string(), "model.hidden_dim=65536", "model.num_heads=512",
+            "model.num_layers=1024"},
+           {"LOOM_MEMORY_AVAILABLE=8G"});
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  EXPECT_NE(r.err.find("the run needs about "), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(run_dir));
+}
+
 // Under a launcher other than OpenMPI's mpirun, each process would train alone, all of them on one
 // run directory: loom refuses, naming what it saw, before it touches the run directory.
 TEST(Cli, TrainUnderALauncherOtherThanOpenMpiIsRefusedNamingIt) {

@@ -955,6 +955,49 @@ TEST(EvalCommand, LoraRunAndHuggingFaceDirectoryScoreTheSameModel) {
   EXPECT_GT(moved, 1e-2);  // the adapters changed the scores
 }
 
+// A LoRA run whose base is stored in fewer bits (lora.base_dtype) scores with its adapters,
+// applied in the products (a quantized weight has no float32 value to merge them into): as its
+// merged export does, and not as the same run at a learning rate of zero (its stored base alone).
+TEST(EvalCommand, LoraRunOnAStoredBaseScoresWithItsAdapters) {
+  test::TempDir dir;
+  const fs::path config = dir.write("tiny.yaml", kTinyRun);
+  train(config, dir.path() / "base");
+  for (const std::string format : {"bf16", "int8", "nf4"}) {
+    SCOPED_TRACE(format);
+    const std::vector<std::string> lora = {"trainer.init_from=" + (dir.path() / "base").string(), "lora.rank=4",
+                                           "lora.alpha=8", "lora.base_dtype=" + format};
+    auto with = [&](const std::string& rate) {
+      auto o = lora;
+      o.push_back("optimizer.learning_rate=" + rate);
+      return o;
+    };
+    const fs::path trained_dir = dir.path() / ("lora-" + format), still_dir = dir.path() / ("still-" + format);
+    train(config, trained_dir, with("0.1"));
+    train(config, still_dir, with("0"));
+    const fs::path hf_dir = dir.path() / ("hf-" + format);
+    const auto r = loom({"export", trained_dir.string(), "--format", "hf", hf_dir.string(), "--merge-lora"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto said = loom({"eval", trained_dir.string(), "--tasks", example_tasks(), "--limit", "2"});
+    EXPECT_NE(said.err.find("with its LoRA adapters applied to its " + format + " base"), std::string::npos)
+        << said.err;
+    const auto trained = all_loglikelihoods(
+        eval_json({trained_dir.string(), "--tasks", example_tasks()}, dir.path() / ("t-" + format + ".json")));
+    const auto still = all_loglikelihoods(
+        eval_json({still_dir.string(), "--tasks", example_tasks()}, dir.path() / ("s-" + format + ".json")));
+    const auto hf = all_loglikelihoods(eval_json({hf_dir.string(), config.string(), "--tasks", example_tasks()},
+                                                 dir.path() / ("h-" + format + ".json")));
+    ASSERT_EQ(trained.size(), still.size());
+    ASSERT_EQ(trained.size(), hf.size());
+    double moved = 0;
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+      // The export adds the adapters to the dequantized weights: the same model, rounded otherwise.
+      EXPECT_NEAR(trained[i], hf[i], 1e-4 * std::max(1.0, std::abs(hf[i]))) << i;
+      moved = std::max(moved, std::abs(trained[i] - still[i]));
+    }
+    EXPECT_GT(moved, 1e-2) << "the trained adapters change the scores";
+  }
+}
+
 TEST(EvalCommand, BadInputIsOneErrorWithStatus2) {
   test::TempDir dir;
   const fs::path config = dir.write("tiny.yaml", kTinyRun);

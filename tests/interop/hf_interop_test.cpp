@@ -242,6 +242,34 @@ TEST(HfInterop, ConfigJsonCarriesTheArchitecture) {
   EXPECT_EQ(weights.info("transformer.h.1.attn.c_attn.weight").shape, (Shape{32, 96}));  // Conv1D: [in, out]
 }
 
+// A run initialised from a Hugging Face directory exports that model's token ids and its
+// context (the run trained at a shorter model.seq_len than its rotary positions reach), not the
+// end-of-text id as bos_token_id or the training length.
+TEST(HfInterop, ConfigJsonKeepsTheBaseModelsTokenIdsAndContext) {
+  Models models;
+  test::TempDir dir;
+  const auto model = models.make(yaml(mistral_window), 1);
+  export_hf(*model, nullptr, dir.path() / "plain");
+  const nlohmann::json plain = read_json(dir.path() / "plain" / "config.json");
+  ASSERT_TRUE(plain.contains("max_position_embeddings"));
+  const std::int64_t trained = plain["max_position_embeddings"].get<std::int64_t>();
+  dir.write("base/config.json", R"({"model_type": "mistral", "max_position_embeddings": 32768,
+                                    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": null})");
+  HfExportOptions options;
+  options.base_dir = dir.path() / "base";
+  export_hf(*model, nullptr, dir.path() / "from-base", options);
+  const nlohmann::json c = read_json(dir.path() / "from-base" / "config.json");
+  EXPECT_GT(32768, trained);
+  EXPECT_EQ(c["max_position_embeddings"], 32768);
+  EXPECT_EQ(c["bos_token_id"], 1);
+  EXPECT_EQ(c["eos_token_id"], 2);
+  // A base shorter than the model's context leaves the model's.
+  dir.write("short/config.json", R"({"max_position_embeddings": 1})");
+  options.base_dir = dir.path() / "short";
+  export_hf(*model, nullptr, dir.path() / "from-short", options);
+  EXPECT_EQ(read_json(dir.path() / "from-short" / "config.json")["max_position_embeddings"], trained);
+}
+
 TEST(HfInterop, ShardsAboveTheLimitWithAnIndex) {
   Models models;
   test::TempDir dir;

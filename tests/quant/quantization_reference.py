@@ -71,16 +71,38 @@ def blockwise(x, code, block):
     return np.searchsorted(bounds, scaled, side="left").astype(np.uint8), absmax
 
 
+def dynamic_blockwise(x, code, block):
+    """bitsandbytes 0.50.2's CPU kernel (cquantize_blockwise_cpu_fp32), as its outputs show it: each
+    value times the float32 reciprocal of its block's absmax, then the code nearest to the point of
+    torch.linspace(-1, 1, 65536) the product rounds to (index floor(fl(fl(v + 1) * 32767.5) + 0.5))."""
+    n = x.size
+    pad = (-n) % block
+    xb = np.concatenate([x, np.zeros(pad, np.float32)]).reshape(-1, block)
+    absmax = np.abs(xb).max(axis=1).astype(np.float32)
+    inv = (np.float32(1.0) / np.maximum(absmax, np.float32(1e-38))).astype(np.float32)
+    v = np.clip((xb * inv[:, None]).astype(np.float32), np.float32(-1), np.float32(1)).reshape(-1)[:n]
+    points = np.array(torch.linspace(-1, 1, 65536, dtype=torch.float32).tolist(), dtype=np.float64)
+    c = code.astype(np.float64)
+    below = np.clip(np.searchsorted(c, points, side="right") - 1, 0, c.size - 2)
+    table = np.where(c[below + 1] - points < points - c[below], below + 1, below)
+    table[points >= 1.0] = c.size - 1
+    index = np.floor((((v + np.float32(1)).astype(np.float32) * np.float32(32767.5)).astype(np.float32)
+                      + np.float32(0.5)).astype(np.float32)).astype(np.int64)
+    return table[np.clip(index, 0, 65535)].astype(np.uint8), absmax
+
+
 def quantize_nf4(w):
     x = w.reshape(-1).astype(np.float32)
     q, absmax = blockwise(x, NF4, 64)
     if q.size % 2:
         q = np.concatenate([q, np.array([7], np.uint8)])  # bitsandbytes pads with 0: code 7
     packed = ((q[0::2] << 4) | q[1::2]).astype(np.uint8)
-    # Double quantization: centre on the mean (in float64, as loom), 8-bit dynamic code in 256s.
-    offset = np.float32(absmax.astype(np.float64).mean())
+    # Double quantization as bitsandbytes 0.50.2 on the CPU: centre on torch.mean (float32, one
+    # thread), then its 8-bit dynamic code in 256s (dynamic_blockwise).
+    torch.set_num_threads(1)
+    offset = np.float32(torch.tensor(absmax.tolist(), dtype=torch.float32).mean().item())
     dyn = dynamic_map()
-    qa, scales = blockwise((absmax - offset).astype(np.float32), dyn, 256)
+    qa, scales = dynamic_blockwise((absmax - offset).astype(np.float32), dyn, 256)
     # Dequantization as bitsandbytes: absmax = code2[qa] * scale2 + offset (two roundings), then
     # code[q] * absmax.
     deq_absmax = (dyn[qa] * np.repeat(scales, 256)[: qa.size]).astype(np.float32) + offset

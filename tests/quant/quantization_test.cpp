@@ -110,6 +110,79 @@ TEST(Nf4, Bf16InputGivesTheCodesOfItsFloat32Widening) {
   EXPECT_EQ(c.scales, d.scales);
 }
 
+// bitsandbytes 0.50.2's own double quantization (tests/quant/bitsandbytes_expected.py ran its CPU
+// kernel: functional.py:938-940, offset = _absmax.mean() and quantize_blockwise(_absmax - offset,
+// blocksize=256); backends/cpu/ops.py:38-55, cquantize_blockwise_cpu_fp32) of a [256, 1024] bf16
+// matrix, quantized whole and as three tensors (a fused q, k, v: each its own mean and groups, as
+// bitsandbytes quantizes each projection): its float32 means and scales, a hash of its absmax
+// codes, and the blocks where its 65536-point table gives a code other than the nearest level.
+std::uint64_t fnv1a64(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+TEST(Nf4, DoubleQuantizationIsBitsandbytes) {
+  constexpr std::int64_t rows = 256, cols = 1024;
+  std::vector<float> w(rows * cols);
+  std::uint32_t r = 12345;
+  for (auto& v : w) {
+    std::int64_t sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      r = r * 1664525u + 1013904223u;
+      sum += r >> 16;
+    }
+    std::uint32_t u = std::bit_cast<std::uint32_t>(static_cast<float>(sum - 2 * 65535) * 0x1p-23f);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16 << 16;  // to bf16, nearest even
+    v = std::bit_cast<float>(u);
+  }
+  struct Expected {
+    std::vector<std::int64_t> parts;
+    std::vector<float> offsets, scales;
+    std::uint64_t hash;
+    std::vector<std::pair<std::int64_t, int>> not_nearest;  // block, bitsandbytes' code
+  };
+  const Expected whole{{},
+                       {0x1.6929f00000000p-7f},
+                       {0x1.db58400000000p-9f, 0x1.eb58400000000p-9f, 0x1.eb58400000000p-9f, 0x1.aca7c00000000p-9f,
+                        0x1.cb58400000000p-9f, 0x1.dca7c00000000p-9f, 0x1.bca7c00000000p-9f, 0x1.c4a7c00000000p-9f,
+                        0x1.ab58400000000p-9f, 0x1.84a7c00000000p-9f, 0x1.0dac200000000p-8f, 0x1.d358400000000p-9f,
+                        0x1.e0a7c00000000p-9f, 0x1.01ac200000000p-8f, 0x1.1053e00000000p-8f, 0x1.d4a7c00000000p-9f},
+                       0x95021711760db540ull,
+                       {{1172, 189}, {1244, 189}, {1254, 189}}};
+  const Expected parts{{0, 128, 192, 256},
+                       {0x1.67a2600000000p-7f, 0x1.6b22000000000p-7f, 0x1.6a41000000000p-7f},
+                       {0x1.e176800000000p-9f, 0x1.f176800000000p-9f, 0x1.f176800000000p-9f, 0x1.b176800000000p-9f,
+                        0x1.d176800000000p-9f, 0x1.d689800000000p-9f, 0x1.c176800000000p-9f, 0x1.c176800000000p-9f,
+                        0x1.ac88000000000p-9f, 0x1.8c88000000000p-9f, 0x1.09bc000000000p-8f, 0x1.cb78000000000p-9f,
+                        0x1.e504000000000p-9f, 0x1.fefc000000000p-9f, 0x1.1282000000000p-8f, 0x1.d904000000000p-9f},
+                       0x37866cd95ddffa9bull,
+                       {{1045, 210}, {3334, 176}, {3353, 176}, {3399, 176}, {3581, 176}}};
+  for (const Expected* e : {&whole, &parts}) {
+    SCOPED_TRACE(e == &whole ? "whole" : "q, k and v");
+    const Nf4Matrix m = quantize_nf4(w, rows, cols, "qkv", e->parts);
+    EXPECT_EQ(m.absmax_offset, e->offsets.front());
+    EXPECT_EQ(m.absmax_scales, e->scales);
+    for (const auto& [block, code] : e->not_nearest)
+      EXPECT_EQ(m.absmax_codes.at(static_cast<std::size_t>(block)), code) << "block " << block;
+    EXPECT_EQ(fnv1a64(m.absmax_codes), e->hash) << "the absmax codes are bitsandbytes'";
+    if (e->parts.empty()) continue;
+    ASSERT_EQ(m.parts.size(), 3u);
+    for (std::size_t p = 0; p < 3; ++p) {
+      EXPECT_EQ(m.parts[p].offset, e->offsets[p]) << "part " << p;
+      EXPECT_EQ(m.parts[p].first_block, e->parts[p] * cols / nf4_block_size) << "part " << p;
+    }
+    // Each part's blocks dequantize with its own statistics: as that part quantized alone.
+    for (std::size_t p = 0; p < 3; ++p) {
+      const std::int64_t b = e->parts[p], n = e->parts[p + 1] - b;
+      const Nf4Matrix alone = quantize_nf4(std::span<const float>(w).subspan(b * cols, n * cols), n, cols);
+      std::vector<float> in_parts(n * cols);
+      dequantize(m, b, n, 0, cols, in_parts.data(), cols);
+      EXPECT_EQ(in_parts, dequantize(alone)) << "part " << p;
+    }
+  }
+}
+
 TEST(Int8, RoundTripErrorIsAtMostHalfAScale) {
   const std::int64_t rows = 64, cols = 333;
   auto w = normal_weights(rows * cols, 0.02f, 3);

@@ -622,6 +622,24 @@ TEST_F(LoraTraining, PatternsThatMatchNothingAreUserErrors) {
   EXPECT_THROW(train_tiny(*dir_, "bad6", lora({"trainer.trainable=[ln_f]"})), UserError);
 }
 
+// A quantized base needs adapters: lora.base_dtype with lora.rank 0 (LoRA off) would train the
+// whole model in float32, so the run is refused before anything is built, saying what to set.
+TEST(LoraConfig, AQuantizedBaseWithoutAdaptersIsRefused) {
+  const test::TempDir dir;
+  for (const std::string format : {"bf16", "int8", "nf4"}) {
+    try {
+      train_tiny(dir, "rank0-" + format, {"lora.base_dtype=" + format});
+      FAIL() << format << ": trained without adapters";
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("lora.base_dtype: " + format), std::string::npos) << what;
+      EXPECT_NE(what.find("lora.rank is 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("set lora.rank"), std::string::npos) << what;
+    }
+    EXPECT_FALSE(fs::exists(dir.path() / ("rank0-" + format) / "config.yaml")) << "refused before the run directory";
+  }
+}
+
 // configs/lora-gpt2.yaml, shortened: from a short quickstart run's weights, the adapters learn
 // tiny Shakespeare (the evaluation loss falls).
 TEST(LoraConfig, LoraGpt2Learns) {
@@ -772,7 +790,10 @@ TEST(LoraStreamingLoad, HuggingFaceWeightsGoStraightIntoTheirFormat) {
       << f32_weight_bytes / (1 << 20) << " MiB\n"
       << streamed.log;
   EXPECT_NE(streamed.log.find("lora.base_dtype nf4: the frozen base weights take"), std::string::npos) << streamed.log;
-  EXPECT_EQ(streamed.log.find("loading peak"), std::string::npos) << "no float32 loading peak: " << streamed.log;
+  EXPECT_EQ(streamed.log.find("the float32 base before it is stored"), std::string::npos)
+      << "no float32 loading peak: " << streamed.log;
+  EXPECT_NE(streamed.log.find("(the stored base and the tensors being read into it)"), std::string::npos)
+      << streamed.log;
 
   allocator_release_cached();
   const test::TrainedRun stored = test::train_in(

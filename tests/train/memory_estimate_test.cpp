@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 
 #include "loom/model_support.hpp"
 
@@ -178,13 +179,103 @@ TEST(MemoryEstimate, AQuantizedBaseCountsInItsStoredBits) {
               std::string::npos)
         << e.describe();
   }
-  // From a Hugging Face directory the base goes straight into its format: no float32 peak.
+  // From a Hugging Face directory the base goes straight into its format: no float32 peak, but
+  // the stored base and the tensors the loading threads hold as the files hold them.
   in.base_streams = true;
-  EXPECT_EQ(estimate_memory(in).loading, 0);
-  EXPECT_EQ(estimate_memory(in).describe().find("loading peak"), std::string::npos);
+  in.stream_in_flight = 300000;
+  EXPECT_EQ(estimate_memory(in).loading, 51587 + 300000);
+  EXPECT_EQ(estimate_memory(in).describe().find("the float32 base"), std::string::npos);
+  EXPECT_NE(estimate_memory(in).describe().find("the tensors being read"), std::string::npos);
+  in.stream_in_flight = 0;
   in.base_streams = false;
   in.lora_rank = 0;  // full training stores nothing
   EXPECT_EQ(estimate_memory(in).parameters, 400000);
+}
+
+// Gradient accumulation: while the next micro-batch's gradients are computed, the earlier ones'
+// sum is set aside, a second copy of the trained values' gradients (FSDP sums them into its
+// shards instead); a LoRA run's are its adapters'.
+TEST(MemoryEstimate, GradientAccumulationCountsTheSetAsideGradients) {
+  MemoryInputs in = small_inputs();
+  EXPECT_EQ(estimate_memory(in).set_aside, 0) << "one micro-batch";
+  const std::int64_t one = estimate_memory(in).total();
+  in.micro_batches = 2;
+  const MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.set_aside, 400000);
+  EXPECT_EQ(e.total(), one + 400000);
+  EXPECT_NE(e.describe().find("set-aside gradients"), std::string::npos) << e.describe();
+  in.lora_rank = 4;
+  EXPECT_EQ(estimate_memory(in).set_aside, 4 * in.model->lora_in_out * 4);
+  in.lora_rank = 0;
+  in.ranks = in.fsdp = 2;
+  EXPECT_EQ(estimate_memory(in).set_aside, 0) << "FSDP reduces each micro-batch into the shards";
+  in.fsdp = 1;
+  in.tensor = 2;
+  EXPECT_EQ(estimate_memory(in).set_aside, 200000) << "a tensor member's gradients";
+}
+
+// FSDP and tensor parallelism together: each rank holds 1/(fsdp * tensor) of the values, their
+// gradients and the optimizer state; the gathered units are the member's parts of them.
+TEST(MemoryEstimate, FsdpTimesTensorDividesTheOptimizerStateByBoth) {
+  MemoryInputs in = small_inputs();
+  in.model->largest_units[0] = 10000;
+  in.model->largest_units[1] = 3000;
+  in.model->largest_units[2] = 2000;
+  in.ranks = 4;
+  in.fsdp = 2;
+  in.tensor = 2;
+  const MemoryEstimate e = estimate_memory(in);
+  EXPECT_EQ(e.parameters, 100000);
+  EXPECT_EQ(e.gradients, 100000);
+  EXPECT_EQ(e.optimizer_state, 200000);
+  EXPECT_EQ(e.gathered, (4 * (10000 + 3000) + 4 * (10000 + 3000 + 2000)) / 2);
+  EXPECT_EQ(e.setup, 200000 + 2 * 100000 + kProcessOverheadBytes) << "each member builds its part of the model";
+}
+
+// An int8 or nf4 base keeps the vocabulary tables (embedding, output head) in bf16 unless they
+// are quantized too (lora.quantize_embeddings).
+TEST(MemoryEstimate, AQuantizedBaseKeepsTheVocabularyTablesInBf16) {
+  MemoryInputs in = small_inputs();
+  in.lora_rank = 4;
+  in.vocab_table_values = 20000;
+  const std::int64_t adapters = 4 * in.model->lora_in_out * 4;
+  in.base_format = quant::StorageFormat::nf4;
+  EXPECT_EQ(estimate_memory(in).parameters, static_cast<std::int64_t>(80000 * 4.127 / 8) + 20000 * 2 + adapters);
+  in.base_format = quant::StorageFormat::int8;
+  EXPECT_EQ(estimate_memory(in).parameters, 80000 + 20000 * 2 + adapters);
+  in.quantize_vocab_tables = true;
+  EXPECT_EQ(estimate_memory(in).parameters, 100000 + adapters);
+  in.base_format = quant::StorageFormat::bf16;
+  in.quantize_vocab_tables = false;
+  EXPECT_EQ(estimate_memory(in).parameters, 200000 + adapters);
+}
+
+// Shapes too large for 64 bits give a capped figure, never one wrapped around to a negative size
+// (which every machine would "fit").
+TEST(MemoryEstimate, AbsurdShapesSaturateInsteadOfWrappingAround) {
+  models::TransformerShape huge = small_shape();
+  huge.num_layers = std::int64_t{1} << 40;
+  huge.hidden_dim = huge.intermediate_dim = std::int64_t{1} << 40;
+  const ModelMemory m = models::transformer_memory(huge, RematPolicy::none, std::int64_t{1} << 40, 1 << 20);
+  EXPECT_GT(m.activation_bytes, 0);
+  EXPECT_GT(m.activation_bytes_remat, 0);
+  EXPECT_GT(m.lora_in_out, 0);
+  MemoryInputs in;
+  in.num_parameters = in.parameter_bytes = std::numeric_limits<std::int64_t>::max() / 2;
+  in.model = m;
+  in.micro_batch = std::int64_t{1} << 40;
+  in.lora_rank = std::int64_t{1} << 40;
+  in.micro_batches = 2;
+  in.ema = true;
+  for (const int ranks : {1, 4}) {
+    in.ranks = in.fsdp = ranks;
+    const MemoryEstimate e = estimate_memory(in);
+    EXPECT_GT(e.total(), e.overhead);
+    EXPECT_LE(e.total(), kMemoryEstimateCap * 16);
+    for (const std::int64_t term : {e.parameters, e.gradients, e.set_aside, e.optimizer_state, e.ema, e.activations})
+      EXPECT_GE(term, 0) << e.describe();
+    EXPECT_FALSE(memory_refusal(in, e, AvailableMemory{std::int64_t{64} << 30, "test"}).empty());
+  }
 }
 
 TEST(MemoryEstimate, AModelWithoutItsOwnEstimateGetsTheGenericFormula) {

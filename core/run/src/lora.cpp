@@ -109,6 +109,10 @@ OptionSchema lora_schema() {
            "blocks of 64, double-quantized absmax). Every weight multiplied whole in a linear layer and every "
            "embedding table; adapters, norms and optimizer state stay f32.")
       .one_of({"f32", "bf16", "int8", "nf4"});
+  s.boolean("quantize_embeddings", false,
+            "With base_dtype int8 or nf4: store the token embedding and the output head in that format too; false "
+            "keeps them in bf16, as QLoRA with transformers and bitsandbytes does (its 4- and 8-bit layers replace "
+            "the linear layers only).");
   return s;
 }
 
@@ -121,12 +125,27 @@ LoraSettings lora_settings(const Value& run_config) {
   s.alpha = o.get<double>("alpha");
   s.dropout = o.get<double>("dropout");
   s.target_modules = o.get<std::vector<std::string>>("target_modules");
+  s.quantize_embeddings = o.get<bool>("quantize_embeddings");
   const std::string base = o.get<std::string>("base_dtype");
   s.base_dtype = base == "bf16"   ? quant::StorageFormat::bf16
                  : base == "int8" ? quant::StorageFormat::int8
                  : base == "nf4"  ? quant::StorageFormat::nf4
                                   : quant::StorageFormat::f32;
   return s;
+}
+
+void check_lora_training(const LoraSettings& s) {
+  if (s.enabled()) return;
+  if (!s.target_modules.empty())
+    throw UserError("lora.target_modules is set but lora.rank is 0, which turns LoRA off; give lora.rank (8 is usual)");
+  if (s.base_dtype != quant::StorageFormat::f32) {
+    const std::string format = quant::storage_format_name(s.base_dtype);
+    throw UserError("lora.base_dtype: " + format +
+                    " stores the frozen base of a LoRA run in fewer bits, but lora.rank is 0, which turns LoRA "
+                    "off (the whole model would train in float32): set lora.rank (8 or 16 is usual) to train "
+                    "adapters on the " +
+                    format + " base, or lora.base_dtype: f32 for full fine-tuning");
+  }
 }
 
 bool parameter_pattern_matches(std::string_view pattern, std::string_view name) {
@@ -241,9 +260,23 @@ LoraAdapters::LoraAdapters(Model& model, Backend& backend, const LoraSettings& s
     model.logits(ops, tokens, Tensor());
   }
   for (const auto& p : params)
-    if (p.parameter->shape().rank() == 2 && (layout.contains(p.parameter) || p.role == ParameterRole::embedding))
+    if (p.parameter->shape().rank() == 2 && (layout.contains(p.parameter) || p.role == ParameterRole::embedding)) {
       storable_.push_back(p.parameter);
+      // The embedding tables, and the output head: multiplied in the logits pass, not in the loss
+      // pass (whose fused cross-entropy does not show it to the observer).
+      if (p.role == ParameterRole::embedding || !in_loss.contains(p.parameter)) vocab_tables_.insert(p.parameter);
+    }
   const auto modules = hf_modules(model);
+  for (const auto& p : params) {
+    const auto it = modules.find(p.parameter->name());
+    if (it == modules.end() || it->second.size() < 2 || (layout.contains(p.parameter) && layout.at(p.parameter)))
+      continue;
+    std::vector<std::int64_t> rows;
+    for (const PeftModule& m : it->second) rows.push_back(m.begin);
+    rows.push_back(p.parameter->shape()[0]);
+    std::sort(rows.begin(), rows.end());
+    part_rows_[p.parameter] = std::move(rows);
+  }
   // What a pattern may name: the weights' loom names, and their Hugging Face modules' names
   // (PEFT's target_modules: q_proj, v_proj, lm_head), with ".weight" so that a pattern matches
   // them as it matches a parameter's name.
@@ -511,6 +544,17 @@ void LoraAdapters::add_merged_rows(const Parameter& weight, std::int64_t row_beg
   }
 }
 
+quant::StorageFormat LoraAdapters::format_of(const Parameter* p) const {
+  const quant::StorageFormat base = settings_.base_dtype;
+  const bool quantized = base == quant::StorageFormat::int8 || base == quant::StorageFormat::nf4;
+  return quantized && !settings_.quantize_embeddings && vocab_tables_.contains(p) ? quant::StorageFormat::bf16 : base;
+}
+
+std::vector<std::int64_t> LoraAdapters::part_rows(const Parameter* p) const {
+  const auto it = part_rows_.find(p);
+  return it == part_rows_.end() ? std::vector<std::int64_t>{} : it->second;
+}
+
 std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
   std::int64_t stored_bytes = 0, f32_bytes = 0;
   if (settings_.base_dtype == quant::StorageFormat::f32) return {0, 0};
@@ -524,9 +568,10 @@ std::pair<std::int64_t, std::int64_t> LoraAdapters::store_base() {
         for (std::int64_t i = b; i < e; ++i) {
           Parameter& p = *chosen[static_cast<std::size_t>(i)];
           const Tensor value = p.data();
+          const std::vector<std::int64_t> parts = part_rows(&p);
           auto m = std::make_shared<quant::StoredMatrix>(
               quant::store(std::span<const float>(value.data<float>(), static_cast<std::size_t>(value.numel())),
-                           value.size(0), value.size(1), settings_.base_dtype, p.name()));
+                           value.size(0), value.size(1), format_of(&p), p.name(), parts));
           p.set_stored(std::move(m));
         }
       });
@@ -598,6 +643,7 @@ std::shared_ptr<LoraAdapters> load_lora_model(Model& model, Backend& backend, co
   if (streams) {
     straight.format = settings.base_dtype;
     straight.stores = [&adapters](const Parameter* p) { return adapters->stores(p); };
+    straight.format_of = [&adapters](const Parameter* p) { return adapters->format_of(p); };
   } else {
     model.initialize(static_cast<std::uint64_t>(o.get<std::int64_t>("seed")));
   }

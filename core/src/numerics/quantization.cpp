@@ -106,10 +106,6 @@ const std::array<float, 15>& nf4_bounds() {
   static const std::array<float, 15> b = midpoints(nf4_table);
   return b;
 }
-const std::array<float, 255>& dynamic8_bounds() {
-  static const std::array<float, 255> b = midpoints(dynamic8_table);
-  return b;
-}
 
 template <std::size_t N>
 std::uint8_t bucket(const std::array<float, N>& bounds, float v) {
@@ -143,13 +139,98 @@ void check_finite(float v, std::int64_t index, std::int64_t cols, const std::str
   throw UserError(s.str());
 }
 
+// bitsandbytes' dynamic8 code of a point of torch.linspace(-1, 1, 65536): the nearest level
+// (no point is equidistant from two), built once.
+const std::array<std::uint8_t, 65536>& dynamic8_table_of_points() {
+  static const std::array<std::uint8_t, 65536> table = [] {
+    std::array<std::uint8_t, 65536> t{};
+    std::size_t code = 0;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      const double x = -1.0 + 2.0 * static_cast<double>(i) / 65535.0;
+      while (code + 1 < dynamic8_table.size() && std::fabs(static_cast<double>(dynamic8_table[code + 1]) - x) <
+                                                     std::fabs(static_cast<double>(dynamic8_table[code]) - x))
+        ++code;
+      t[i] = static_cast<std::uint8_t>(code);
+    }
+    return t;
+  }();
+  return table;
+}
+
+// torch's cascade_sum (aten/src/ATen/native/cpu/SumKernel.cpp) of a contiguous float32 row on one
+// thread with 8-lane vectors: the row as vectors, summed by 4 accumulators (multi_row_sum) whose
+// partial sums move up 4 levels every 2^max(4, ceil(log2(n)) / 4) vectors, the vectors left over
+// added to the first, the accumulators added in order, then the scalar tail and the lanes.
+float torch_cascade_sum(std::span<const float> x) {
+  constexpr std::int64_t lanes = 8, ilp = 4, levels = 4;
+  using Vec = std::array<float, lanes>;
+  auto add = [](Vec& a, const Vec& b) {
+    for (std::int64_t l = 0; l < lanes; ++l) a[l] += b[l];
+  };
+  auto load = [&](std::int64_t v) {
+    Vec out;
+    std::memcpy(out.data(), x.data() + v * lanes, sizeof out);
+    return out;
+  };
+  const auto n = static_cast<std::int64_t>(x.size());
+  const std::int64_t vectors = n / lanes, rows = vectors / ilp;
+  std::int64_t log2 = 0;
+  while ((std::int64_t{1} << log2) < rows) ++log2;
+  const std::int64_t power = std::max<std::int64_t>(4, log2 / levels), step = std::int64_t{1} << power, mask = step - 1;
+  Vec acc[levels][ilp] = {};
+  std::int64_t i = 0;
+  while (i + step <= rows) {
+    for (std::int64_t j = 0; j < step; ++j, ++i)
+      for (std::int64_t k = 0; k < ilp; ++k) add(acc[0][k], load(i * ilp + k));
+    for (std::int64_t j = 1; j < levels; ++j) {
+      for (std::int64_t k = 0; k < ilp; ++k) {
+        add(acc[j][k], acc[j - 1][k]);
+        acc[j - 1][k] = Vec{};
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i)
+    for (std::int64_t k = 0; k < ilp; ++k) add(acc[0][k], load(i * ilp + k));
+  for (std::int64_t j = 1; j < levels; ++j)
+    for (std::int64_t k = 0; k < ilp; ++k) add(acc[0][k], acc[j][k]);
+  Vec sum = acc[0][0];
+  for (std::int64_t v = rows * ilp; v < vectors; ++v) add(sum, load(v));
+  for (std::int64_t k = 1; k < ilp; ++k) add(sum, acc[0][k]);
+  float total = 0.0f;
+  for (std::int64_t e = vectors * lanes; e < n; ++e) total += x[static_cast<std::size_t>(e)];
+  for (std::int64_t l = 0; l < lanes; ++l) total += sum[l];
+  return total;
+}
+
+// The part of the row-major matrix that starts at each entry of part_rows, checked.
+std::vector<std::int64_t> part_first_blocks(std::span<const std::int64_t> part_rows, std::int64_t rows,
+                                            std::int64_t cols, const std::string& what) {
+  std::vector<std::int64_t> first;
+  bool ok = !part_rows.empty() && part_rows.front() == 0 && part_rows.back() == rows;
+  for (std::size_t i = 0; ok && i + 1 < part_rows.size(); ++i) {
+    ok = part_rows[i] < part_rows[i + 1] && (part_rows[i] * cols) % nf4_block_size == 0;
+    first.push_back(part_rows[i] * cols / nf4_block_size);
+  }
+  if (!ok) {
+    std::ostringstream s;
+    s << "cannot quantize " << what << " in parts: the rows where they start must rise from 0 to " << rows
+      << ", each on a block of " << nf4_block_size << " values (" << cols << " columns)";
+    throw InternalError(s.str());
+  }
+  return first;
+}
+
 template <class Load>
-Nf4Matrix quantize_nf4_impl(std::int64_t rows, std::int64_t cols, const std::string& what, Load load) {
+Nf4Matrix quantize_nf4_impl(std::int64_t rows, std::int64_t cols, const std::string& what, Load load,
+                            std::span<const std::int64_t> part_rows) {
   Nf4Matrix m;
   m.rows = rows;
   m.cols = cols;
   const std::int64_t n = rows * cols;
   const std::int64_t blocks = (n + nf4_block_size - 1) / nf4_block_size;
+  const std::vector<std::int64_t> firsts =
+      part_rows.empty() ? std::vector<std::int64_t>{0} : part_first_blocks(part_rows, rows, cols, what);
   m.codes.assign(static_cast<std::size_t>((n + 1) / 2), 0);
   std::vector<float> absmax(static_cast<std::size_t>(blocks));
   const auto& bounds = nf4_bounds();
@@ -180,25 +261,28 @@ Nf4Matrix quantize_nf4_impl(std::int64_t rows, std::int64_t cols, const std::str
   // bitsandbytes pads an odd count with a 0, whose code (7) fills the last low nibble.
   if (n % 2 == 1) m.codes.back() |= bucket(bounds, 0.0f);
 
-  // Double quantization (bitsandbytes' compress_statistics): centre the absmaxes on their mean,
-  // then quantize them blockwise (256) to the dynamic 8-bit code. The mean is summed in double, so
-  // it does not depend on a reduction order.
-  double sum = 0.0;
-  for (const float a : absmax) sum += a;
-  m.absmax_offset = blocks > 0 ? static_cast<float>(sum / static_cast<double>(blocks)) : 0.0f;
-  const std::int64_t groups = (blocks + nf4_absmax_block_size - 1) / nf4_absmax_block_size;
+  // Double quantization (bitsandbytes' compress_statistics), over each part on its own: centre the
+  // absmaxes on their float32 mean (offset = _absmax.mean()), then quantize them blockwise (256)
+  // to the dynamic 8-bit code as its CPU kernel does: each value times the reciprocal of its
+  // group's absmax, then dynamic8_code.
   m.absmax_codes.resize(static_cast<std::size_t>(blocks));
-  m.absmax_scales.resize(static_cast<std::size_t>(groups));
-  const auto& dbounds = dynamic8_bounds();
-  for (std::int64_t g = 0; g < groups; ++g) {
-    const std::int64_t begin = g * nf4_absmax_block_size, len = std::min(nf4_absmax_block_size, blocks - begin);
-    float s = 0.0f;
-    for (std::int64_t i = 0; i < len; ++i) s = std::max(s, std::fabs(absmax[begin + i] - m.absmax_offset));
-    m.absmax_scales[g] = s;
-    const float inv = 1.0f / std::max(s, min_absmax);
-    for (std::int64_t i = 0; i < len; ++i) {
-      const float centred = absmax[begin + i] - m.absmax_offset;
-      m.absmax_codes[begin + i] = bucket(dbounds, std::clamp(centred * inv, -1.0f, 1.0f));
+  for (std::size_t p = 0; p < firsts.size(); ++p) {
+    const std::int64_t first = firsts[p], last = p + 1 < firsts.size() ? firsts[p + 1] : blocks;
+    const std::int64_t count = last - first;
+    const float offset =
+        count > 0 ? torch_cascade_sum(std::span<const float>(absmax.data() + first, static_cast<std::size_t>(count))) /
+                        static_cast<float>(count)
+                  : 0.0f;
+    if (p == 0) m.absmax_offset = offset;
+    if (firsts.size() > 1) m.parts.push_back({first, static_cast<std::int64_t>(m.absmax_scales.size()), offset});
+    for (std::int64_t begin = first; begin < last; begin += nf4_absmax_block_size) {
+      const std::int64_t len = std::min(nf4_absmax_block_size, last - begin);
+      float s = 0.0f;
+      for (std::int64_t i = 0; i < len; ++i) s = std::max(s, std::fabs(absmax[begin + i] - offset));
+      m.absmax_scales.push_back(s);
+      const float inv = 1.0f / std::max(s, min_absmax);
+      for (std::int64_t i = 0; i < len; ++i)
+        m.absmax_codes[begin + i] = dynamic8_code(std::clamp((absmax[begin + i] - offset) * inv, -1.0f, 1.0f));
     }
   }
   return m;
@@ -234,8 +318,12 @@ Int8Matrix quantize_int8_impl(std::int64_t rows, std::int64_t cols, const std::s
 // The absmax of each block a run of values touches, computed as bitsandbytes dequantizes them.
 float block_absmax(const Nf4Matrix& m, std::int64_t b) {
   const float code = dynamic8_table[m.absmax_codes[b]];
-  const float scaled = code * m.absmax_scales[b / nf4_absmax_block_size];
-  return scaled + m.absmax_offset;
+  if (m.parts.empty()) return code * m.absmax_scales[b / nf4_absmax_block_size] + m.absmax_offset;
+  std::size_t p = m.parts.size() - 1;
+  while (p > 0 && m.parts[p].first_block > b) --p;
+  const Nf4Matrix::Part& part = m.parts[p];
+  const float scaled = code * m.absmax_scales[part.first_scale + (b - part.first_block) / nf4_absmax_block_size];
+  return scaled + part.offset;
 }
 
 inline float nf4_value(const Nf4Matrix& m, std::int64_t e, float a) {
@@ -352,13 +440,24 @@ const std::array<float, 256>& dynamic8_levels() {
   return dynamic8_table;
 }
 
+std::uint8_t dynamic8_code(float x) {
+  // In float32, as the kernel computes the point's index (the file is built without contraction).
+  const float index = std::floor((x + 1.0f) * 32767.5f + 0.5f);
+  const auto i = static_cast<std::int64_t>(std::clamp(index, 0.0f, 65535.0f));
+  return dynamic8_table_of_points()[static_cast<std::size_t>(i)];
+}
+
+float torch_float32_mean(std::span<const float> values) {
+  return values.empty() ? 0.0f : torch_cascade_sum(values) / static_cast<float>(values.size());
+}
+
 float Nf4Matrix::absmax(std::int64_t block) const {
   return block_absmax(*this, block);
 }
 
 std::int64_t Nf4Matrix::storage_bytes() const {
   return static_cast<std::int64_t>(codes.size() + absmax_codes.size() + absmax_scales.size() * sizeof(float) +
-                                   sizeof(float));
+                                   sizeof(float) + parts.size() * sizeof(Part));
 }
 
 std::int64_t Int8Matrix::storage_bytes() const {
@@ -366,14 +465,26 @@ std::int64_t Int8Matrix::storage_bytes() const {
 }
 
 Nf4Matrix quantize_nf4(std::span<const float> values, std::int64_t rows, std::int64_t cols, const std::string& what) {
-  check_shape(values.size(), rows, cols, what);
-  return quantize_nf4_impl(rows, cols, what, [&](std::int64_t i) { return values[i]; });
+  return quantize_nf4(values, rows, cols, what, {});
 }
 
 Nf4Matrix quantize_nf4_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
                             const std::string& what) {
+  return quantize_nf4_bf16(values, rows, cols, what, {});
+}
+
+Nf4Matrix quantize_nf4(std::span<const float> values, std::int64_t rows, std::int64_t cols, const std::string& what,
+                       std::span<const std::int64_t> part_rows) {
   check_shape(values.size(), rows, cols, what);
-  return quantize_nf4_impl(rows, cols, what, [&](std::int64_t i) { return bf16_to_float(values[i]); });
+  return quantize_nf4_impl(
+      rows, cols, what, [&](std::int64_t i) { return values[i]; }, part_rows);
+}
+
+Nf4Matrix quantize_nf4_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                            const std::string& what, std::span<const std::int64_t> part_rows) {
+  check_shape(values.size(), rows, cols, what);
+  return quantize_nf4_impl(
+      rows, cols, what, [&](std::int64_t i) { return bf16_to_float(values[i]); }, part_rows);
 }
 
 Int8Matrix quantize_int8(std::span<const float> values, std::int64_t rows, std::int64_t cols, const std::string& what) {
@@ -505,14 +616,33 @@ std::uint16_t float_to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// Parts that do not each start on an nf4 block cannot keep the blocks bitsandbytes would give
+// each part: the matrix is then quantized as one.
+std::span<const std::int64_t> block_aligned(std::span<const std::int64_t> part_rows, std::int64_t cols) {
+  for (const std::int64_t r : part_rows)
+    if ((r * cols) % nf4_block_size != 0) return {};
+  return part_rows.size() > 2 ? part_rows : std::span<const std::int64_t>{};
+}
+
 }  // namespace
 
 StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
                    const std::string& what) {
+  return store(values, rows, cols, format, what, {});
+}
+
+StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                        StorageFormat format, const std::string& what) {
+  return store_bf16(values, rows, cols, format, what, {});
+}
+
+StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
+                   const std::string& what, std::span<const std::int64_t> part_rows) {
+  const auto parts = block_aligned(part_rows, cols);
   return store_impl(
       values, rows, cols, format, what,
-      [](std::span<const float> v, std::int64_t r, std::int64_t c, const std::string& w) {
-        return quantize_nf4(v, r, c, w);
+      [parts](std::span<const float> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_nf4(v, r, c, w, parts);
       },
       [](std::span<const float> v, std::int64_t r, std::int64_t c, const std::string& w) {
         return quantize_int8(v, r, c, w);
@@ -521,11 +651,12 @@ StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_
 }
 
 StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
-                        StorageFormat format, const std::string& what) {
+                        StorageFormat format, const std::string& what, std::span<const std::int64_t> part_rows) {
+  const auto parts = block_aligned(part_rows, cols);
   return store_impl(
       values, rows, cols, format, what,
-      [](std::span<const std::uint16_t> v, std::int64_t r, std::int64_t c, const std::string& w) {
-        return quantize_nf4_bf16(v, r, c, w);
+      [parts](std::span<const std::uint16_t> v, std::int64_t r, std::int64_t c, const std::string& w) {
+        return quantize_nf4_bf16(v, r, c, w, parts);
       },
       [](std::span<const std::uint16_t> v, std::int64_t r, std::int64_t c, const std::string& w) {
         return quantize_int8_bf16(v, r, c, w);

@@ -257,13 +257,25 @@ class GemmaModel final : public loom::models::TransformerLm {
 
 loom::OptionSchema gemma_schema() {
   loom::OptionSchema s;
-  s.integer("seq_len", 8192, "Longest sequence (the RoPE table's length).").min(1);
-  s.integer("hidden_dim", 2304, "Width of the residual stream.").min(1);
-  s.integer("intermediate_dim", 9216, "Width of the GeGLU MLP.").min(1);
-  s.integer("num_layers", 26, "Decoder layers; the even ones (0, 2, ...) use the sliding window.").min(1);
-  s.integer("num_heads", 8, "Query heads.").min(1);
-  s.integer("num_kv_heads", 4, "Key/value heads (grouped-query attention); divides num_heads.").min(1);
-  s.integer("head_dim", 256, "Width of one head (even).").min(2);
+  s.integer("seq_len", 8192, "Longest sequence (the RoPE table's length).")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_seq_len));
+  s.integer("hidden_dim", 2304, "Width of the residual stream.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_width));
+  s.integer("intermediate_dim", 9216, "Width of the GeGLU MLP.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_width));
+  s.integer("num_layers", 26, "Decoder layers; the even ones (0, 2, ...) use the sliding window.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_layers));
+  s.integer("num_heads", 8, "Query heads.").min(1).max(static_cast<double>(loom::models::max_model_heads));
+  s.integer("num_kv_heads", 4, "Key/value heads (grouped-query attention); divides num_heads.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_heads));
+  s.integer("head_dim", 256, "Width of one head (even).")
+      .min(2)
+      .max(static_cast<double>(loom::models::max_model_width));
   s.number("query_pre_attn_scalar", std::nullopt, "Attention scores are scaled by this^-1/2; null: head_dim.")
       .min(0.0, false);
   s.number("attn_logit_softcapping", 50.0, "Soft-cap of the attention scores (cap * tanh(s / cap)); null: none.")
@@ -277,7 +289,9 @@ loom::OptionSchema gemma_schema() {
   s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
   s.number("layer_norm_epsilon", 1e-6, "RMSNorm epsilon.").min(0.0);
   s.boolean("tie_word_embeddings", true, "Use the token embedding as the output projection (Gemma always does).");
-  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
+  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_vocab_size));
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.component("attention", "attention", "auto",
               "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "

@@ -279,11 +279,19 @@ class Gpt2Model final : public loom::models::TransformerLm {
 
 loom::OptionSchema gpt2_schema() {
   loom::OptionSchema s;
-  s.integer("seq_len", 1024, "Longest sequence: the number of learned positions.").min(1);
-  s.integer("hidden_dim", 768, "Width of the residual stream (n_embd).").min(1);
-  s.integer("num_layers", 12, "Transformer blocks (n_layer).").min(1);
-  s.integer("num_heads", 12, "Attention heads; must divide hidden_dim.").min(1);
-  s.integer("mlp_scale", 4, "MLP width as a multiple of hidden_dim.").min(1);
+  s.integer("seq_len", 1024, "Longest sequence: the number of learned positions.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_seq_len));
+  s.integer("hidden_dim", 768, "Width of the residual stream (n_embd).")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_width));
+  s.integer("num_layers", 12, "Transformer blocks (n_layer).")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_layers));
+  s.integer("num_heads", 12, "Attention heads; must divide hidden_dim.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_heads));
+  s.integer("mlp_scale", 4, "MLP width as a multiple of hidden_dim.").min(1).max(1024);
   s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
   s.number("embed_pdrop", 0.0, "Dropout on the summed token and position embeddings.").min(0.0).max(1.0, false);
   s.number("resid_pdrop", 0.0, "Dropout on each block's attention and MLP outputs.").min(0.0).max(1.0, false);
@@ -295,7 +303,9 @@ loom::OptionSchema gpt2_schema() {
             "Divide attention scores of layer i (from 0) by i + 1 as well as by sqrt(head_dim) (Mistral's tweak).");
   s.boolean("use_bias", true, "Biases in every linear layer and LayerNorm.");
   s.boolean("tie_word_embeddings", true, "Use the token embedding (wte) as the output projection.");
-  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
+  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_vocab_size));
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
   s.component("attention", "attention", "auto",
               "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "

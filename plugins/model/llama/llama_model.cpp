@@ -569,14 +569,23 @@ loom::OptionSchema rope_schema() {
 
 loom::OptionSchema llama_schema() {
   loom::OptionSchema s;
-  s.integer("seq_len", 2048, "Longest sequence (the RoPE table's length).").min(1);
-  s.integer("hidden_dim", 4096, "Width of the residual stream.").min(1);
-  s.integer("intermediate_dim", 11008, "Width of the SwiGLU MLP.").min(1);
-  s.integer("num_layers", 32, "Decoder layers.").min(1);
-  s.integer("num_heads", 32, "Query heads.").min(1);
+  s.integer("seq_len", 2048, "Longest sequence (the RoPE table's length).")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_seq_len));
+  s.integer("hidden_dim", 4096, "Width of the residual stream.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_width));
+  s.integer("intermediate_dim", 11008, "Width of the SwiGLU MLP.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_width));
+  s.integer("num_layers", 32, "Decoder layers.").min(1).max(static_cast<double>(loom::models::max_model_layers));
+  s.integer("num_heads", 32, "Query heads.").min(1).max(static_cast<double>(loom::models::max_model_heads));
   s.integer("num_kv_heads", 32, "Key/value heads (grouped-query attention; 1 is multi-query); divides num_heads.")
-      .min(1);
-  s.integer("head_dim", std::nullopt, "Width of one head (even); null: hidden_dim / num_heads.").min(2);
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_heads));
+  s.integer("head_dim", std::nullopt, "Width of one head (even); null: hidden_dim / num_heads.")
+      .min(2)
+      .max(static_cast<double>(loom::models::max_model_width));
   s.object("rope", rope_schema(), "Rotary position embedding.");
   s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
   s.number("layer_norm_epsilon", 1e-5, "RMSNorm epsilon.").min(0.0);
@@ -591,7 +600,9 @@ loom::OptionSchema llama_schema() {
   s.boolean("use_qk_norm", false, "RMSNorm over each query and key head before RoPE (Qwen3).");
   s.object("moe", loom::models::moe_schema(), "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
   s.string("remat", "none", loom::models::remat_doc).one_of({"none", "full", "save_dots"});
-  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.").min(1);
+  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.")
+      .min(1)
+      .max(static_cast<double>(loom::models::max_model_vocab_size));
   s.component("attention", "attention", "auto",
               "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "
               "(flash on the host; docs/attention-kernels.md#auto).");

@@ -3,17 +3,26 @@
 // (Debian's libsentencepiece-dev), so ids are exactly those of the `sentencepiece` Python
 // package: unigram or BPE, with the model's normalizer and byte fallback. encode adds no BOS or
 // EOS; end_of_text is the model's EOS piece when it has one.
+//
+// Its Hugging Face form (`loom export`): the model file as tokenizer.model, with the
+// tokenizer_config.json, special_tokens_map.json, tokenizer.json and added_tokens.json that sit
+// beside it (a Hugging Face directory's, as trainer.init_from reads it), verbatim; without a
+// tokenizer_config.json there, one naming transformers' LlamaTokenizer and the model's pieces.
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
+#include <fstream>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/tokenizer.hpp>
 #include <loom/plugin.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 namespace {
 
-class SentencePieceTokenizer final : public loom::Tokenizer {
+class SentencePieceTokenizer final : public loom::Tokenizer, public loom::HfTokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
     std::error_code ec;
@@ -51,6 +60,42 @@ class SentencePieceTokenizer final : public loom::Tokenizer {
   std::optional<std::int32_t> end_of_text() const override {
     const int eos = processor_.eos_id();
     return eos >= 0 ? std::optional<std::int32_t>(eos) : std::nullopt;
+  }
+
+  std::vector<loom::HfFile> hf_tokenizer_files(std::int64_t model_max_length) const override {
+    auto read = [](const std::filesystem::path& file) {
+      std::ifstream in(file, std::ios::binary);
+      std::ostringstream bytes;
+      bytes << in.rdbuf();
+      if (!in) throw loom::UserError("cannot read '" + file.string() + "' (the tokenizer's Hugging Face files)");
+      return bytes.str();
+    };
+    const std::filesystem::path model(path_);
+    std::vector<loom::HfFile> files{{"tokenizer.model", read(model)}};
+    bool has_config = false;
+    for (const char* name :
+         {"tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "added_tokens.json"}) {
+      std::error_code ec;
+      const std::filesystem::path beside = model.parent_path() / name;
+      if (!std::filesystem::is_regular_file(beside, ec)) continue;
+      files.push_back({name, read(beside)});
+      has_config = has_config || std::string(name) == "tokenizer_config.json";
+    }
+    if (!has_config) {
+      nlohmann::ordered_json config = {{"tokenizer_class", "LlamaTokenizer"},
+                                       {"model_max_length", model_max_length},
+                                       {"add_bos_token", processor_.bos_id() >= 0},
+                                       {"add_eos_token", false}};
+      auto piece = [&](const char* key, int id) {
+        if (id >= 0) config[key] = processor_.IdToPiece(id);
+      };
+      piece("bos_token", processor_.bos_id());
+      piece("eos_token", processor_.eos_id());
+      piece("unk_token", processor_.unk_id());
+      piece("pad_token", processor_.pad_id());
+      files.push_back({"tokenizer_config.json", config.dump(2) + "\n"});
+    }
+    return files;
   }
 
  private:

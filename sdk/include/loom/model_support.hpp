@@ -31,6 +31,17 @@
 
 namespace loom::models {
 
+// The largest extents the built-in transformer models accept (their options' maxima): far above
+// any model trained today, and small enough that a shape's element count fits in 64 bits.
+inline constexpr std::int64_t max_model_width = std::int64_t{1} << 20;       // hidden, MLP and head widths
+inline constexpr std::int64_t max_model_layers = std::int64_t{1} << 14;      // layers (blocks)
+inline constexpr std::int64_t max_model_heads = std::int64_t{1} << 14;       // query or key/value heads
+inline constexpr std::int64_t max_model_seq_len = std::int64_t{1} << 24;     // positions
+inline constexpr std::int64_t max_model_vocab_size = std::int64_t{1} << 24;  // vocabulary entries
+inline constexpr std::int64_t max_model_experts = std::int64_t{1} << 12;     // experts per layer
+// The most values a model may declare in all (2^56: 256 PiB in float32).
+inline constexpr std::int64_t max_model_values = std::int64_t{1} << 56;
+
 // Declares parameters, then allocates them all at once as views into one buffer, each starting
 // on a 64-byte boundary (one cache line, one AVX-512 vector). One buffer makes a whole-model
 // pass (an optimizer step, a checkpoint) one sweep over memory. Under tensor parallelism
@@ -55,6 +66,16 @@ class ParameterStore {
   void declare(std::string name, Shape shape, ParameterRole role, Parameter** slot,
                TensorPlacement placement = TensorPlacement::replicated()) {
     if (allocated()) throw InternalError("ParameterStore::declare after allocate");
+    // The count in 128 bits: shapes from absurd options are refused, not wrapped around.
+    __extension__ typedef __int128 Count;
+    Count values = 1;
+    for (int i = 0; i < shape.rank(); ++i) values *= std::max<std::int64_t>(shape[i], 0);
+    declared_values_ += values < max_model_values ? static_cast<std::int64_t>(values) : max_model_values;
+    if (values >= max_model_values || declared_values_ >= max_model_values)
+      throw UserError("the model would have more than 2^56 parameter values (its parameter '" + name + "' is " +
+                      shape.str() +
+                      "): its options (model.hidden_dim, model.num_layers, the vocabulary ...) describe a model "
+                      "far larger than any machine holds");
     const Shape local = tensor_plan::shard_shape(shape, placement, tensor_rank_, tensor_size_);
     specs_.push_back({std::move(name), local, role, slot, shape, std::move(placement)});
   }
@@ -119,6 +140,7 @@ class ParameterStore {
   };
   int tensor_rank_ = 0, tensor_size_ = 1;
   std::vector<Spec> specs_;
+  std::int64_t declared_values_ = 0;  // capped at max_model_values
   Tensor buffer_;
   std::deque<Parameter> storage_;  // stable addresses
   std::vector<ModelParameter> list_;
@@ -601,23 +623,34 @@ inline double training_flops_per_token(const TransformerShape& s, std::int64_t s
 // forward runs again and its gradients). Besides, with or without remat: one chunk of logits
 // (Ops::linear_cross_entropy's, at most 256 MiB) and the output projection's whole gradient
 // [vocab, hidden], which the backward pass computes before it is added to the parameter's.
+// In 128 bits, each figure capped at 2^58 bytes (256 PiB), so that absurd shapes give an absurd
+// estimate instead of one wrapped around to negative.
+namespace detail {
+__extension__ typedef __int128 MemoryCount;
+inline std::int64_t capped_memory(MemoryCount v) {
+  constexpr std::int64_t cap = std::int64_t{1} << 58;
+  return v < 0 ? 0 : v > cap ? cap : static_cast<std::int64_t>(v);
+}
+}  // namespace detail
+
 inline ModelMemory transformer_memory(const TransformerShape& s, RematPolicy remat, std::int64_t batch,
                                       std::int64_t seq) {
-  const std::int64_t tokens = batch * seq, kv = s.num_kv_heads * s.head_dim, q = s.num_heads * s.head_dim;
-  const std::int64_t layer_floats =
-      9 * s.hidden_dim + 3 * kv + (s.glu ? 7 : 3) * s.intermediate_dim / 2 + 3 * s.experts_per_token * s.hidden_dim;
-  const std::int64_t per_layer = tokens * 4 * layer_floats;
-  const std::int64_t vocab = std::max<std::int64_t>(s.vocab_size, 1);
-  const std::int64_t chunk = std::max<std::int64_t>(16, (std::int64_t{256} << 20) / (vocab * 4) / 16 * 16);
-  const std::int64_t outside =
-      std::min(tokens, chunk) * vocab * 4 + vocab * s.hidden_dim * 4 + tokens * 4 * 2 * s.hidden_dim;
+  using W = detail::MemoryCount;
+  const W tokens = W{batch} * seq, kv = W{s.num_kv_heads} * s.head_dim, q = W{s.num_heads} * s.head_dim;
+  const W hidden = s.hidden_dim, layers = s.num_layers;
+  const W layer_floats =
+      9 * hidden + 3 * kv + (s.glu ? 7 : 3) * W{s.intermediate_dim} / 2 + 3 * W{s.experts_per_token} * hidden;
+  const W per_layer = tokens * 4 * layer_floats;
+  const W vocab = std::max<std::int64_t>(s.vocab_size, 1);
+  const W chunk = std::max<W>(16, (W{256} << 20) / (vocab * 4) / 16 * 16);
+  const W outside = std::min(tokens, chunk) * vocab * 4 + vocab * hidden * 4 + tokens * 4 * 2 * hidden;
   ModelMemory m;
-  m.activation_bytes = s.num_layers * per_layer + outside;
-  m.activation_bytes_remat = s.num_layers * tokens * 4 * 2 * s.hidden_dim + 5 * per_layer / 4 + outside;
+  m.activation_bytes = detail::capped_memory(layers * per_layer + outside);
+  m.activation_bytes_remat = detail::capped_memory(layers * tokens * 4 * 2 * hidden + 5 * per_layer / 4 + outside);
   m.remat = remat != RematPolicy::none;
-  m.kv_cache_bytes_per_position = 2 * s.num_layers * kv * 4;
-  m.lora_in_out = s.num_layers * ((s.hidden_dim + q + 2 * kv) + (q + s.hidden_dim) +
-                                  (s.glu ? 3 : 2) * (s.hidden_dim + s.intermediate_dim));
+  m.kv_cache_bytes_per_position = detail::capped_memory(2 * layers * kv * 4);
+  m.lora_in_out = detail::capped_memory(
+      layers * ((hidden + q + 2 * kv) + (q + hidden) + (s.glu ? 3 : 2) * (hidden + W{s.intermediate_dim})));
   return m;
 }
 

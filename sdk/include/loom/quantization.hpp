@@ -12,7 +12,12 @@
 //   absmaxes' mean is subtracted (one float32 offset), and the centred absmaxes are quantized in
 //   blocks of 256 to bitsandbytes' signed 8-bit dynamic float code (dynamic8_levels()), each block
 //   with a float32 absmax of its own. Storage: 4 bits a weight + 8 bits per 64 weights + 32 bits
-//   per 16384: 4.127 bits a weight.
+//   per 16384: 4.127 bits a weight. The statistics are bitsandbytes' own (its CPU kernels,
+//   0.50.2): the mean is torch.mean's float32 sum (its CPU order, 8-lane vectors on one thread)
+//   divided by the count, and each centred absmax c of a block with absmax s takes
+//   dynamic8_code(c * (1 / s)) (dynamic8_code below: a 65536-entry table, not the nearest level).
+//   A fused weight whose parts bitsandbytes quantizes as tensors of their own (llama's q, k and v
+//   rows of qkv_proj) takes each part's statistics on its own (quantize_nf4 with part_rows).
 // - int8: per-output-row (per-row) absmax, symmetric: scale = absmax / 127, code =
 //   round-half-to-even(value * (127 / absmax)) in [-127, 127]; value ~ code * scale.
 //
@@ -43,6 +48,18 @@ const std::array<float, 16>& nf4_levels();
 // [-1, 1], dense near 0), which quantizes the centred nf4 absmaxes.
 const std::array<float, 256>& dynamic8_levels();
 
+// The dynamic8 code bitsandbytes' CPU kernel (cquantize_blockwise_cpu_fp32, 0.50.2) gives a
+// normalised value x in [-1, 1]: the code nearest to the point of torch.linspace(-1, 1, 65536)
+// that x rounds to, index floor(fl(fl(x + 1) * 32767.5) + 0.5) in float32 arithmetic. Within
+// 1/65535 of a midpoint between two levels it may take the farther one.
+std::uint8_t dynamic8_code(float x);
+
+// The mean bitsandbytes subtracts from the absmaxes: torch.mean of a float32 tensor on the CPU,
+// its cascade sum (4 accumulators of 8-lane vectors, levels of 16 or more) on one thread, divided
+// by the count in float32. (On more threads, or with 16-lane vectors, torch itself may round
+// the last bit otherwise.)
+float torch_float32_mean(std::span<const float> values);
+
 // A matrix in NF4 with double-quantized absmaxes.
 struct Nf4Matrix {
   std::int64_t rows = 0, cols = 0;
@@ -55,13 +72,21 @@ struct Nf4Matrix {
   std::vector<std::uint8_t> absmax_codes;
   // One per nf4_absmax_block_size blocks: the largest |absmax - absmax_offset| among them.
   std::vector<float> absmax_scales;
-  // The mean of all the blocks' absmaxes (summed in double, rounded to float32 once: bitsandbytes'
-  // float32 torch.mean may differ from it in the last bit).
+  // The mean of all the blocks' absmaxes (torch_float32_mean); of the first part's with parts.
   float absmax_offset = 0.0f;
+  // A matrix quantized as several tensors (quantize_nf4 with part_rows): each part's first block,
+  // its first absmax scale (its blocks are grouped in 256s from its first) and its mean. Empty:
+  // one part, absmax_offset and groups from block 0.
+  struct Part {
+    std::int64_t first_block = 0, first_scale = 0;
+    float offset = 0.0f;
+  };
+  std::vector<Part> parts;
 
   std::int64_t blocks() const { return static_cast<std::int64_t>(absmax_codes.size()); }
   // Block b's absmax as dequantization uses it: dynamic8_levels()[absmax_codes[b]] *
-  // absmax_scales[b / 256] + absmax_offset.
+  // absmax_scales[b / 256] + absmax_offset (with parts: the scale of its group within its part,
+  // and its part's offset).
   float absmax(std::int64_t block) const;
   // The bytes it takes in memory (codes, absmax codes and scales, the offset).
   std::int64_t storage_bytes() const;
@@ -83,6 +108,14 @@ Nf4Matrix quantize_nf4(std::span<const float> values, std::int64_t rows, std::in
                        const std::string& what = "tensor");
 Nf4Matrix quantize_nf4_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
                             const std::string& what = "tensor");
+// As bitsandbytes quantizes the rows [part_rows[i], part_rows[i + 1]) (part_rows[0] = 0, the last
+// = rows) as tensors of their own: the same codes and blocks (each part must start on a block,
+// part_rows[i] * cols a multiple of nf4_block_size: an InternalError otherwise), the double
+// quantization's mean and groups of 256 absmaxes taken over each part.
+Nf4Matrix quantize_nf4(std::span<const float> values, std::int64_t rows, std::int64_t cols, const std::string& what,
+                       std::span<const std::int64_t> part_rows);
+Nf4Matrix quantize_nf4_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                            const std::string& what, std::span<const std::int64_t> part_rows);
 Int8Matrix quantize_int8(std::span<const float> values, std::int64_t rows, std::int64_t cols,
                          const std::string& what = "tensor");
 Int8Matrix quantize_int8_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
@@ -124,6 +157,12 @@ StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_
                    const std::string& what = "tensor");
 StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
                         StorageFormat format, const std::string& what = "tensor");
+// With the rows of the tensors a fused weight is made of (quantize_nf4's part_rows; only nf4
+// takes statistics over a part, and only parts that start on a block: otherwise one part).
+StoredMatrix store(std::span<const float> values, std::int64_t rows, std::int64_t cols, StorageFormat format,
+                   const std::string& what, std::span<const std::int64_t> part_rows);
+StoredMatrix store_bf16(std::span<const std::uint16_t> values, std::int64_t rows, std::int64_t cols,
+                        StorageFormat format, const std::string& what, std::span<const std::int64_t> part_rows);
 // dequantize() above for whichever format `m` holds (bf16 widens exactly).
 void dequantize(const StoredMatrix& m, std::int64_t row0, std::int64_t nrows, std::int64_t col0, std::int64_t ncols,
                 float* out, std::int64_t ld);

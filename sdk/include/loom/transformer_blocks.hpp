@@ -308,8 +308,12 @@ struct MoeConfig {
 // The `moe` options (a model's `moe:` object); num_experts 0 is a dense MLP.
 inline OptionSchema moe_schema() {
   OptionSchema s;
-  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.").min(0);
-  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).").min(1);
+  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.")
+      .min(0)
+      .max(static_cast<double>(max_model_experts));
+  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).")
+      .min(1)
+      .max(static_cast<double>(max_model_experts));
   s.string("router_softmax", "after_top_k",
            "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
            "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "

@@ -2,11 +2,13 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "loom/error.hpp"
 #include "loom/run/eval.hpp"
 #include "loom/run/hf_interop.hpp"
+#include "loom/run/lora.hpp"
 #include "loom/run/run_config.hpp"
 
 namespace fs = std::filesystem;
@@ -145,8 +147,20 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
   out.lora = run.lora;
   out.prefix = run.documents.separator.back();
   out.description = files.description.empty() ? files.weights.string() : files.description;
-  if (run.lora) out.description += ", with its LoRA adapters merged";
+  if (run.lora)
+    out.description += run.lora->base_stored()
+                           ? std::string(", with its LoRA adapters applied to its ") +
+                                 quant::storage_format_name(run.lora->settings().base_dtype) + " base"
+                           : ", with its LoRA adapters merged";
   return out;
+}
+
+std::vector<TaskResult> evaluate_tasks(const EvalModel& model, const std::vector<Task>& tasks,
+                                       const EvalOptions& options, ScorerStats* stats) {
+  // The scorer makes its Ops on this thread: the scope gives each the adapters' table.
+  std::optional<LinearAdaptersScope> adapters;
+  if (model.lora && model.lora->base_stored()) adapters.emplace(&model.lora->table());
+  return evaluate_tasks(*model.model, *model.backend, *model.tokenizer, model.prefix, tasks, options, stats);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -129,6 +130,18 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
   }
   // Whatever can fail on the model or the tokenizer fails before the first file is written.
   Value config = hf->hf_config();
+  // What config.json takes from the base's (HfExportOptions::base_dir).
+  nlohmann::ordered_json base = nlohmann::ordered_json::object();
+  if (!options.base_dir.empty()) {
+    std::ifstream in(options.base_dir / "config.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto parsed = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (!in || !parsed.is_object())
+      throw UserError("cannot read '" + (options.base_dir / "config.json").string() +
+                      "' (the config.json of the run's trainer.init_from) as a JSON object");
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings"})
+      if (parsed.contains(key) && !parsed[key].is_null()) base[key] = parsed[key];
+  }
   const std::vector<std::pair<std::string, Tensor>> tensors = layout_tensors(hf->hf_tensors(), model.parameters());
   HfExportResult result;
   std::vector<HfFile> tokenizer_files;
@@ -207,6 +220,17 @@ HfExportResult export_hf(Model& model, const Tokenizer* tokenizer, const fs::pat
 
   // config.json last: a directory with a config.json is a complete export.
   nlohmann::ordered_json json = interop::to_json(config);
+  for (const auto& item : base.items()) {
+    const std::string& key = item.key();
+    const auto& value = item.value();
+    if (key == "max_position_embeddings") {
+      if (json.contains(key) && json[key].is_number_integer() && value.is_number_integer() &&
+          value.get<std::int64_t>() > json[key].get<std::int64_t>())
+        json[key] = value;
+    } else {
+      json[key] = value;
+    }
+  }
   if (tokenizer && tokenizer->end_of_text()) {
     if (!json.contains("bos_token_id")) json["bos_token_id"] = *tokenizer->end_of_text();
     if (!json.contains("eos_token_id")) json["eos_token_id"] = *tokenizer->end_of_text();

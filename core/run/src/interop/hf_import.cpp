@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "json_value.hpp"
+#include "loom/allocator.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"
@@ -112,6 +113,15 @@ bool ends_with_any(const std::string& name, const std::vector<std::string>& suff
 }
 
 }  // namespace
+
+std::vector<std::int64_t> hf_tensor_bytes(const fs::path& dir) {
+  std::vector<std::int64_t> out;
+  for (const auto& file : weight_files(dir)) {
+    const safetensors::Reader reader(file);
+    for (const auto& t : reader.tensors()) out.push_back(static_cast<std::int64_t>(t.end - t.begin));
+  }
+  return out;
+}
 
 bool is_hf_model_dir(const fs::path& dir) {
   std::error_code ec;
@@ -219,6 +229,7 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir, const Stor
             Parameter& p = *to_store[static_cast<std::size_t>(i)];
             const auto& list = parts.at(&p);
             const std::int64_t rows = p.shape()[0], cols = p.shape()[1];
+            const quant::StorageFormat format = stored->format_of ? stored->format_of(&p) : stored->format;
             quant::StoredMatrix m;
             const Copy& first = *list.front();
             if (list.size() == 1 && first.begin == 0 && first.end == rows) {
@@ -227,19 +238,29 @@ std::vector<std::string> import_hf(Model& model, const fs::path& dir, const Stor
                       ? quant::store_bf16(
                             std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(t.raw_data()),
                                                            static_cast<std::size_t>(t.numel())),
-                            rows, cols, stored->format, p.name())
+                            rows, cols, format, p.name())
                       : quant::store(std::span<const float>(t.data<float>(), static_cast<std::size_t>(t.numel())), rows,
-                                     cols, stored->format, p.name());
+                                     cols, format, p.name());
             } else {
               const Tensor whole = Tensor::empty(p.shape(), DType::f32);
-              for (const Copy* c : list) readers[c->reader].read_into(c->name, whole.slice(0, c->begin, c->end));
+              // Each tensor of the fused weight is its own part (nf4's statistics, as bitsandbytes).
+              std::vector<std::int64_t> parts;
+              for (const Copy* c : list) {
+                readers[c->reader].read_into(c->name, whole.slice(0, c->begin, c->end));
+                parts.push_back(c->begin);
+              }
+              std::sort(parts.begin(), parts.end());
+              parts.push_back(rows);
               m = quant::store(std::span<const float>(whole.data<float>(), static_cast<std::size_t>(whole.numel())),
-                               rows, cols, stored->format, p.name());
+                               rows, cols, format, p.name(), parts);
             }
             for (const Copy* c : list) readers[c->reader].release(c->name);
             p.set_stored(std::make_shared<const quant::StoredMatrix>(std::move(m)));
           }
         });
+    // The tensors read in flight went back to the allocator's cache: give them to the system, so
+    // that the run holds the stored base alone (the loading peak is the start-up estimate's).
+    allocator_release_cached();
   }
 
   std::vector<std::string> notes;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "loom/error.hpp"
+#include "loom/execution.hpp"
 #include "loom/random.hpp"
 #include "loom/run/hf_interop.hpp"
 #include "loom/run/run_config.hpp"
@@ -55,7 +56,8 @@ RunComponents create_components(const Registry& registry, Value& config) {
 }
 
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp, int tensor) {
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp, int tensor,
+                           std::int64_t rows) {
   // A second instance of the model, declared but not allocated: its shapes, before the run's own
   // model allocates anything.
   const Handle<Model> probe = create<Model>(registry, config, "model");
@@ -68,9 +70,33 @@ MemoryInputs memory_inputs(const Registry& registry, const Value& config, const 
   in.micro_batch = micro_size;
   in.seq_len = probe->max_seq_len();
   in.model = probe->memory(in.micro_batch, in.seq_len);
-  in.lora_rank = lora_settings(config).rank;
-  in.base_format = lora_settings(config).base_dtype;
-  in.base_streams = !hf_source_dir(trainer.get<std::string>("init_from")).empty();
+  in.micro_batches = rows > micro_size ? (rows + micro_size - 1) / micro_size : 1;
+  const LoraSettings lora = lora_settings(config);
+  in.lora_rank = lora.rank;
+  in.base_format = lora.base_dtype;
+  in.quantize_vocab_tables = lora.quantize_embeddings;
+  if (lora.enabled() &&
+      (lora.base_dtype == quant::StorageFormat::int8 || lora.base_dtype == quant::StorageFormat::nf4) &&
+      !lora.quantize_embeddings) {
+    // The vocabulary-sized tables (kept in bf16): the values one more vocabulary entry adds, times
+    // the vocabulary, from a second declared instance (with model.vocab_size one larger if it is set).
+    Value more = config;
+    if (Value* model = more.find("model"); model && model->is_map())
+      if (Value* v = model->find("vocab_size"); v && !v->is_null()) *v = Value(probe->vocab_size() + 1);
+    const Handle<Model> wider = create<Model>(registry, more, "model");
+    wider->build(ModelSetup{probe->vocab_size() + 1, /*allocate=*/false});
+    in.vocab_table_values =
+        std::max<std::int64_t>(0, wider->num_parameters() - in.num_parameters) * probe->vocab_size();
+  }
+  const std::filesystem::path hf_from = hf_source_dir(trainer.get<std::string>("init_from"));
+  in.base_streams = !hf_from.empty();
+  if (in.base_streams && lora.enabled() && lora.base_dtype != quant::StorageFormat::f32) {
+    // Each loading thread holds a tensor mapped and read as the files hold it: the largest ones.
+    std::vector<std::int64_t> bytes = hf_tensor_bytes(hf_from);
+    std::sort(bytes.rbegin(), bytes.rend());
+    const auto threads = static_cast<std::size_t>(std::max(1, default_execution_context().num_threads()));
+    for (std::size_t i = 0; i < bytes.size() && i < threads; ++i) in.stream_in_flight += 2 * bytes[i];
+  }
   in.optimizer_bytes_per_parameter = c.optimizer->state_bytes_per_parameter();
   in.ranks = ranks;
   in.shard_optimizer_state = trainer.get<bool>("shard_optimizer_state");
@@ -111,8 +137,7 @@ void build_model_and_data(RunComponents& c, std::int64_t batch_size, std::uint64
 
 std::string choose_trained_parameters(RunComponents& c, const Value& config, const Options& trainer) {
   const LoraSettings lora = lora_settings(config);
-  if (!lora.enabled() && !lora.target_modules.empty())
-    throw UserError("lora.target_modules is set but lora.rank is 0, which turns LoRA off; give lora.rank (8 is usual)");
+  check_lora_training(lora);
   if (lora.enabled())
     c.lora = with_context("while attaching the LoRA adapters (lora)",
                           [&] { return std::make_shared<LoraAdapters>(*c.model, *c.backend, lora); });
@@ -178,6 +203,7 @@ std::vector<std::string> initialize_parameters(RunComponents& c, const Options& 
   if (streams) {
     stored.format = c.lora->settings().base_dtype;
     stored.stores = [&c](const Parameter* p) { return c.lora->stores(p); };
+    stored.format_of = [&c](const Parameter* p) { return c.lora->format_of(p); };
   } else {
     c.model->initialize(seed);
   }

@@ -63,9 +63,11 @@ struct RunComponents {
 RunComponents create_components(const Registry& registry, Value& config);
 
 // What the start-up memory estimate needs (memory_estimate.hpp), from a declared but unallocated
-// instance of the configured model and the options: nothing of the run is allocated.
+// instance of the configured model and the options: nothing of the run is allocated. `rows` is
+// the rows of a step on this rank (micro-batches of micro_size).
 MemoryInputs memory_inputs(const Registry& registry, const Value& config, const RunComponents& c,
-                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp = 1, int tensor = 1);
+                           const Options& trainer, std::int64_t micro_size, int ranks, int fsdp = 1, int tensor = 1,
+                           std::int64_t rows = 0);
 
 // Prepares the data (batches of batch_size x the model's context, in the order of the data
 // stream of `seed`) and builds the model for the tokenizer's vocabulary. A tokenizer that learns

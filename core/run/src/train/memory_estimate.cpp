@@ -32,6 +32,14 @@ std::optional<std::int64_t> parse_size(const std::string& text) {
   return static_cast<std::int64_t>(value * scale);
 }
 
+// The estimate's arithmetic is 128-bit and each term capped (kMemoryEstimateCap): absurd shapes
+// give an absurd figure, which the memory check refuses, never one wrapped around to negative.
+using Wide = __int128;
+
+std::int64_t capped(Wide v) {
+  return static_cast<std::int64_t>(std::clamp<Wide>(v, 0, kMemoryEstimateCap));
+}
+
 int ranks_on_this_host(int ranks) {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
     if (const char* v = std::getenv(name); v && std::atoi(v) > 0) return std::atoi(v);
@@ -51,9 +59,9 @@ std::string format_bytes(std::int64_t bytes) {
 }
 
 std::int64_t MemoryEstimate::total() const {
-  return std::max({setup, loading + overhead,
-                   parameters + matmul_copies + reference + gradients + optimizer_state + ema + buckets + gathered +
-                       overhead + std::max(activations, kv_cache)});
+  const Wide run = Wide{parameters} + matmul_copies + reference + gradients + set_aside + optimizer_state + ema +
+                   buckets + gathered + overhead + std::max(activations, kv_cache);
+  return capped(std::max({Wide{setup}, Wide{loading} + overhead, run}));
 }
 
 std::string MemoryEstimate::describe() const {
@@ -61,13 +69,17 @@ std::string MemoryEstimate::describe() const {
   os << "memory estimate per rank: " << format_bytes(total()) << " (parameters " << format_bytes(parameters);
   if (base_format != quant::StorageFormat::f32) {
     os << " with the frozen base in " << quant::storage_format_name(base_format);
-    if (loading > 0) os << ", loading peak " << format_bytes(loading) << " (the float32 base before it is stored)";
+    if (loading > 0)
+      os << ", loading peak " << format_bytes(loading)
+         << (loading_streams ? " (the stored base and the tensors being read into it)"
+                             : " (the float32 base before it is stored)");
   }
   if (matmul_copies > 0) os << ", bf16 weight copies " << format_bytes(matmul_copies);
   if (reference > 0) os << ", reference model " << format_bytes(reference);
   os << ", gradients " << format_bytes(gradients) << ", optimizer state " << format_bytes(optimizer_state)
      << ", activations " << format_bytes(activations) << (remat ? " with remat" : "") << " ("
      << format_bytes(remat ? activations_no_remat : activations_remat) << (remat ? " without" : " with remat") << ")";
+  if (set_aside > 0) os << ", set-aside gradients " << format_bytes(set_aside);
   if (ema > 0) os << ", ema " << format_bytes(ema);
   if (buckets > 0) os << ", gradient buckets " << format_bytes(buckets);
   if (gathered > 0) os << ", gathered units " << format_bytes(gathered);
@@ -91,77 +103,96 @@ ModelMemory generic_model_memory(std::int64_t num_parameters, std::int64_t batch
 MemoryEstimate estimate_memory(const MemoryInputs& in) {
   MemoryEstimate e;
   const ModelMemory m = in.model ? *in.model : generic_model_memory(in.num_parameters, in.micro_batch, in.seq_len);
-  e.parameters = in.parameter_bytes;
-  e.reference = in.reference_model ? in.parameter_bytes : 0;
-  e.matmul_copies = in.bf16_matmuls ? in.num_parameters * 2 * (in.reference_model ? 2 : 1) : 0;
+  const Wide values = in.num_parameters, f32_bytes = in.parameter_bytes;
+  Wide parameters = f32_bytes, reference = in.reference_model ? f32_bytes : 0;
+  Wide matmul_copies = in.bf16_matmuls ? values * 2 * (in.reference_model ? 2 : 1) : 0;
   if (in.lora_rank > 0 && in.base_format != quant::StorageFormat::f32) {
     // Every value counted in the stored format (norms and biases, which stay float32, are a
-    // thousandth of a transformer); the products dequantize one panel of at most 8 MiB at a time
-    // instead of keeping bf16 copies. The float32 base exists while it loads, unless it is read
-    // from a Hugging Face directory straight into the format.
+    // thousandth of a transformer), the vocabulary tables in bf16 unless they are quantized too;
+    // the products dequantize one panel of at most 8 MiB at a time instead of keeping bf16
+    // copies. The float32 base exists while it loads, unless it is read from a Hugging Face
+    // directory straight into the format.
     e.base_format = in.base_format;
-    e.loading = in.base_streams ? 0 : in.parameter_bytes;
     const double bits = in.base_format == quant::StorageFormat::bf16   ? 16.0
                         : in.base_format == quant::StorageFormat::int8 ? 8.0
                                                                        : 4.127;
-    e.parameters = static_cast<std::int64_t>(static_cast<double>(in.num_parameters) * bits / 8.0);
-    e.matmul_copies =
-        std::min(std::int64_t{8} << 20, in.parameter_bytes) + (in.reference_model ? in.num_parameters * 2 : 0);
+    const Wide tables = in.base_format == quant::StorageFormat::bf16 || in.quantize_vocab_tables
+                            ? 0
+                            : std::clamp<Wide>(in.vocab_table_values, 0, values);
+    parameters = static_cast<Wide>(static_cast<double>(values - tables) * bits / 8.0) + tables * 2;
+    e.loading = capped(in.base_streams ? parameters + in.stream_in_flight : f32_bytes);
+    e.loading_streams = in.base_streams;
+    matmul_copies = std::min<Wide>(Wide{8} << 20, f32_bytes) + (in.reference_model ? values * 2 : 0);
   }
   // LoRA: every linear weight adapted (the upper bound: target_modules may name fewer).
-  e.trained_values = in.lora_rank > 0 ? in.lora_rank * m.lora_in_out : in.num_parameters;
-  e.gradients = e.trained_values * 4;
+  const Wide trained = in.lora_rank > 0 ? Wide{in.lora_rank} * m.lora_in_out : values;
+  Wide gradients = trained * 4;
   // LoRA's adapters are parameters of their own, float32, on top of the base.
-  if (in.lora_rank > 0) e.parameters += e.trained_values * 4;
-  const double state = static_cast<double>(e.trained_values) * in.optimizer_bytes_per_parameter;
-  e.optimizer_state = static_cast<std::int64_t>(in.shard_optimizer_state && in.ranks > 1 ? state / in.ranks : state);
-  e.ema = in.ema ? e.trained_values * 4 : 0;
-  e.buckets = in.ranks > 1 ? in.grad_bucket_bytes : 0;
+  if (in.lora_rank > 0) parameters += trained * 4;
+  const Wide state = static_cast<Wide>(static_cast<long double>(trained) * in.optimizer_bytes_per_parameter);
+  Wide optimizer_state = in.shard_optimizer_state && in.ranks > 1 ? state / in.ranks : state;
+  Wide ema = in.ema ? trained * 4 : 0;
+  Wide buckets = in.ranks > 1 ? in.grad_bucket_bytes : 0;
+  Wide gathered = 0, setup = 0;
   e.remat = m.remat;
   e.activations_no_remat = m.activation_bytes;
   e.activations_remat = m.activation_bytes_remat;
   e.activations = m.remat ? m.activation_bytes_remat : m.activation_bytes;
-  e.kv_cache = in.sample_positions * m.kv_cache_bytes_per_position;
+  Wide kv_cache = Wide{in.sample_positions} * m.kv_cache_bytes_per_position;
   e.overhead = kProcessOverheadBytes;
+  // Each tensor-parallel member holds 1/tensor of the split weights (every matrix and the
+  // embeddings; the norms it keeps whole are a thousandth of a transformer), with their
+  // gradients, state and average. The activations are counted whole (an upper bound: the heads'
+  // and the MLP's are split too). A whole-matrix optimizer updates whole copies of the split
+  // matrices on every member: their values, gradients and state are whole.
+  const Wide t = std::max(in.tensor, 1);
+  const Wide state_split = in.elementwise_optimizer ? t : 1;
   if (in.tensor > 1) {
-    // Each rank holds 1/tensor of the split weights (every matrix and the embeddings; the norms
-    // it keeps whole are a thousandth of a transformer), with their gradients, state and average.
-    // The activations are counted whole (an upper bound: the heads' and the MLP's are split too).
-    const std::int64_t t = in.tensor;
-    e.parameters /= t;
-    e.reference /= t;
-    e.matmul_copies /= t;
-    e.gradients /= t;
-    // A whole-matrix optimizer updates whole copies of the split matrices on every member: their
-    // values, gradients and state are whole.
-    if (!in.elementwise_optimizer)
-      e.optimizer_state += e.trained_values * 8;
-    else
-      e.optimizer_state /= t;
-    e.ema /= t;
-    e.buckets = std::min(e.buckets, e.gradients);
+    parameters /= t;
+    reference /= t;
+    matmul_copies /= t;
+    gradients /= t;
+    optimizer_state = optimizer_state / state_split + (in.elementwise_optimizer ? 0 : trained * 8);
+    ema /= t;
+    buckets = std::min(buckets, gradients);
   }
   if (in.fsdp > 1) {
-    // Each rank holds 1/fsdp of the values, gradients, state and average; no buckets. Whole-matrix
-    // optimizers add the whole values and gradients of the parameters a rank updates.
-    const std::int64_t f = in.fsdp;
-    const std::int64_t whole = in.elementwise_optimizer ? 0 : e.trained_values * 8 / f;
-    e.setup = in.parameter_bytes + in.parameter_bytes / f * 2 + kProcessOverheadBytes;
-    e.parameters /= f;
-    e.gradients /= f;
-    e.optimizer_state = static_cast<std::int64_t>(state / static_cast<double>(f)) + whole;
-    e.ema /= f;
-    e.buckets = 0;
+    // Each rank holds 1/fsdp of its member's values, gradients, state and average; no buckets.
+    // Whole-matrix optimizers add the whole values and gradients of the parameters a rank updates.
+    const Wide f = in.fsdp;
+    const Wide whole = in.elementwise_optimizer ? 0 : trained * 8 / f;
+    // Every rank builds its member's whole model before keeping its shard.
+    setup = f32_bytes / t + f32_bytes / t / f * 2 + kProcessOverheadBytes;
+    parameters /= f;
+    gradients /= f;
+    optimizer_state = state / state_split / f + whole;
+    ema /= f;
+    buckets = 0;
     // Gathered at once: the values of the unit computing and the one prefetched; the gradients of
-    // the unit computing and of the two being reduced (none under LoRA: the base is frozen).
+    // the unit computing and of the two being reduced (none under LoRA: the base is frozen); of
+    // the member's part of each unit under tensor parallelism.
     const std::int64_t* u = m.largest_units;
-    const std::int64_t largest = u[0] > 0 ? u[0] : in.num_parameters;
-    e.gathered = 4 * (largest + u[1]) + (in.lora_rank > 0 ? 0 : 4 * (largest + u[1] + u[2]));
+    const Wide largest = u[0] > 0 ? u[0] : values;
+    gathered = (4 * (largest + u[1]) + (in.lora_rank > 0 ? 0 : 4 * (largest + u[1] + u[2]))) / t;
     // bf16 products round the weights of the unit computing (those of the next unit reuse the
     // buffers), not of the whole model; a reference model is whole on every rank.
-    if (in.bf16_matmuls) e.matmul_copies = 2 * largest + (in.reference_model ? in.num_parameters * 2 : 0);
-    e.kv_cache = 0;  // no samples under FSDP
+    if (in.bf16_matmuls) matmul_copies = 2 * largest / t + (in.reference_model ? values * 2 : 0);
+    kv_cache = 0;  // no samples under FSDP
   }
+  // Gradient accumulation: the earlier micro-batches' sum, a second copy of the gradients.
+  const Wide set_aside = in.micro_batches > 1 && in.fsdp <= 1 ? gradients : 0;
+  e.parameters = capped(parameters);
+  e.reference = capped(reference);
+  e.matmul_copies = capped(matmul_copies);
+  e.trained_values = capped(trained);
+  e.gradients = capped(gradients);
+  e.set_aside = capped(set_aside);
+  e.optimizer_state = capped(optimizer_state);
+  e.ema = capped(ema);
+  e.buckets = capped(buckets);
+  e.gathered = capped(gathered);
+  e.setup = capped(setup);
+  e.kv_cache = capped(kv_cache);
   return e;
 }
 

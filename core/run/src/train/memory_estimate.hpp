@@ -20,12 +20,25 @@ struct MemoryInputs {
   bool bf16_matmuls = false;         // the backend multiplies in bf16: a bf16 copy of each weight
   std::optional<ModelMemory> model;  // the model's own estimate; none: the generic formula
   std::int64_t micro_batch = 1, seq_len = 1;
+  // Micro-batches per step on this rank: above 1, the gradients of the earlier ones are set aside
+  // (a second copy of every trained value's gradient) while the next one's are computed; FSDP
+  // sums them into its shards instead.
+  std::int64_t micro_batches = 1;
   std::int64_t lora_rank = 0;  // 0: every parameter is trained
   // lora.base_dtype: how the frozen base is stored (under LoRA only; not f32: no bf16 copies).
   quant::StorageFormat base_format = quant::StorageFormat::f32;
+  // The values of the vocabulary-sized tables (the token embedding and an untied output head),
+  // and whether a stored base quantizes them too (lora.quantize_embeddings): else an int8 or nf4
+  // base keeps them in bf16, as QLoRA with transformers and bitsandbytes does.
+  std::int64_t vocab_table_values = 0;
+  bool quantize_vocab_tables = false;
   // trainer.init_from is a Hugging Face directory: a stored base is read straight into its format
   // (no float32 loading peak).
   bool base_streams = false;
+  // Then what the loading threads hold at once besides the stored base: each the tensor it
+  // stores, as the file holds it, mapped and read (twice its bytes in the file), the loading
+  // threads' count of the largest.
+  std::int64_t stream_in_flight = 0;
   double optimizer_bytes_per_parameter = 8;
   int ranks = 1;
   bool shard_optimizer_state = false;  // ZeRO-1: the state divided by the ranks
@@ -39,13 +52,16 @@ struct MemoryInputs {
 };
 
 struct MemoryEstimate {
-  // loading: the peak while the base is loaded, before it is stored in lora.base_dtype (the
-  // float32 base as it is built, initialised and read from a loom init_from; 0 with a float32
-  // base, and with a Hugging Face init_from, which is read straight into the format).
+  // loading: the peak while the base is loaded into lora.base_dtype (the float32 base as it is
+  // built, initialised and read from a loom init_from; from a Hugging Face init_from, read
+  // straight into the format, the stored base and the tensors in flight; 0 with a float32 base).
   std::int64_t loading = 0;
+  bool loading_streams = false;  // loading is the stored base and the tensors in flight
   quant::StorageFormat base_format = quant::StorageFormat::f32;
   std::int64_t parameters = 0, matmul_copies = 0, reference = 0, gradients = 0, optimizer_state = 0, activations = 0,
                ema = 0, buckets = 0, kv_cache = 0, overhead = 0;
+  // Gradient accumulation's copy of the earlier micro-batches' gradients (MemoryInputs::micro_batches).
+  std::int64_t set_aside = 0;
   // FSDP: the units gathered at once (values of the current and the prefetched unit, gradients of
   // the current one and of two being reduced), and the start-up peak (every rank builds the whole
   // model before keeping its shard).
@@ -54,7 +70,8 @@ struct MemoryEstimate {
   bool remat = false;
   std::int64_t trained_values = 0;
   // Activations and the sampling KV cache are not held at once: the larger counts. The loading
-  // peak comes before both: the larger of it and the run's.
+  // peak comes before both: the larger of it and the run's. Every term saturates at
+  // kMemoryEstimateCap (a model too large to describe in 64 bits is refused, not wrapped around).
   std::int64_t total() const;
   // "memory estimate per rank: 1.23 GiB (parameters 475 MiB, ...)".
   std::string describe() const;
@@ -63,6 +80,10 @@ struct MemoryEstimate {
 // The process's own memory besides the run's tensors: code, plugins, BLAS and thread buffers,
 // the allocator's slack (measured: docs/training.md).
 inline constexpr std::int64_t kProcessOverheadBytes = std::int64_t{70} << 20;
+
+// The largest figure a term of the estimate takes (2^58 bytes, 256 PiB: more than any machine
+// holds), so that a sum of terms never overflows.
+inline constexpr std::int64_t kMemoryEstimateCap = std::int64_t{1} << 58;
 
 // The generic activation formula, for a model without Model::memory(): a GPT-2-like shape of
 // `num_parameters` values (width 64 x layers, 12 width^2 per layer).

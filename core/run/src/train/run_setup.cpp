@@ -102,6 +102,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     parallel.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
+    check_lora_training(lora_settings(run.config));
     // FSDP's units live in host memory (the caching allocator's blocks change under them).
     if (mesh.size(MeshAxis::tensor) > 1 && lora_settings(run.config).enabled())
       throw UserError(
@@ -137,7 +138,8 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   parallel.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
       return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size(),
-                           parallel.mesh().size(MeshAxis::fsdp), parallel.mesh().size(MeshAxis::tensor));
+                           parallel.mesh().size(MeshAxis::fsdp), parallel.mesh().size(MeshAxis::tensor),
+                           parallel.row_count(run.batch_size));
     });
     const MemoryEstimate estimate = estimate_memory(inputs);
     memory_line = estimate.describe();

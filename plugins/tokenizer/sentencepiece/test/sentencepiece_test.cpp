@@ -10,10 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <loom/core/plugin_host.hpp>
 #include <loom/core/registry.hpp>
 #include <loom/error.hpp>
+#include <loom/hf_interop.hpp>
 #include <loom/kinds/tokenizer.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -112,6 +115,42 @@ TEST_F(SentencePiece, BadFilesAndIdsAreUserErrors) {
   const auto tokenizer = make((dir_ / "unigram.model").string());
   const std::vector<std::int32_t> bad{5, 800};
   EXPECT_THROW(tokenizer->decode(bad), loom::UserError);
+}
+
+// `loom export`'s tokenizer files: the model as tokenizer.model, with the Hugging Face files
+// beside it verbatim (a directory trainer.init_from read), or a tokenizer_config.json of its own.
+TEST_F(SentencePiece, HuggingFaceFilesAreTheModelAndTheFilesBesideIt) {
+  const fs::path dir = dir_ / "hf-files";
+  fs::create_directories(dir);
+  fs::copy_file(dir_ / "unigram.model", dir / "tokenizer.model", fs::copy_options::overwrite_existing);
+  auto bytes = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto files_of = [&] {
+    const auto tokenizer = make((dir / "tokenizer.model").string());
+    const auto* hf = dynamic_cast<const loom::HfTokenizer*>(tokenizer.get());
+    EXPECT_NE(hf, nullptr) << "the sentencepiece tokenizer has a Hugging Face form";
+    std::map<std::string, std::string> out;
+    if (hf)
+      for (const auto& f : hf->hf_tokenizer_files(512)) out[f.name] = f.content;
+    return out;
+  };
+  auto alone = files_of();
+  ASSERT_EQ(alone.size(), 2u);
+  EXPECT_EQ(alone["tokenizer.model"], bytes(dir / "tokenizer.model"));
+  const auto config = nlohmann::json::parse(alone["tokenizer_config.json"]);
+  EXPECT_EQ(config["tokenizer_class"], "LlamaTokenizer");
+  EXPECT_EQ(config["model_max_length"], 512);
+  EXPECT_EQ(config["eos_token"], "</s>");
+
+  const std::string own = R"({"tokenizer_class": "LlamaTokenizer", "model_max_length": 32768, "chat_template": "x"})";
+  std::ofstream(dir / "tokenizer_config.json") << own;
+  std::ofstream(dir / "special_tokens_map.json") << R"({"bos_token": "<s>"})";
+  auto beside = files_of();
+  ASSERT_EQ(beside.size(), 3u);
+  EXPECT_EQ(beside["tokenizer_config.json"], own);
+  EXPECT_EQ(beside["special_tokens_map.json"], R"({"bos_token": "<s>"})");
 }
 
 }  // namespace

@@ -270,6 +270,13 @@ std::optional<std::int32_t> hf_prefix_token(const std::filesystem::path& dir, co
 // through trainer.init_from's loader into the model that runtime's config describes.
 EvalModel load_eval_model(Runtime& runtime, const std::filesystem::path& target, WeightsChoice choice);
 
+// evaluate_tasks on the model load_eval_model loaded, as `loom generate` runs it: a LoRA run's
+// adapters are merged into a float32 base, and applied in the products of a base stored in fewer
+// bits (lora.base_dtype bf16, int8, nf4: LinearAdaptersScope over the scoring), which has no
+// float32 value to merge into.
+std::vector<TaskResult> evaluate_tasks(const EvalModel& model, const std::vector<Task>& tasks,
+                                       const EvalOptions& options, ScorerStats* stats = nullptr);
+
 // The results as JSON: {"results": {task: {metric: value, metric_stderr: value or null, "docs": n,
 // "seconds": s}}, "samples": {task: [per document]} when logged}.
 std::string results_json(const std::vector<TaskResult>& results, const std::string& model_description);

@@ -36,6 +36,11 @@ struct HfExportOptions {
   // weight, row-major float32, before they are written: a LoRA run's adapters
   // (LoraAdapters::add_merged_rows).
   std::function<void(const Parameter& weight, std::int64_t begin, std::int64_t end, float* rows)> add_to_stored;
+  // The Hugging Face directory the run started from (trainer.init_from), if any: config.json
+  // takes its token ids (bos_token_id, eos_token_id, pad_token_id), and its
+  // max_position_embeddings where that is larger than the model's (a run trains at a shorter
+  // model.seq_len than its rotary positions reach).
+  std::filesystem::path base_dir;
 };
 
 struct HfExportResult {
@@ -61,7 +66,14 @@ struct StoredWeights {
   quant::StorageFormat format = quant::StorageFormat::f32;
   // Which parameters (frozen [rows, cols] matrices whose float32 values are never needed).
   std::function<bool(const Parameter*)> stores;
+  // The format of each (LoraAdapters::format_of); unset: `format` for all. A fused weight read
+  // from several tensors takes each tensor's nf4 statistics on its own.
+  std::function<quant::StorageFormat(const Parameter*)> format_of;
 };
+
+// The bytes each tensor of a Hugging Face model directory's safetensors files takes in them
+// (their headers only are read): what import_hf holds in flight while it stores one.
+std::vector<std::int64_t> hf_tensor_bytes(const std::filesystem::path& dir);
 
 // Whether `dir` is a Hugging Face model directory (it holds config.json).
 bool is_hf_model_dir(const std::filesystem::path& dir);

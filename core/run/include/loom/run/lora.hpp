@@ -23,7 +23,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,12 +49,20 @@ struct LoraSettings {
   double dropout = 0.0;                     // on the adapters' input
   std::vector<std::string> target_modules;  // name patterns (loom's or PEFT's); empty: every linear weight
   quant::StorageFormat base_dtype = quant::StorageFormat::f32;  // how the frozen base weights are stored
+  // int8 and nf4 also for the token embedding and the output head (else they are stored in bf16).
+  bool quantize_embeddings = false;
   bool enabled() const { return rank > 0; }
   float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
 };
 
 // The `lora` section of a resolved run config (defaults when it is absent).
 LoraSettings lora_settings(const Value& run_config);
+
+// What a training run refuses in the `lora` section before it builds anything (UserError): an
+// option that only means something with adapters (lora.target_modules, a lora.base_dtype other
+// than f32) while lora.rank is 0, which turns LoRA off (a quantized base with no adapters would
+// silently train the whole model in float32).
+void check_lora_training(const LoraSettings& settings);
 
 // Whether `pattern` names the parameter `name`. A pattern is a glob (`*` any characters, dots
 // included; `?` one character) matched against the whole name, against each of its dot-separated
@@ -99,6 +109,14 @@ class LoraAdapters {
   // Whether store_base stores `p` (frozen, and one of the weights above, with a base_dtype other
   // than f32): trainer.init_from may read it straight into the format (StoredWeights).
   bool stores(const Parameter* p) const;
+  // The format store_base stores `p` in: lora.base_dtype, but bf16 for the token embedding and
+  // the output head of an int8 or nf4 base unless lora.quantize_embeddings (as QLoRA with
+  // transformers and bitsandbytes keeps them in 16 bits).
+  quant::StorageFormat format_of(const Parameter* p) const;
+  // The first row of each Hugging Face tensor `p` is made of, then its rows (llama's qkv_proj:
+  // {0, q, q + kv, q + 2 kv}); empty for a parameter that is one tensor. An nf4 base takes each
+  // tensor's double-quantization statistics on its own, as bitsandbytes quantizes each.
+  std::vector<std::int64_t> part_rows(const Parameter* p) const;
   // Whether store_base stored any weight: then with_merged cannot merge into the base (there is
   // no float32 base to add to) and instead gives every Ops of its body the adapters' table.
   bool base_stored() const { return base_stored_; }
@@ -146,7 +164,9 @@ class LoraAdapters {
   std::vector<std::unique_ptr<Entry>> entries_;
   LinearAdapters table_;
   LoraSettings settings_;
-  std::vector<Parameter*> storable_;  // the weights store_base may store, in the model's order
+  std::vector<Parameter*> storable_;         // the weights store_base may store, in the model's order
+  std::set<const Parameter*> vocab_tables_;  // the embedding tables and the output head among them
+  std::map<const Parameter*, std::vector<std::int64_t>> part_rows_;  // of the fused weights
   bool base_stored_ = false;
   bool through_table_ = false;
   Backend* backend_;  // whose memory holds the adapters (initialize fills them there)
