@@ -70,6 +70,8 @@ OptionSpec& OptionSpec::length(std::size_t lo, std::size_t hi) {
 
 namespace {
 std::string number_text(double v) {
+  // A whole bound as the integer it is (1048576, not 1.04858e+06).
+  if (v == std::floor(v) && std::abs(v) < 9.0e15) return std::to_string(static_cast<std::int64_t>(v));
   std::ostringstream os;
   os << v;
   return os.str();

@@ -161,7 +161,9 @@ TEST_P(MixtureOfExpertsStarvedOnOneReplica, TrainsToTheEndAsOneProcessDoes) {
       member_starved_steps += all ? 1 : 0;
     }
   }
-  if (c.mesh.tensor > 1) EXPECT_GT(member_starved_steps, 0) << "no tensor member's experts all without a token";
+  if (c.mesh.tensor > 1) {
+    EXPECT_GT(member_starved_steps, 0) << "no tensor member's experts all without a token";
+  }
 
   // As one process trains on the same global batch (its micro-batches the replicas' rows).
   const auto expected = losses(one), got = losses(many);
