@@ -1,7 +1,9 @@
 // loom train CONFIG [a.b=c ...]
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "command_line.hpp"
 #include "loom/run/trainer.hpp"
@@ -20,13 +22,22 @@ int run_train(const std::vector<std::string>& args) {
       "SIGINT stops at once (docs/checkpoints.md).\n"
       "`loom config schema config` lists the trainer's options (docs/training.md explains them).");
   if (!options) return 0;
-  Runtime runtime(*options);
-  for (const auto& d : runtime.dropped_options()) std::cout << "note: " << d.str() << "\n";
   TrainOptions train_options;
   train_options.out = &std::cout;
   train_options.interactive = ::isatty(STDOUT_FILENO) != 0;
   train_options.report_error = print_error;
-  const TrainSummary summary = train(runtime, train_options);
+  std::optional<Runtime> runtime;
+  try {
+    runtime.emplace(*options);
+  } catch (const Error& e) {
+    // Under mpirun, printed once by rank 0 when every rank met it.
+    agree_on_start_up_error(e, *options, train_options);
+  }
+  // Under mpirun every rank read the same config (the ranks check it): rank 0 says the notes.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank || std::string(rank) == "0")
+    for (const auto& d : runtime->dropped_options()) std::cout << "note: " << d.str() << "\n";
+  const TrainSummary summary = train(*runtime, train_options);
   return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
 }
 

@@ -1,6 +1,7 @@
 #include "loom/options.hpp"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "loom/error.hpp"
@@ -69,6 +70,8 @@ OptionSpec& OptionSpec::length(std::size_t lo, std::size_t hi) {
 
 namespace {
 std::string number_text(double v) {
+  // A whole bound as the integer it is (1048576, not 1.04858e+06).
+  if (v == std::floor(v) && std::abs(v) < 9.0e15) return std::to_string(static_cast<std::int64_t>(v));
   std::ostringstream os;
   os << v;
   return os.str();
@@ -302,7 +305,17 @@ std::int64_t Options::get<std::int64_t>(std::string_view name) const {
 }
 template <>
 int Options::get<int>(std::string_view name) const {
-  return static_cast<int>(get<std::int64_t>(name));
+  // A component that reads an integer as an int declares a range within it; one that does not is
+  // still never handed a value that wraps (4294967297 read as 1).
+  const std::int64_t value = get<std::int64_t>(name);
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+    const SourceLocation& at = raw(name).location();
+    throw UserError((at.known() ? at.str() + ": " : std::string()) + (path_.empty() ? "" : path_ + ".") +
+                    std::string(name) + " is " + std::to_string(value) + ": out of range (an int: [" +
+                    std::to_string(std::numeric_limits<int>::min()) + ", " +
+                    std::to_string(std::numeric_limits<int>::max()) + "])");
+  }
+  return static_cast<int>(value);
 }
 template <>
 double Options::get<double>(std::string_view name) const {

@@ -526,6 +526,42 @@ TEST(Cli, AMeshThatDoesNotFitTheRanksIsRefusedBeforeTheRunStarts) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// Mesh sizes beyond an int used to wrap (fsdp 4294967297 trained as fsdp 1, tensor 4294967295
+// read as -1): each axis is range-checked as every option is, exit 2 naming the file and line.
+TEST(Cli, MeshSizesBeyondTheirRangeAreRefusedWithFileAndLine) {
+  test::TempDir dir;
+  const auto never = dir.path() / "never";
+  const auto file = dir.write("tiny.yaml", tiny_run_config);
+  for (const auto& [override_, key] : std::vector<std::pair<std::string, std::string>>{
+           {"trainer.mesh.fsdp=4294967297", "trainer.mesh.fsdp"},
+           {"trainer.mesh={data: 1, fsdp: 4294967298}", "trainer.mesh.fsdp"},
+           {"trainer.mesh.tensor=4294967295", "trainer.mesh.tensor"},
+           {"trainer.mesh.data=1048577", "trainer.mesh.data"}}) {
+    const auto r = loom({"train", file.string(), override_, "trainer.run_dir=" + never.string()});
+    EXPECT_EQ(r.exit_code, 2) << override_ << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(key + ": expected an integer in [-1, 1048576], got "), std::string::npos)
+        << override_ << ": " << r.err;
+    EXPECT_NE(r.err.find("(out of range)"), std::string::npos) << override_ << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(never)) << override_;
+  }
+  // In a file: its line.
+  const auto in_file = dir.write("mesh.yaml",
+                                 "model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_layers: 1, num_heads: 2}\n"
+                                 "tokenizer: byte\n"
+                                 "data: {type: synthetic, num_documents: 200}\n"
+                                 "trainer:\n"
+                                 "  num_train_steps: 2\n"
+                                 "  mesh:\n"
+                                 "    fsdp: 4294967297\n");
+  const auto r = loom({"train", in_file.string(), "trainer.run_dir=" + never.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(in_file.string() + ":7:11: trainer.mesh.fsdp: expected an integer in [-1, 1048576], got "
+                                          "4294967297 (out of range)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(never));
+}
+
 TEST(Cli, GenerateNamesAMissingRunItself) {
   test::TempDir dir;
   const std::string missing = (dir.path() / "runs" / "nope").string();

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -332,7 +333,7 @@ CommandResult mpmd(const fs::path& dir, int ranks, const std::vector<std::string
     for (const auto& a : train_args(dir, 4)) args.push_back(a);
     if (r == ranks - 1) args.insert(args.end(), extra.begin(), extra.end());
   }
-  return run_command(args, kMpiEnv);
+  return run_command(under_timeout(std::move(args)), kMpiEnv);
 }
 
 TEST(DataParallel, AConfigThatDiffersBetweenRanksIsRefusedNamingTheRankOnce) {
@@ -418,6 +419,9 @@ TEST(DataParallel, TheMeshIsShownAndAMeshThatDoesNotFitIsRefusedFirst) {
       {"trainer.mesh={data: 1, fsdp: 2} trainer.shard_optimizer_state=true",
        "trainer.mesh (data 1 x fsdp 2 x tensor 1) shards the optimizer state along its fsdp axis already (ZeRO-3); "
        "trainer.shard_optimizer_state (ZeRO-1) is for the data axis of a mesh without one"},
+      // It used to wrap to fsdp 2 (4294967298 mod 2^32) and train.
+      {"trainer.mesh={data: 1, fsdp: 4294967298}",
+       "trainer.mesh.fsdp: expected an integer in [-1, 1048576], got 4294967298 (out of range)"},
   };
   for (const auto& [override_, message] : refused) {
     const fs::path dir = scratch("mesh-refused");
@@ -529,6 +533,141 @@ TEST(DataParallel, ARankThatDiesUnderFsdpEndsTheRunAndTheSameCommandResumes) {
   int status = 0;
   waitpid(again, &status, 0);
   EXPECT_NE(file_bytes(log).find("resumed from checkpoint"), std::string::npos) << file_bytes(log);
+}
+
+// A set-up error that every rank meets is printed once, by rank 0: a broken trainer.eval_tasks
+// file (read after the ranks connected), and a config file that does not exist (read before).
+// One rank's own error (an override only it was given) is printed by that rank, with its rank.
+TEST(DataParallel, ASetUpErrorOfEveryRankIsPrintedOnceAndOneRanksByThatRank) {
+  const fs::path dir = scratch("broken-tasks");
+  fs::create_directories(dir.parent_path());
+  const fs::path tasks = dir.parent_path() / "broken-tasks.jsonl";
+  std::ofstream(tasks) << "{\"ctx\": \"not closed\n";
+  auto args = train_args(dir, 4);
+  args.push_back("trainer.eval_tasks=[hellaswag:" + tasks.string() + "]");
+  auto r = mpirun(2, args);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: error: while reading trainer.eval_tasks"), 1u) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+
+  args = train_args(dir, 4);
+  args[2] = (dir.parent_path() / "no-such-config.yaml").string();
+  r = mpirun(2, args);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: error: while loading " + args[2]), 1u) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+
+  r = mpmd(scratch("one-rank-override"), 3, {"trainer.=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: error: rank 2: override 'trainer.=1'"), 1u) << r.out << r.err;
+  EXPECT_EQ(occurrences(r.out + r.err, "loom: "), 1u) << r.out << r.err;
+}
+
+// Whether process `pid` runs (a zombie, exited and not yet reaped, does not).
+bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  const std::string stat = file_bytes("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// The loom ranks `launcher` started, by rank.
+std::vector<pid_t> ranks_of(pid_t launcher, int ranks) {
+  std::vector<pid_t> out(static_cast<std::size_t>(ranks), -1);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    if (file_bytes(entry.path() / "cmdline").find("loom") == std::string::npos) continue;
+    std::istringstream stat(file_bytes(entry.path() / "stat"));
+    std::string pid, comm, state;
+    pid_t parent = -1;
+    stat >> pid >> comm >> state >> parent;
+    if (parent != launcher) continue;
+    const std::string env = file_bytes(entry.path() / "environ");
+    for (int r = 0; r < ranks; ++r)
+      if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(r) + std::string(1, '\0')) != std::string::npos)
+        out[static_cast<std::size_t>(r)] = std::stoi(pid);
+  }
+  return out;
+}
+
+// Waits up to `seconds` for every one of `pids` to stop running; whether they did. Those still
+// running after it are killed.
+bool all_stop_within(const std::vector<pid_t>& pids, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  auto any_running = [&] {
+    for (pid_t p : pids)
+      if (running(p)) return true;
+    return false;
+  };
+  while (any_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool stopped = !any_running();
+  for (pid_t p : pids)
+    if (running(p)) ::kill(p, SIGKILL);
+  return stopped;
+}
+
+// `args` on 2 ranks until metrics appear; the launcher and its ranks.
+std::pair<pid_t, std::vector<pid_t>> training(const fs::path& dir, const std::vector<std::string>& args) {
+  const fs::path log = dir.parent_path() / (dir.filename().string() + ".log");
+  const pid_t launcher = launch(args, log);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!fs::exists(dir / "metrics.jsonl") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return {launcher, ranks_of(launcher, 2)};
+}
+
+// `kill -9` of mpirun alone: OpenMPI started the ranks outside its process group, and they used to
+// train on. They notice that their launcher is gone and stop as on SIGTERM: a checkpoint at the
+// next step boundary, then exit.
+TEST(DataParallel, RanksWhoseLauncherIsKilledStopWithACheckpoint) {
+  const fs::path dir = scratch("launcher-killed");
+  auto args = train_args(dir, 4);
+  args[4] = "trainer.num_train_steps=100000";
+  args.push_back("trainer.checkpoint.async=false");
+  const auto [launcher, ranks] = training(dir, args);
+  ASSERT_TRUE(fs::exists(dir / "metrics.jsonl"));
+  ASSERT_GT(ranks[0], 0);
+  ASSERT_GT(ranks[1], 0);
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  EXPECT_TRUE(all_stop_within(ranks, 60)) << "the ranks still train 60 s after their launcher was killed";
+  // They stopped cleanly: a committed checkpoint of the step they stopped at.
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "latest")) << "no checkpoint";
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+}
+
+// A second run of the same run directory is refused while any rank of the first still holds it:
+// rank 0 killed (mpirun stopped, so that it does not end rank 1), rank 1 alone alive. Then mpirun
+// is killed too: rank 1, stuck in a collective with the dead rank 0 and without a launcher, exits.
+TEST(DataParallel, ASecondRunIsRefusedWhileAnyRankOfTheFirstHoldsTheRunDirectory) {
+  const fs::path dir = scratch("held");
+  auto args = train_args(dir, 4);
+  args[4] = "trainer.num_train_steps=100000";
+  const auto [launcher, ranks] = training(dir, args);
+  ASSERT_TRUE(fs::exists(dir / "metrics.jsonl"));
+  ASSERT_GT(ranks[0], 0);
+  ASSERT_GT(ranks[1], 0);
+  ::kill(launcher, SIGSTOP);
+  ::kill(ranks[0], SIGKILL);
+  EXPECT_TRUE(all_stop_within({ranks[0]}, 10));
+  ASSERT_TRUE(running(ranks[1]));
+
+  auto again = train_args(dir, 4);
+  again[4] = "trainer.num_train_steps=100000";
+  const auto r = run_command(under_timeout(again, 60), {"LOOM_NUM_THREADS=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("loom: error: run directory '" + dir.string() +
+                       "' is in use: another loom run is training in it (pid " + std::to_string(ranks[1]) + " holds " +
+                       (dir / ".lock").string()),
+            std::string::npos)
+      << r.err;
+
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  EXPECT_TRUE(all_stop_within({ranks[1]}, 60)) << "rank 1 still runs 60 s after its launcher was killed";
 }
 
 }  // namespace

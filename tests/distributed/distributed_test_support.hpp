@@ -55,9 +55,19 @@ inline std::vector<std::string> train_args(const fs::path& run_dir, std::int64_t
           "model.num_layers=2"};
 }
 
-inline CommandResult mpirun(int ranks, std::vector<std::string> args, std::vector<std::string> env = kMpiEnv) {
+// Every mpirun of the tests runs under `timeout`: a run that hangs (a collective the ranks posted
+// in different orders) is killed after `seconds`, exit status 124, and fails its test instead of
+// blocking the suite (ctest's TIMEOUT then ends only the test, and may leave the ranks behind).
+constexpr int kMpirunSeconds = 150;
+inline std::vector<std::string> under_timeout(std::vector<std::string> args, int seconds = kMpirunSeconds) {
+  args.insert(args.begin(), {LOOM_TIMEOUT, "--kill-after=5", std::to_string(seconds)});
+  return args;
+}
+
+inline CommandResult mpirun(int ranks, std::vector<std::string> args, std::vector<std::string> env = kMpiEnv,
+                            int seconds = kMpirunSeconds) {
   args.insert(args.begin(), {LOOM_MPIRUN, "--oversubscribe", "-np", std::to_string(ranks)});
-  return run_command(args, env);
+  return run_command(under_timeout(std::move(args), seconds), env);
 }
 
 inline std::vector<double> losses(const fs::path& run_dir) {

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -336,6 +338,30 @@ TEST(TensorParallel, WhatItDoesNotCombineWithIsOneClearError) {
     EXPECT_NE(all.find(message), std::string::npos) << all;
     EXPECT_FALSE(fs::exists(dir)) << message;
   }
+}
+
+// MFU is against every rank's roof: under tensor 2 both members' (a given trainer.peak_flops is
+// per rank), where it used to count the data x fsdp ranks alone (tensor 2 reported 307%).
+TEST(TensorParallel, MfuIsAgainstTheRoofOfEveryRank) {
+  const fs::path dir = scratch("mfu");
+  auto args = tp_args(dir, config("quickstart.yaml"), 8, kTwoLayers + kTensor2);
+  args[4] = "trainer.num_train_steps=4";
+  const auto r = mpirun(2, args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("peak 200.0 GFLOP/s (trainer.peak_flops, all ranks)"), std::string::npos) << r.out;
+  const auto header = nlohmann::json::parse(file_bytes(dir / "header.json"));
+  EXPECT_EQ(header["peak_flops"].get<double>(), 2e11);
+  const double flops_per_token = header["flops_per_token"].get<double>();
+  std::ifstream in(dir / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("throughput/mfu")) continue;
+    ++steps;
+    const double expected = flops_per_token * j["throughput/tokens_per_second"].get<double>() / 2e11;
+    EXPECT_NEAR(j["throughput/mfu"].get<double>(), expected, 1e-9 * expected) << line;
+  }
+  EXPECT_EQ(steps, 4);
 }
 
 }  // namespace

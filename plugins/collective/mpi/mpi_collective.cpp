@@ -16,11 +16,27 @@
 // Groups (Collective::split, the ranks along one mesh axis) are communicators of their own
 // (MPI_Comm_split) with the same operations, made and freed on the communication thread too; so
 // the world's operations and every group's run one after the other in the order they were posted.
+//
+// The launcher. OpenMPI starts the ranks outside mpirun's process group, so `kill -9` of mpirun
+// alone would leave them training (and writing the run directory). Under mpirun a watch thread
+// notices when this rank's parent (mpirun, or its daemon on another node) is gone: the rank then
+// stops as on SIGTERM (it raises it: the trainer saves a checkpoint at the next step boundary,
+// the ranks agreeing on which), its output to the dead launcher's pipes failing quietly (SIGPIPE
+// is ignored under mpirun: a rank's line must not kill it before it stops cleanly). A rank whose
+// communication cannot complete any more (stuck in an operation while a rank of its host is gone,
+// or for minutes) exits without one, and without MPI_Finalize, which would wait for the launcher.
 #include <dlfcn.h>
 #include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -53,13 +69,21 @@ class MpiProcess {
   MpiProcess() {
     thread_ = std::thread([this] { loop(); });
     call([this] { initialise(); });
+    // Under mpirun (which sets OMPI_COMM_WORLD_RANK in the ranks it starts), the launcher watch.
+    if (std::getenv("OMPI_COMM_WORLD_RANK")) {
+      ::signal(SIGPIPE, SIG_IGN);
+      launcher_ = ::getppid();
+      watch_ = std::thread([this] { watch_launcher(); });
+    }
   }
 
   ~MpiProcess() {
-    if (std::uncaught_exceptions() > 0) {
+    stop_watch();
+    if (std::uncaught_exceptions() > 0 || launcher_gone_) {
       // Unwinding from an error: a peer may be blocked in a collective that will never
       // complete, and MPI_Finalize would wait for it. Leave the thread and let the process exit
-      // with its error status; mpirun then ends the other ranks.
+      // with its error status; mpirun then ends the other ranks. (Without its launcher,
+      // MPI_Finalize would wait for that.)
       {
         std::lock_guard lock(mutex_);
         stopping_ = true;
@@ -101,6 +125,8 @@ class MpiProcess {
   void call(std::function<void()> fn) { post(std::move(fn)).get(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
   void loop() {
     for (;;) {
       std::packaged_task<void()> task;
@@ -111,8 +137,60 @@ class MpiProcess {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
+      busy_since_.store(Clock::now().time_since_epoch().count());
       task();
+      busy_since_.store(0);
     }
+  }
+
+  static void say(const std::string& text) {
+    // Onto stderr, which may be a pipe of the dead launcher: nothing to do when that fails.
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
+  }
+
+  // The watch thread: twice a second, whether the launcher is still this process's parent.
+  void watch_launcher() {
+    std::unique_lock lock(watch_mutex_);
+    while (!watch_stopping_) {
+      watch_wake_.wait_for(lock, std::chrono::milliseconds(500));
+      if (watch_stopping_) return;
+      if (!launcher_gone_ && ::getppid() != launcher_) {
+        launcher_gone_ = true;
+        gone_at_ = Clock::now();
+        say("loom: rank " + std::to_string(rank_) + ": the launcher (mpirun, pid " + std::to_string(launcher_) +
+            ") is gone: stopping as on SIGTERM\n");
+        ::kill(::getpid(), SIGTERM);
+      }
+      if (launcher_gone_ && stuck()) {
+        say("loom: rank " + std::to_string(rank_) +
+            ": the launcher is gone and an MPI operation cannot complete (a rank is gone): exiting without a "
+            "checkpoint\n");
+        std::_Exit(1);
+      }
+    }
+  }
+
+  // Without the launcher: whether the communication thread waits in an operation that will not
+  // complete (a rank of this host gone, or no progress for two minutes).
+  bool stuck() const {
+    const auto since = busy_since_.load();
+    if (since == 0) return false;
+    const auto busy = Clock::now() - Clock::time_point(Clock::duration(since));
+    if (busy > std::chrono::minutes(2)) return true;
+    if (busy < std::chrono::seconds(5) || Clock::now() - gone_at_ < std::chrono::seconds(5)) return false;
+    for (const int pid : host_peers_)
+      if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    return false;
+  }
+
+  void stop_watch() {
+    if (!watch_.joinable()) return;
+    {
+      std::lock_guard lock(watch_mutex_);
+      watch_stopping_ = true;
+    }
+    watch_wake_.notify_all();
+    watch_.join();
   }
 
   void initialise() {
@@ -146,6 +224,13 @@ class MpiProcess {
     std::vector<std::string> hosts;
     for (int r = 0; r < size_; ++r)
       hosts.emplace_back(names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    // The pids of the ranks of this host, for the launcher watch.
+    std::vector<int> pids(static_cast<std::size_t>(size_));
+    int pid = static_cast<int>(::getpid());
+    MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && hosts[static_cast<std::size_t>(r)] == hosts[static_cast<std::size_t>(rank_)])
+        host_peers_.push_back(pids[static_cast<std::size_t>(r)]);
     std::sort(hosts.begin(), hosts.end());
     const auto distinct = std::unique(hosts.begin(), hosts.end()) - hosts.begin();
     description_ = library + ", " + std::to_string(size_) + " ranks on " + std::to_string(distinct) +
@@ -159,6 +244,16 @@ class MpiProcess {
   bool stopping_ = false;
   int rank_ = 0, size_ = 1;
   std::string description_;
+  // The launcher watch (under mpirun).
+  std::thread watch_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_wake_;
+  bool watch_stopping_ = false;
+  pid_t launcher_ = 0;
+  std::atomic<bool> launcher_gone_{false};
+  Clock::time_point gone_at_;
+  std::atomic<Clock::rep> busy_since_{0};  // when the running operation started; 0: none
+  std::vector<int> host_peers_;            // the pids of this host's other ranks
 };
 
 std::shared_ptr<MpiProcess> mpi_process() {

@@ -413,21 +413,29 @@ class MoeBlock {
 
     std::vector<Tensor> outputs;
     const Tensor xin = split ? ops.tensor_copy(xf) : xf;
+    // Expert `local` of this member (its rows in the member's shards) on the rows `xe` [n, hidden].
+    const auto expert = [&](std::int64_t local, const Tensor& xe) {
+      const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, local * f, (local + 1) * f));
+      const Tensor up = ops.linear(xe, w3_->tensor().slice(0, local * f, (local + 1) * f));
+      return ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, local * c, (local + 1) * c));
+    };
     std::int64_t begin = 0;  // expert e's tokens in route.sorted: after those of experts [0, e)
     for (std::int64_t e = 0; e < last; begin += record.counts[static_cast<std::size_t>(e)], ++e) {
       const std::int64_t n = record.counts[static_cast<std::size_t>(e)];
       if (e < first || n == 0) continue;
-      const std::int64_t local = e - first;  // its rows in this member's shards
-      const Tensor xe = ops.embedding_of_valid_ids(xin, route.sorted.slice(0, begin, begin + n));  // [n, hidden]
-      const Tensor gate = ops.linear(xe, w1_->tensor().slice(0, local * f, (local + 1) * f));
-      const Tensor up = ops.linear(xe, w3_->tensor().slice(0, local * f, (local + 1) * f));
-      outputs.push_back(ops.linear(ops.swiglu(gate, up), w2_->tensor().slice(0, local * c, (local + 1) * c)));
+      outputs.push_back(expert(e - first, ops.embedding_of_valid_ids(xin, route.sorted.slice(0, begin, begin + n))));
     }
     if (split) {
       // The zero row of the other members' choices, taken from xin so that f's backward pass (an
       // all-reduce every member must join) runs even on a member none of whose experts got tokens.
       const Tensor first_row = Tensor::zeros(Shape{1}, DType::i32, ops.device());
-      outputs.push_back(ops.scale(ops.embedding_of_valid_ids(xin, first_row), 0.0f));
+      Tensor zero_row = ops.scale(ops.embedding_of_valid_ids(xin, first_row), 0.0f);
+      // A member none of whose experts got a token runs its first expert on that row (zeros in,
+      // zeros out), so that its experts' weights are reached on every member whatever the routing,
+      // their gradients (zeros here) final at the same point of the backward pass as where they
+      // got tokens: the data axis's ranks then post their gradients' reductions in one order.
+      if (outputs.empty()) zero_row = expert(0, zero_row);
+      outputs.push_back(zero_row);
     }
     const Tensor expert_out = ops.concat(outputs);                            // [tokens * k, hidden]
     const Tensor mine = ops.embedding_of_valid_ids(expert_out, route.slots);  // [tokens, k, hidden]

@@ -212,8 +212,7 @@ void DataParallel::report_together(const Error& error) {
 Mesh resolve_mesh(const Options& trainer, int world_size) {
   const Options section = trainer.object("mesh");
   Mesh::Sizes requested{};
-  for (MeshAxis axis : mesh_axes)
-    requested[static_cast<std::size_t>(axis)] = static_cast<int>(section.get<std::int64_t>(mesh_axis_name(axis)));
+  for (MeshAxis axis : mesh_axes) requested[static_cast<std::size_t>(axis)] = section.get<int>(mesh_axis_name(axis));
   const Mesh mesh = Mesh::resolve(requested, world_size, "trainer.mesh");
   if (mesh.size(MeshAxis::tensor) > 1 && trainer.get<bool>("shard_optimizer_state"))
     throw UserError("trainer.mesh (" + mesh.describe() +
@@ -471,6 +470,12 @@ std::string DataParallel::staging_note() const {
          "CollectiveGroup::can_send_from";
 }
 
+void DataParallel::start_remaining_buckets() {
+  if (size_ == 1 || sharded_) return;
+  for (auto& b : buckets_) b.ready = b.parameters.size();
+  start_ready_buckets();
+}
+
 void DataParallel::reduce_gradients() {
   if (size_ == 1) return;
   const auto start = std::chrono::steady_clock::now();
@@ -479,10 +484,8 @@ void DataParallel::reduce_gradients() {
     communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return;
   }
-  // Buckets not started during backward (a rank whose micro-batches had nothing to learn, or
-  // parameters the graph did not use) start now, in order.
-  for (auto& b : buckets_) b.ready = b.parameters.size();
-  start_ready_buckets();
+  // Buckets not started yet (start_remaining_buckets() was not called) start now, in order.
+  start_remaining_buckets();
   // Which parameters any rank's micro-batches reached: those get the sum; the others stay
   // without a gradient, as on one process.
   for (std::size_t i = 0; i < parameters_.size(); ++i) has_grad_[i] = parameters_[i]->has_grad() ? 1.0f : 0.0f;
@@ -499,6 +502,12 @@ void DataParallel::reduce_gradients() {
 double DataParallel::sum(double value) {
   if (replicas_ == 1) return value;
   replica_group_->all_reduce(std::span<double>(&value, 1));
+  return value;
+}
+
+double DataParallel::sum_over_ranks(double value) {
+  if (size_ == 1) return value;
+  collective_->all_reduce(std::span<double>(&value, 1));
   return value;
 }
 

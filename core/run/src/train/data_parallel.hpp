@@ -151,12 +151,23 @@ class DataParallel {
   // whose parameters are all final starts reducing at once, while backward goes on (buckets
   // start in their order, the same on every rank).
   void gradient_ready(Parameter& p);
+  // After this rank's last backward pass, before the step's next collective: starts, in order,
+  // the buckets that backward did not (a parameter this rank's last micro-batch did not reach: an
+  // expert that got no token here, or one only an earlier micro-batch reached), its unreached
+  // parameters contributing zeros. So every rank has posted all its bucket reductions before the
+  // loss sum whatever its micro-batches reached, and the ranks' collectives stay in one order
+  // (a rank that posted them later than its peers would wait in the loss sum while they wait in
+  // the reduction: a deadlock).
+  void start_remaining_buckets();
   // Sums every gradient over the ranks (and marks those that only another rank's micro-batches
   // reached): starts the buckets not started yet and waits for all of them.
   void reduce_gradients();
   // The sum over the ranks that take different rows (the members of a tensor group count once:
   // they compute the same losses).
   double sum(double value);
+  // The sum over every rank of the run, the members of a tensor group each counted (what each
+  // rank has of its own: its roof for MFU).
+  double sum_over_ranks(double value);
   // Rank `root`'s `text`, on every rank.
   void broadcast(std::string& text, int root = 0);
   // The largest `value` of any rank, on every rank: a stop signal or a decision (0 or 1) that one

@@ -10,15 +10,16 @@ namespace loom {
 
 namespace {
 
-// The best of a few square products large enough for the backend's fastest path (the first run
-// warms the pool and the packing buffers and is not counted): at least 3, and more, up to 10,
-// while the timed ones take under a quarter of a second. On shared cores one product of a few
-// milliseconds is easily interrupted, and the roof then read low (an MFU above 1 followed).
+// The best of many square products large enough for the backend's fastest path (the first run
+// warms the pool and the packing buffers and is not counted): at least 8, and more, up to 40,
+// while the timed ones take under 0.6 s. On shared cores one product of a few milliseconds is
+// easily interrupted, and a roof read low makes an MFU above 100% (the step line then says the
+// roof is too low); the best of many is the least disturbed.
 template <class Product>
 double best_flops(std::int64_t n, Product&& product) {
   using Clock = std::chrono::steady_clock;
   double best = 0, spent = 0;
-  for (int rep = 0; rep <= 10 && (rep <= 3 || spent < 0.25); ++rep) {
+  for (int rep = 0; rep <= 40 && (rep <= 8 || spent < 0.6); ++rep) {
     const auto t0 = Clock::now();
     product();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();

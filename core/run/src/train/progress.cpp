@@ -37,6 +37,13 @@ std::string format_rate(double tokens_per_second) {
   return os.str();
 }
 
+std::string format_mfu(double mfu) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << 100.0 * mfu << "%";
+  if (mfu > 1.0) s << " (above the roof: too low)";
+  return s.str();
+}
+
 void ProgressPrinter::say(const std::string& line) {
   if (silent_) return;
   if (line_open_) {
@@ -104,6 +111,8 @@ void write_header_json(const std::filesystem::path& run_dir, const RunHeader& ru
 void ProgressPrinter::header(const RunHeader& run) {
   // mpirun relays rank 0's output through a terminal of its own: keep to whole lines.
   if (run.ranks > 1) interactive_ = false;
+  roof_ = run.peak_flops;
+  roof_probed_ = run.peak_flops_probed;
   say(header_text(run));
 }
 
@@ -115,10 +124,22 @@ void ProgressPrinter::step(const StepReport& r) {
   // Masked targets (chat data trains on the answers only): how many of them are trained.
   if (r.trained_tokens_per_second < r.tokens_per_second)
     line << " (" << format_rate(r.trained_tokens_per_second) << " trained)";
-  line << "  MFU " << std::setprecision(1) << 100.0 * r.mfu << "%  ETA " << format_duration(r.eta_seconds);
+  line << "  MFU " << format_mfu(r.mfu) << "  ETA " << format_duration(r.eta_seconds);
   if (r.skipped_steps) line << "  skipped " << r.skipped_steps;
   if (r.ranks > 1) line << "  " << r.ranks << " ranks" << (r.mesh.empty() ? "" : ": " + r.mesh);
   if (silent_) return;
+  if (r.mfu > 1.0 && !said_roof_low_) {
+    // The FLOPs are the model's formula's, so the roof is what is wrong.
+    said_roof_low_ = true;
+    std::ostringstream why;
+    why << std::fixed << std::setprecision(1) << "warning: MFU " << 100.0 * r.mfu << "%: the run computes "
+        << r.mfu * roof_ / 1e9 << " GFLOP/s, above the roof of " << roof_ / 1e9 << " GFLOP/s it is measured against"
+        << (roof_probed_ ? ", which the start-up GEMM probe measured low (the cores were busy while it ran)"
+                         : ", trainer.peak_flops")
+        << ": the roof is too low; set trainer.peak_flops to the hardware's peak (per rank) to measure MFU against "
+           "it";
+    say(why.str());
+  }
   if (interactive_) {
     out_ << "\r\033[K" << line.str() << std::flush;
     line_open_ = true;
@@ -158,8 +179,8 @@ void ProgressPrinter::done(std::int64_t steps, double wall_seconds, double token
                            std::int64_t peak_bytes, int ranks, const std::string& run_dir) {
   std::ostringstream line;
   line << "done: " << steps << " steps in " << format_duration(wall_seconds) << ", " << format_rate(tokens_per_second)
-       << " tok/s, MFU " << std::fixed << std::setprecision(1) << 100.0 * mfu << "%, peak memory " << (peak_bytes >> 20)
-       << " MiB" << (ranks > 1 ? " (the largest rank's)" : "") << "; files in " << run_dir;
+       << " tok/s, MFU " << format_mfu(mfu) << ", peak memory " << (peak_bytes >> 20) << " MiB"
+       << (ranks > 1 ? " (the largest rank's)" : "") << "; files in " << run_dir;
   say(line.str());
 }
 

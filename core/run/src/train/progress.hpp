@@ -14,6 +14,9 @@ namespace loom::training {
 std::string format_duration(double seconds);
 // Tokens per second as "950.0", "12.3k", "1.2M".
 std::string format_rate(double tokens_per_second);
+// MFU as "42.0%"; above 100% (the run computed more than the roof it is measured against, which
+// is then too low) "116.9% (above the roof: too low)".
+std::string format_mfu(double mfu);
 
 // What the header of a run says about it.
 struct RunHeader {
@@ -83,6 +86,9 @@ class ProgressPrinter {
   bool interactive_ = false;
   bool line_open_ = false;
   bool silent_ = false;
+  double roof_ = 0;             // the header's peak FLOP/s
+  bool roof_probed_ = false;    // measured by the GEMM probe
+  bool said_roof_low_ = false;  // the warning of an MFU above 100%, once
 };
 
 }  // namespace loom::training

@@ -21,10 +21,16 @@ class RunDirectory {
 
   // Names the run (trainer.run_id, else the config file's name and the start time) and its
   // directory (trainer.run_dir, else runs/<run_id>), creates the directory and locks it (the
-  // lock file `.lock`, held while the process lives): a directory that another loom process is
-  // training in is a UserError. Whether an existing run may continue here is resume's decision
-  // (train/resume.hpp); nothing is written yet.
-  static RunDirectory open(const Options& trainer, const Value& config);
+  // lock file `.lock`, held while the process lives; it names this process's pid and those of
+  // `peers`, the run's other ranks on this host): a directory that another loom process holds
+  // (any rank of another run) is a UserError naming the pids that hold it. Whether an existing
+  // run may continue here is resume's decision (train/resume.hpp); nothing else is written yet.
+  static RunDirectory open(const Options& trainer, const Value& config, const std::vector<int>& peers = {});
+  // The ranks other than 0: hold the lock of `dir` (which rank 0 opened) beside rank 0 while they
+  // live, so that a second run is refused while any rank of this one is still there (rank 0 gone,
+  // its launcher killed). A UserError when another run took it meanwhile; nothing where `dir`
+  // has no lock file (a rank on a host that does not share the run's file system).
+  void share_lock(const std::filesystem::path& dir);
 
   const std::filesystem::path& path() const { return path_; }
   const std::string& run_id() const { return run_id_; }

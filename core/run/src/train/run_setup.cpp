@@ -164,8 +164,13 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
                             (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1) &&
                             !parallel.tensor_parallel();
   std::string staging_token = std::to_string(::getpid());
-  if (parallel.is_primary()) {
-    run.directory = RunDirectory::open(trainer, run.config);
+  // Rank 0's alone; an error of it (a run directory in use) is printed by rank 0 once the others
+  // know of it.
+  parallel.together([&] {
+    if (!parallel.is_primary()) return;
+    std::vector<int> peers;
+    for (const PeerProcess& p : parallel.same_host_peers()) peers.push_back(p.pid);
+    run.directory = RunDirectory::open(trainer, run.config, peers);
     run.checkpoint = checkpoint_settings(trainer, run.directory.path());
     checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
     store.remove_leftovers();
@@ -187,7 +192,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     if (!finished)
       run.checkpoints =
           std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
-  }
+  });
   {
     std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
                 from = resume ? resume->dir.string() : "";
@@ -201,6 +206,9 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
       // No directory of their own: the run's id and paths, for the config text a checkpoint is
       // compared with and for the messages.
       run.directory.adopt_run_id(run_id);
+      // Every rank holds the run directory's lock while it lives: a second run is refused while any
+      // rank of this one is still there (a launcher that died leaving its ranks running).
+      run.directory.share_lock(run_dir);
       run.checkpoint = checkpoint_settings(trainer, run_dir);
       if (!from.empty())
         resume =
@@ -419,12 +427,15 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
   const bool probed = run.peak_flops <= 0;
   double bf16_roof = 0;
   if (probed) {
+    // The ranks probe together, sharing the host's cores as their steps will.
+    parallel.max_over_ranks(0);
     const PeakFlops peak = probe_peak_flops(*c.backend);
     run.peak_flops = peak.matmul;
-    bf16_roof = parallel.sum(peak.bf16);
+    bf16_roof = parallel.sum_over_ranks(peak.bf16);
   }
-  // MFU of a data-parallel run is against every rank's roof together.
-  run.peak_flops = parallel.sum(run.peak_flops);
+  // MFU of a run of several ranks is against every rank's roof together: the tensor axis's
+  // members too, which split the model's FLOPs between them.
+  run.peak_flops = parallel.sum_over_ranks(run.peak_flops);
 
   RunHeader header;
   header.run_id = run.directory.run_id();

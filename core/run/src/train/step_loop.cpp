@@ -8,6 +8,7 @@
 #include <exception>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -96,14 +97,17 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   // Evaluation and samples see the adapters (merged for the while: any code path of the model).
   auto with_adapters = [&](auto&& body) { return c.lora ? c.lora->with_merged(*c.backend, body) : body(); };
   Sampler sampler(c, trainer, run.seed);
-  TaskEvaluation task_evaluation(c, trainer);
+  // Every rank reads trainer.eval_tasks' files: an error all of them meet (a broken file) is
+  // printed once, by rank 0, one of a single rank by that rank.
+  std::optional<TaskEvaluation> task_evaluation;
+  parallel.together([&] { task_evaluation.emplace(c, trainer); });
   // Under FSDP and tensor parallelism every rank runs the model together: the validation loss
   // always, samples under tensor parallelism alone (every member of a tensor group draws the same
   // text through it; rank 0 reports), benchmark tasks under neither yet.
   const bool together = c.fsdp || c.tensor;
   const char* together_name = c.fsdp ? "fully sharded data parallelism" : "tensor parallelism";
   const bool samples_here = c.fsdp ? false : c.tensor ? true : parallel.is_primary();
-  if (together && task_evaluation.enabled())
+  if (together && task_evaluation->enabled())
     progress.say(std::string("note: trainer.eval_tasks is not run under ") + together_name +
                  " in this build; score "
                  "the final weights with `loom eval " +
@@ -119,9 +123,9 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   std::exception_ptr task_failure;
   auto evaluate_tasks_now = [&](std::int64_t step) {
     // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
-    if (!task_evaluation.enabled() || !parallel.is_primary() || together || task_failure) return;
+    if (!task_evaluation->enabled() || !parallel.is_primary() || together || task_failure) return;
     try {
-      const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation.run(); }); });
+      const auto [scalars, line] = with_average([&] { return with_adapters([&] { return task_evaluation->run(); }); });
       for (auto& t : c.trackers) t->log_scalars(step, scalars);
       progress.say("tasks at step " + std::to_string(step) + ": " + line);
     } catch (const std::exception& e) {
@@ -334,7 +338,7 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
           if (!parts.empty()) progress.say("  per dataset: " + parts);
         }
       }
-      if (task_evaluation.due(step + 1) && !last) evaluate_tasks_now(step + 1);
+      if (task_evaluation->due(step + 1) && !last) evaluate_tasks_now(step + 1);
       if (sample_every > 0 && sample_length > 0 && (step + 1) % sample_every == 0 && !last && samples_here) {
         const std::string text = with_adapters([&] { return sampler.sample(sample_length); });
         for (auto& t : c.trackers) t->log_text(step + 1, "sample", text);

@@ -139,6 +139,9 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
         first = false;
       },
       first_row, rows);
+  // Every bucket's reduction is posted now, before the loss sum, whatever this rank's micro-batches
+  // reached (the gradients are complete: the earlier micro-batches' are added in above).
+  parallel_.start_remaining_buckets();
   return loss_sum;
 }
 

@@ -5,11 +5,18 @@
 
 #include <iostream>
 
+#include "train/data_parallel.hpp"
 #include "train/progress.hpp"
 #include "train/run_setup.hpp"
 #include "train/step_loop.hpp"
 
 namespace loom {
+
+namespace {
+// The largest size of a mesh axis: far beyond any run, and small enough that the axes' product
+// (and every rank number) fits the ints that MPI counts ranks in.
+constexpr double kMaxMeshAxis = 1 << 20;
+}  // namespace
 
 OptionSchema trainer_schema() {
   OptionSchema s;
@@ -110,18 +117,18 @@ OptionSchema trainer_schema() {
   mesh.integer("data", -1,
                "Data-parallel replicas: ranks that each hold the whole model and train on different rows of every "
                "batch, their gradients summed; -1: the ranks the other axes leave.")
-      .min(-1);
+      .range(-1, kMaxMeshAxis);
   mesh.integer("fsdp", 1,
                "Fully sharded data parallelism (ZeRO-3): ranks that each hold 1/fsdp of every parameter, gradient and "
                "optimizer state, gathering a sharding unit (a transformer block) just before it runs and freeing it "
                "after (docs/distributed.md, \"Fully sharded data parallelism\").")
-      .min(-1);
+      .range(-1, kMaxMeshAxis);
   mesh.integer("tensor", 1,
                "Tensor parallelism (Megatron-LM): ranks that split each layer's matrices between them (attention by "
                "heads, the MLP by its width, embeddings and output by vocabulary, a mixture's experts) and run the "
                "same rows, exchanging activations in every layer; the model must declare a parallel plan "
                "(docs/distributed.md, \"Tensor parallelism\").")
-      .min(-1);
+      .range(-1, kMaxMeshAxis);
   s.object("mesh", std::move(mesh),
            "How the ranks of `mpirun -np N` are laid out: data x fsdp x tensor = N, data-major (ranks of one tensor "
            "group are neighbours, then those of one fsdp group); one axis may be -1, the ranks the others leave "
@@ -171,6 +178,27 @@ OptionSchema trainer_schema() {
 }
 
 ReportedError::~ReportedError() = default;
+
+void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime, const TrainOptions& options) {
+  const training::Launcher launcher = training::launcher_from_environment();
+  if (launcher.kind != training::Launcher::Kind::openmpi || launcher.size <= 1 || !options.report_error) throw error;
+  std::unique_ptr<Runtime> plugins;
+  std::unique_ptr<training::DataParallel> parallel;
+  try {
+    RuntimeOptions without_config = runtime;
+    without_config.config.reset();
+    without_config.overrides.clear();
+    plugins = std::make_unique<Runtime>(without_config);
+    // The same collectives as a rank that read its config makes first (set_up_run): connect,
+    // then agree on how reading the config ended.
+    parallel = std::make_unique<training::DataParallel>(training::create_collective(plugins->registry(), Value::map()));
+  } catch (...) {
+    throw error;
+  }
+  parallel->set_error_reporter(options.report_error);
+  parallel->together([&] { throw error; });
+  throw error;  // (together() threw ReportedError)
+}
 
 TrainSummary train(Runtime& runtime, const TrainOptions& options) {
   training::ProgressPrinter progress(options.out ? *options.out : std::cout, options.interactive);

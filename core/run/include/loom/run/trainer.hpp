@@ -84,6 +84,16 @@ class ReportedError : public Error {
   ~ReportedError() override;
 };
 
+// An error `loom train` met before its ranks could agree on errors (reading the config file, its
+// includes and overrides: before a Runtime exists). Under OpenMPI's mpirun with several ranks, the
+// rank connects through the default collective (`mpi`, found on `runtime`'s plugin paths, without
+// the config's) and the ranks agree on the error as on any of the set-up (train() meets them
+// there): one every rank met is printed once, by rank 0, one of a single rank by that rank; then
+// ReportedError is thrown. Where the rank cannot connect (one process, no `mpi` plugin), `error`
+// itself is thrown, for the caller to print.
+[[noreturn]] void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime,
+                                          const TrainOptions& options);
+
 // Runs the training described by runtime's config. Throws UserError for a bad config or data,
 // and for a diverged run when crash_on_nan / crash_on_inf are set.
 TrainSummary train(Runtime& runtime, const TrainOptions& options = {});
