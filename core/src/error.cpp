@@ -16,6 +16,7 @@ Error::Error(ErrorKind kind, std::string message) : kind_(kind), message_(std::m
 }
 Error::~Error() = default;
 UserError::~UserError() = default;
+DeviceUnavailable::~DeviceUnavailable() = default;
 InternalError::~InternalError() = default;
 
 void Error::add_context(std::string context) {

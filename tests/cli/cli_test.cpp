@@ -300,6 +300,21 @@ TEST(Cli, AbsurdModelShapesAreUserErrors) {
            {"LOOM_MEMORY_AVAILABLE=8G"});
   EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
   EXPECT_NE(r.err.find("the run needs about "), std::string::npos) << r.err;
+}
+
+// A backend whose device this machine lacks (the cuda backend without a GPU; here the fixture
+// absent_device, on every machine): one message saying so, exit 2, and nothing written, not even
+// the run directory (the backend is created before it).
+TEST(Cli, ABackendWhoseDeviceIsNotHereIsRefusedBeforeTheRunDirectory) {
+  test::TempDir dir;
+  const auto file = memory_test_config(dir);
+  const auto run_dir = dir.path() / "run";
+  const auto r = loom({"train", file, "backend.type=absent_device", "trainer.run_dir=" + run_dir.string(),
+                       "--plugin-path", fixture_dir("absent_device").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  const std::string message = "backend absent_device: its device is not present on this machine";
+  EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(message), r.err.rfind(message)) << "said once\n" << r.err;
   EXPECT_FALSE(std::filesystem::exists(run_dir));
 }
 

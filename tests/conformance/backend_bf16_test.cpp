@@ -50,7 +50,7 @@ struct Gemm {
 std::vector<std::string> host_backends() {
   std::vector<std::string> names;
   for (const auto& n : registered("backend"))
-    if (make_backend(n)->buffer_type().host_visible()) names.push_back(n);
+    if (!device_unavailable(n) && make_backend(n)->buffer_type().host_visible()) names.push_back(n);
   return names;
 }
 

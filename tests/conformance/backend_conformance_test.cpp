@@ -51,10 +51,13 @@ class BackendConformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(BackendConformance, MatchesReference) {
   const auto& [backend_name, case_name] = GetParam();
+  const std::string name = backend_name.substr(0, backend_name.find(':'));
+  if (const auto why = device_unavailable(name)) GTEST_SKIP() << *why;
   const OpCase& c = op_case(case_name);
   // The float32 contract, at float32 tolerances: a backend with a mixed-precision option runs
   // with matmul_precision: f32 (the bf16 products have their own cases, backend_bf16_test.cpp).
   Handle<Backend> backend = make_backend_under_test(backend_name);
+  if (const auto why = case_cannot_run(*backend, c)) GTEST_SKIP() << *why;
   Handle<Backend> reference = make_backend("reference");
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
     Dims dims(seed);

@@ -46,6 +46,23 @@ TEST(GemmBenchCommand, StoredWeightRowsAgainstF32) {
   EXPECT_NE(r.out.find("int8, nf4: the product with B stored in that format"), std::string::npos) << r.out;
 }
 
+// A device backend (the test device `guarded`, memory the host cannot touch: a host access would
+// be a SIGSEGV) is timed on operands copied to its memory, each product waited for.
+TEST(GemmBenchCommand, TimesADeviceBackendOnOperandsInItsMemory) {
+  const auto r = run_command({LOOM_BINARY, "bench", "gemm", "--backends", "guarded", "--dtypes", "f32,bf16", "--tokens",
+                              "8", "--shapes", "attn_out", "--repeats", "1", "--no-libraries"},
+                             {"LOOM_PLUGIN_PATH=" + std::string(LOOM_FIXTURE_DIR) + "/devices"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("attn_out  (m 8, n 768, k 768,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  guarded"), std::string::npos) << r.out;
+  // A stored weight's product dequantizes on the host: refused, naming the dtype.
+  const auto q = run_command({LOOM_BINARY, "bench", "gemm", "--backends", "guarded", "--dtypes", "int8", "--tokens",
+                              "8", "--shapes", "attn_out", "--repeats", "1"},
+                             {"LOOM_PLUGIN_PATH=" + std::string(LOOM_FIXTURE_DIR) + "/devices"});
+  EXPECT_EQ(q.exit_code, 2) << q.out << q.err;
+  EXPECT_NE(q.err.find("int8/nf4"), std::string::npos) << q.err;
+}
+
 TEST(GemmBenchCommand, BadRequestsAreUserErrors) {
   auto r = loom_bench({"gem"});
   EXPECT_EQ(r.exit_code, 2);

@@ -46,6 +46,32 @@ TEST(ConformanceCommand, RunsTheBackendSuitesOnADeviceBackend) {
     EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing from\n" << r.out;
   // Only the plugin's backend is under test, against the oracle.
   EXPECT_EQ(r.out.find("MatchesReference/cpu_"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("KernelContract.OverwrittenOutputsAreNeverRead/reference"), std::string::npos) << r.out;
+}
+
+// A backend whose device this machine lacks (its creation throws DeviceUnavailable: the cuda
+// backend without a GPU) is not failed: every case is skipped, saying why, and the run passes.
+TEST(ConformanceCommand, SkipsEveryCaseOfABackendWhoseDeviceIsNotHere) {
+  const auto r = loom_conformance({std::string(LOOM_FIXTURE_DIR) + "/absent_device/libloom-test-absent-device.so"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(backend/absent_device)"), std::string::npos) << r.out;
+  // Each suite's cases ran and were skipped with the backend's message.
+  for (const char* test : {"[  SKIPPED ] Registered/BackendConformance.MatchesReference/absent_device_linear",
+                           "[  SKIPPED ] Registered/KernelContract.OverwrittenOutputsAreNeverRead/absent_device",
+                           "[  SKIPPED ] Operations/Determinism.RepeatedRunsAreBitIdentical/linear"})
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing from\n" << r.out;
+  EXPECT_NE(r.out.find("its device is not present on this machine"), std::string::npos) << r.out;
+  // Nothing passed or failed: all of them skipped.
+  EXPECT_EQ(r.out.find("[       OK ]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[  FAILED  ]"), std::string::npos) << r.out;
+  const auto ran = r.out.find("[==========] ");
+  const auto skipped = r.out.find("[  SKIPPED ] ", r.out.rfind("[  PASSED  ]"));
+  ASSERT_NE(ran, std::string::npos) << r.out;
+  ASSERT_NE(skipped, std::string::npos) << r.out;
+  const long total = std::stol(r.out.substr(r.out.find("Running ", ran) + 8));
+  const long skipped_count = std::stol(r.out.substr(skipped + 13));
+  EXPECT_GT(total, 100);
+  EXPECT_EQ(skipped_count, total) << r.out;
 }
 
 TEST(ConformanceCommand, ReplaysPyTorchForAnOptimizerItRecorded) {

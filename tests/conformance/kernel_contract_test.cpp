@@ -87,6 +87,7 @@ class DeviceArgs {
 class KernelContract : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    if (const auto why = device_unavailable(GetParam())) GTEST_SKIP() << *why;
     // The float32 kernels' contract: a backend with a mixed-precision option in float32.
     backend_ = make_f32_backend(GetParam());
     reference_ = make_backend("reference");

@@ -171,6 +171,7 @@ struct AttentionVariant {
 OpCase attention_case(std::string name, AttentionVariant v) {
   OpCase c;
   c.name = std::move(name);
+  c.attention = true;
   c.make = [=](Dims& d) {
     const std::int64_t b = d.between(1, 2), s = d.odd(5, 11), kvh = d.between(1, 2), group = d.between(1, 2),
                        hd = d.odd(3, 9);
@@ -216,7 +217,8 @@ OpCase attention_case(std::string name, AttentionVariant v) {
     }
     const Tensor seg = v.segments ? e.data.consts[0] : Tensor();
     const AttentionParams params{.causal = v.causal, .window = v.window, .softcap = v.softcap};
-    return {e.ops.attention(e.attention, q, k, vv, params, seg, seg)};
+    if (!e.attention) throw std::runtime_error("no attention kernel computes on the backend's device");
+    return {e.ops.attention(*e.attention, q, k, vv, params, seg, seg)};
   };
   return c;
 }
@@ -441,6 +443,13 @@ const OpCase& op_case(const std::string& name) {
   throw std::runtime_error("no op case " + name);
 }
 
+std::optional<std::string> case_cannot_run(Backend& backend, const OpCase& c) {
+  if (c.attention && !attention_for(backend))
+    return "no attention kernel computes on " + backend.device().str() + " (backend " + std::string(backend.name()) +
+           ") yet: the attention cases need one";
+  return std::nullopt;
+}
+
 std::vector<std::string> op_case_names() {
   std::vector<std::string> names;
   for (const auto& c : op_cases()) names.push_back(c.name);
@@ -458,11 +467,11 @@ Evaluation evaluate(Backend& backend, const OpCase& c, const CaseData& data, Mod
   CaseData device_data = data;
   for (Tensor& t : device_data.consts) t = on_backend(t, backend);
   const Handle<AttentionKernel> attention = attention_for(backend);
-  if (!attention) throw std::runtime_error("no attention kernel computes on " + backend.device().str());
+  if (c.attention && !attention) throw std::runtime_error("no attention kernel computes on " + backend.device().str());
   Tape tape;
   Ops ops(backend, backward ? &tape : nullptr);
   ops.set_dropout_seed(3, 1);
-  CaseEnv env{ops, {}, device_data, *attention};
+  CaseEnv env{ops, {}, device_data, attention.get()};
   for (auto& p : params) env.p.push_back(p->tensor());
   std::vector<Tensor> outs = c.run(env);
   if (mode == Mode::twice) {

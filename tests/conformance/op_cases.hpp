@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,18 +34,19 @@ struct CaseData {
 
 struct CaseEnv {
   Ops& ops;
-  std::vector<Tensor> p;  // the parameters' tensors, in CaseData::params order
-  const CaseData& data;   // consts on the backend's device (read them with to_int_vector())
-  AttentionKernel& attention;
+  std::vector<Tensor> p;       // the parameters' tensors, in CaseData::params order
+  const CaseData& data;        // consts on the backend's device (read them with to_int_vector())
+  AttentionKernel* attention;  // null when no attention kernel computes on the backend's device
 };
 
 struct OpCase {
   std::string name;
   std::function<CaseData(Dims&)> make;
   std::function<std::vector<Tensor>(CaseEnv&)> run;
-  double rtol = 2e-4;     // against reference, relative to the result's scale
-  double fd_step = 3e-3;  // finite-difference step
-  double fd_tol = 1e-2;   // finite differences vs analytic gradient, relative to the gradient's scale
+  double rtol = 2e-4;      // against reference, relative to the result's scale
+  double fd_step = 3e-3;   // finite-difference step
+  double fd_tol = 1e-2;    // finite differences vs analytic gradient, relative to the gradient's scale
+  bool attention = false;  // runs an attention kernel (attention_for(backend))
 };
 
 const std::vector<OpCase>& op_cases();
@@ -64,8 +66,13 @@ struct Evaluation {
 
 // Runs the case on `backend` with the given inputs, copied to its device (outputs and gradients
 // are copied back); with `backward`, seeds every output with a fixed random gradient and
-// back-propagates. Attention runs on attention_for(backend).
+// back-propagates. Attention runs on attention_for(backend); a case with `attention` throws when
+// there is none for the backend's device (check case_cannot_run first).
 Evaluation evaluate(Backend& backend, const OpCase& c, const CaseData& data, Mode mode, bool backward);
+
+// Why case `c` cannot run on `backend` (an attention case, and no attention kernel computes on
+// its device), or nullopt.
+std::optional<std::string> case_cannot_run(Backend& backend, const OpCase& c);
 
 // The seed gradient of output i, a pure function of its shape and index.
 Tensor output_seed(const Shape& shape, std::size_t index);

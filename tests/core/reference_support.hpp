@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "loom/core/registry.hpp"
+#include "loom/error.hpp"
+#include "loom/kinds/backend.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
 #include "reference_required.hpp"
@@ -44,6 +46,20 @@ inline Value float32_options(const ComponentEntry& backend) {
   node.set("type", Value(backend.decl.name));
   if (backend.decl.options.find("matmul_precision")) node.set("matmul_precision", Value("f32"));
   return node;
+}
+
+// The backend of `entry` with float32_options, when it computes in host memory here: these
+// tests build their models in host memory. Null for a backend whose device this machine lacks
+// (DeviceUnavailable: the cuda backend without a GPU) or whose memory is a device's.
+inline Handle<Backend> host_float32_backend(Registry& registry, const ComponentEntry& entry) {
+  Handle<Backend> backend;
+  try {
+    backend = registry.create<Backend>(ComponentRef{"backend", entry.decl.name, float32_options(entry), "backend"});
+  } catch (const DeviceUnavailable&) {
+    return {};
+  }
+  if (!backend->buffer_type().host_visible()) return {};
+  return backend;
 }
 
 // The outputs a reference script writes with Debian's /usr/bin/python3 and torch into a fresh

@@ -118,8 +118,8 @@ class HfAgreement : public ::testing::Test {
         const std::string combo =
             name + " [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
         SCOPED_TRACE(combo);
-        auto backend = registry_.create<Backend>(
-            ComponentRef{"backend", backend_entry->decl.name, float32_options(*backend_entry), "backend"});
+        auto backend = test::host_float32_backend(registry_, *backend_entry);
+        if (!backend) continue;  // a device backend (or one whose device is not here)
         ASSERT_EQ(backend->matmul_dtype(), DType::f32);
         Value o = options;
         o.set("attention", kernel_entry->decl.name);

@@ -39,7 +39,9 @@ StepResult train_steps(Backend& backend, int steps) {
 TEST(Determinism, RepeatedRunsAreBitIdentical) {
   for (const std::string& name : registered("backend")) {
     SCOPED_TRACE(name);
+    if (device_unavailable(name)) continue;  // a GPU backend on a machine without one
     Handle<Backend> backend = make_backend(name);
+    if (!attention_for(*backend)) continue;  // no attention kernel computes on its device yet
     const StepResult a = train_steps(*backend, 3);
     const StepResult b = train_steps(*backend, 3);
     EXPECT_TRUE(bitwise_equal(a.losses, b.losses));

@@ -117,8 +117,8 @@ TEST_F(DpoAgreement, LossMetricsAndGradientsMatchPyTorch) {
       const std::string combo =
           "dpo [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
       SCOPED_TRACE(combo);
-      auto backend = registry_.create<loom::Backend>(
-          loom::ComponentRef{"backend", backend_entry->decl.name, float32_options(*backend_entry), "backend"});
+      auto backend = loom::test::host_float32_backend(registry_, *backend_entry);
+      if (!backend) continue;  // a device backend (or one whose device is not here)
       ASSERT_EQ(backend->matmul_dtype(), loom::DType::f32);
       Value options = base;
       options.set("attention", kernel_entry->decl.name);

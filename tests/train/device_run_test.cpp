@@ -353,4 +353,18 @@ TEST(DeviceRunAttention, TheBenchmarkResolvesAutoOnTheHost) {
       << g.err;
 }
 
+// The memory check (trainer.memory_check) compares the estimate with the device's free memory
+// when the backend's buffer type reports one (BufferType::memory, a GPU's cudaMemGetInfo; the
+// guarded device's `free_memory` option here), not with the host's: refused before anything is
+// written, naming the device.
+TEST(DeviceRunMemory, TheMemoryCheckReadsTheDevicesFreeMemory) {
+  const Recipe quickstart{"quickstart", "quickstart.yaml", {"backend.free_memory=1000000"}};
+  const fs::path run_dir = scratch("memory-check");
+  const CommandResult r = run_command(train_args(quickstart, "guarded", run_dir), env());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("the run needs about "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 MiB is available (guarded:0 free memory 1 MiB of 1.00 GiB)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir));
+}
+
 }  // namespace

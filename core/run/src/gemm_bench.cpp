@@ -126,7 +126,10 @@ std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const Gemm
         !ref.node.find("matmul_precision"))
       ref.node.set("matmul_precision", Value("f32"));
     backends.push_back(registry.create<Backend>(ref));
-    require_host_memory(*backends.back(), "loom bench gemm");
+    // A device backend gets its operands in its own memory; the stored weights' products
+    // dequantize on the host.
+    if (!o.weight_formats.empty())
+      require_host_memory(*backends.back(), "loom bench gemm --dtypes int8/nf4 (a stored weight's products)");
   }
   const bool want_bf16 = std::find(o.dtypes.begin(), o.dtypes.end(), DType::bf16) != o.dtypes.end();
   const DnnlGemmBf16 onednn = o.libraries && want_bf16 ? load_onednn(registry.execution().num_threads()) : nullptr;
@@ -145,20 +148,49 @@ std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const Gemm
     const std::vector<float> b = random_values(static_cast<std::size_t>(s.k * s.n), ++seed);
     std::vector<float> c(static_cast<std::size_t>(s.m * s.n));
     const Transpose ta = s.trans_a ? Transpose::yes : Transpose::no, tb = s.trans_b ? Transpose::yes : Transpose::no;
+    // The operands in each device backend's memory (host backends use the vectors): copied once
+    // per shape, outside the timing. A device backend's products are asynchronous: each timed
+    // run ends by copying one element of C to the host, which waits for the product.
+    struct DeviceOperands {
+      Tensor a, b, c;
+    };
+    std::vector<DeviceOperands> on_device(backends.size());
+    for (std::size_t i = 0; i < backends.size(); ++i) {
+      if (backends[i]->buffer_type().host_visible()) continue;
+      const Device device = backends[i]->device();
+      on_device[i].a = Tensor::from(std::span<const float>(a), Shape{static_cast<int64_t>(a.size())}).to(device);
+      on_device[i].b = Tensor::from(std::span<const float>(b), Shape{static_cast<int64_t>(b.size())}).to(device);
+      on_device[i].c = Tensor::empty(Shape{s.m * s.n}, DType::f32, device);
+    }
     for (DType dtype : o.dtypes) {
       for (std::size_t i = 0; i < backends.size(); ++i) {
         Backend& be = *backends[i];
+        const bool device = on_device[i].c.defined();
+        const float* pa = device ? on_device[i].a.device_data<float>() : a.data();
+        const float* pb = device ? on_device[i].b.device_data<float>() : b.data();
+        float* pc = device ? on_device[i].c.device_data<float>() : c.data();
+        const auto wait = [&] {
+          if (device) (void)on_device[i].c.slice(0, 0, 1).item();
+        };
         GemmBenchResult r;
         r.backend = o.backends[i].name;
         r.dtype = dtype;
         if (dtype == DType::bf16) {
           r.fallback = !be.supports_op(BackendOp::gemm, DType::bf16);
+          // Backend::gemm_bf16's own fallback rounds copies on the host: for a device backend
+          // without bf16 kernels, the float32 product stands for it (the row says fallback).
+          const bool as_f32 = r.fallback && device;
           r.ms = median_ms(o.repeats, [&] {
-            be.gemm_bf16(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.n);
+            if (as_f32)
+              be.gemm(ta, tb, s.m, s.n, s.k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, s.n);
+            else
+              be.gemm_bf16(ta, tb, s.m, s.n, s.k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, s.n);
+            wait();
           });
         } else {
           r.ms = median_ms(o.repeats, [&] {
-            be.gemm(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.n);
+            be.gemm(ta, tb, s.m, s.n, s.k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, s.n);
+            wait();
           });
         }
         record(r, s);

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -52,6 +53,12 @@ class Device {
 };
 
 class BufferType;
+
+// A device's memory as its driver reports it right now (BufferType::memory).
+struct DeviceMemory {
+  std::int64_t free_bytes = 0;
+  std::int64_t total_bytes = 0;
+};
 
 // A block of memory some tensors share, with its reference count. Buffer types allocate it
 // (usually as the first member of a larger record of their own) and get it back when the last
@@ -97,6 +104,11 @@ class BufferType {
                     std::size_t bytes) = 0;
   // dst.data[offset, offset + bytes) <- 0
   virtual void fill_zero(Storage& dst, std::size_t offset, std::size_t bytes) = 0;
+
+  // The device's free and total memory (a GPU's cudaMemGetInfo), which the trainer's memory
+  // check (trainer.memory_check) compares its estimate with. Nullopt, the default, means the
+  // memory is the host's: the check then reads the host's (the cgroup limit, MemAvailable).
+  virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
 };
 
 // The core's host memory: the caching allocator of allocator.hpp. Registered from the start.

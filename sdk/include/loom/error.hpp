@@ -53,6 +53,17 @@ class UserError : public Error {
   ~UserError() override;
 };
 
+// A device that this machine lacks or cannot use: a backend or attention kernel for a GPU
+// created where there is none, no driver, or not the runtime libraries it needs. A UserError
+// (the config asks for hardware the machine does not have: `loom` exits 2), of its own type so
+// that a test suite can tell "cannot run here" from a failure: the conformance suites skip a
+// component whose creation throws it.
+class DeviceUnavailable : public UserError {
+ public:
+  explicit DeviceUnavailable(std::string message) : UserError(std::move(message)) {}
+  ~DeviceUnavailable() override;
+};
+
 // A bug: a broken invariant in loom or in a plugin.
 class InternalError : public Error {
  public:

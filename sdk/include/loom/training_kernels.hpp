@@ -10,13 +10,17 @@
 // A translation unit that instantiates apply_elementwise_update must be compiled with
 // -ffp-contract=off -fno-math-errno (as the optimizer plugins and the core's fallback are): the
 // roundings are the ones written, the fused multiply-adds the std::fma calls, nothing the compiler
-// chooses.
+// chooses. Each rule's arithmetic on one element is a LOOM_HOST_DEVICE function that the host
+// loops call and a GPU kernel calls per element (plugins/backend/cuda, compiled with nvcc's
+// -fmad=false, the same promise): one source of roundings for both.
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+
+#include "loom/host_device.hpp"
 
 namespace loom {
 
@@ -61,20 +65,24 @@ namespace update_rules {
 //   p <- p - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // The one fused multiply-add is where PyTorch's vectorised add(alpha) has one too.
 template <bool kDecay>
+LOOM_HOST_DEVICE inline void adamw_element(float& p, float g, float& m, float& v, float decay, float b1, float c1,
+                                           float b2, float c2, float bc2_sqrt, float eps, float neg_step_size) {
+  float pi = p;
+  if constexpr (kDecay) pi *= decay;
+  const float mi = std::fma(g, c1, m * b1);
+  const float vi = v * b2 + (c2 * g) * g;
+  m = mi;
+  v = vi;
+  p = pi + neg_step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+}
+
+template <bool kDecay>
 inline void adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                   std::int64_t n, const ElementwiseUpdate& s) {
   const float decay = s.decay_factor, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
   const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.epsilon, neg_step_size = -s.step_size;
-  for (std::int64_t i = 0; i < n; ++i) {
-    float pi = p[i];
-    if constexpr (kDecay) pi *= decay;
-    const float gi = g[i];
-    const float mi = std::fma(gi, c1, m[i] * b1);
-    const float vi = v[i] * b2 + (c2 * gi) * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + neg_step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
-  }
+  for (std::int64_t i = 0; i < n; ++i)
+    adamw_element<kDecay>(p[i], g[i], m[i], v[i], decay, b1, c1, b2, c2, bc2_sqrt, eps, neg_step_size);
 }
 
 // SGD: d = g (+ wd p); with momentum, buf = d on a parameter's first update (PyTorch starts the
@@ -82,27 +90,31 @@ inline void adamw(float* __restrict p, const float* __restrict g, float* __restr
 // the direction is buf, or d + momentum buf for Nesterov; finally p -= lr * direction. Each
 // a + alpha * b is one fused multiply-add, as in PyTorch's vectorised add(alpha).
 template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+LOOM_HOST_DEVICE inline void sgd_element(float& p, float g, float* buf, float neg_lr, float wd, float mu, float damp) {
+  const float pi = p;
+  float d = g;
+  if constexpr (kDecay) d = std::fma(pi, wd, d);
+  if constexpr (kMomentum) {
+    float b;
+    if constexpr (kFirst)
+      b = d;
+    else
+      b = std::fma(d, damp, *buf * mu);
+    *buf = b;
+    if constexpr (kNesterov)
+      d = std::fma(b, mu, d);
+    else
+      d = b;
+  }
+  p = std::fma(d, neg_lr, pi);
+}
+
+template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
 inline void sgd(float* __restrict p, const float* __restrict g, float* __restrict buf, std::int64_t n,
                 const ElementwiseUpdate& s) {
   const float neg_lr = -s.lr, wd = s.weight_decay, mu = s.momentum_factor, damp = s.one_minus_dampening;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float pi = p[i];
-    float d = g[i];
-    if constexpr (kDecay) d = std::fma(pi, wd, d);
-    if constexpr (kMomentum) {
-      float b;
-      if constexpr (kFirst)
-        b = d;
-      else
-        b = std::fma(d, damp, buf[i] * mu);
-      buf[i] = b;
-      if constexpr (kNesterov)
-        d = std::fma(b, mu, d);
-      else
-        d = b;
-    }
-    p[i] = std::fma(d, neg_lr, pi);
-  }
+  for (std::int64_t i = 0; i < n; ++i)
+    sgd_element<kDecay, kMomentum, kFirst, kNesterov>(p[i], g[i], kMomentum ? buf + i : nullptr, neg_lr, wd, mu, damp);
 }
 
 template <bool kDecay>
@@ -119,19 +131,23 @@ inline void sgd_dispatch(float* p, const float* g, float* buf, std::int64_t n, c
 // one fused multiply-add, as PyTorch's add(alpha):
 //   c = beta1 m + (1 - beta1) g;  p = p - lr (sign(c) + wd p);  m = beta2 m + (1 - beta2) g
 template <bool kDecay>
+LOOM_HOST_DEVICE inline void lion_element(float& p, float g, float& m, float lr, float wd, float b1, float c1, float b2,
+                                          float c2) {
+  const float pi = p, gi = g, mi = m;
+  const float c = b1 * mi + c1 * gi;
+  // sign(0) = 0, as in the paper's (and PyTorch's) sign.
+  float update = static_cast<float>(c > 0.0f) - static_cast<float>(c < 0.0f);
+  if constexpr (kDecay) update = update + wd * pi;
+  p = pi - lr * update;
+  m = std::fma(gi, c2, mi * b2);
+}
+
+template <bool kDecay>
 inline void lion(float* __restrict p, const float* __restrict g, float* __restrict m, std::int64_t n,
                  const ElementwiseUpdate& s) {
   const float lr = s.lr, wd = s.weight_decay, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
               c2 = s.one_minus_beta2;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float pi = p[i], gi = g[i], mi = m[i];
-    const float c = b1 * mi + c1 * gi;
-    // sign(0) = 0, as in the paper's (and PyTorch's) sign.
-    float update = static_cast<float>(c > 0.0f) - static_cast<float>(c < 0.0f);
-    if constexpr (kDecay) update = update + wd * pi;
-    p[i] = pi - lr * update;
-    m[i] = std::fma(gi, c2, mi * b2);
-  }
+  for (std::int64_t i = 0; i < n; ++i) lion_element<kDecay>(p[i], g[i], m[i], lr, wd, b1, c1, b2, c2);
 }
 
 }  // namespace update_rules
@@ -164,7 +180,7 @@ inline void apply_elementwise_update(const ElementwiseUpdate& u, float* paramete
 // i = j mod 8, which the compiler keeps in one vector register), combined pairwise at the end.
 // The gradient norm sums these per chunk of a fixed size and adds the chunks in order, so its
 // bits do not depend on the thread count or the backend.
-inline double sum_of_squares(const float* d, std::int64_t n) {
+LOOM_HOST_DEVICE inline double sum_of_squares(const float* d, std::int64_t n) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)

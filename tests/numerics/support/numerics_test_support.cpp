@@ -6,6 +6,7 @@
 #include <limits>
 #include <loom/core/plugin_host.hpp>
 #include <loom/random.hpp>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -61,6 +62,21 @@ Handle<Backend> make_f32_backend(const std::string& name, ExecutionContext* exec
     ADD_FAILURE() << "backend '" << name << "' computes its matrix products in " << dtype_name(b->matmul_dtype())
                   << " and declares no matmul_precision option to ask for f32";
   return b;
+}
+
+std::optional<std::string> device_unavailable(const std::string& name) {
+  static std::map<std::string, std::optional<std::string>> known;
+  if (auto it = known.find(name); it != known.end()) return it->second;
+  std::optional<std::string> why;
+  try {
+    (void)make_backend(name);
+  } catch (const DeviceUnavailable& e) {
+    why = e.what();
+  } catch (const Error&) {
+    // Another refusal (an option this CPU lacks, ...) is the test's to report.
+  }
+  known.emplace(name, why);
+  return why;
 }
 
 bool cpu_has_avx512_bf16() {

@@ -15,6 +15,7 @@
 #include <loom/core/registry.hpp>
 #include <loom/kinds/attention.hpp>
 #include <loom/kinds/backend.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ Handle<Backend> make_backend(const std::string& name, ExecutionContext* executio
 // float32 tolerances creates. A test failure when the backend still computes in bf16.
 Handle<Backend> make_f32_backend(const std::string& name, ExecutionContext* execution = nullptr,
                                  const Value& options = Value::map());
+// Why backend `name` cannot be created on this machine (the DeviceUnavailable message: a GPU
+// backend without a GPU, driver or CUDA libraries), or nullopt when it can. Tried once per name.
+// What the conformance suites turn into GTEST_SKIP: a device that is not here is not a failure.
+std::optional<std::string> device_unavailable(const std::string& name);
 // Whether this CPU has AVX512-BF16: what the cpu backend's matmul_precision: auto resolves by.
 bool cpu_has_avx512_bf16();
 // Creates attention kernel `name` with `options`.

@@ -233,6 +233,19 @@ std::optional<AvailableMemory> available_memory(int ranks) {
   return a;
 }
 
+std::optional<AvailableMemory> available_memory(int ranks, const BufferType& memory) {
+  const char* forced = std::getenv("LOOM_MEMORY_AVAILABLE");
+  const std::optional<DeviceMemory> device = memory.memory();
+  if ((forced && *forced) || !device) return available_memory(ranks);
+  AvailableMemory a;
+  const int local = std::max(1, ranks_on_this_host(ranks));
+  a.bytes = device->free_bytes / local;
+  a.source = memory.device().str() + " free memory " + format_bytes(device->free_bytes) + " of " +
+             format_bytes(device->total_bytes);
+  if (local > 1) a.source += " / " + std::to_string(local) + " ranks on this host";
+  return a;
+}
+
 std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& estimate,
                            const AvailableMemory& available) {
   if (estimate.total() <= available.bytes) return {};

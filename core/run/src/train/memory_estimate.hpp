@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "loom/device.hpp"
 #include "loom/kinds/model.hpp"
 #include "loom/quantization.hpp"
 
@@ -99,6 +100,10 @@ struct AvailableMemory {
 // else /proc/meminfo's MemAvailable; divided by the ranks on this host
 // (OMPI_COMM_WORLD_LOCAL_SIZE, else every rank). Nullopt when none can be read.
 std::optional<AvailableMemory> available_memory(int ranks);
+// The memory of the run's tensors: LOOM_MEMORY_AVAILABLE when set, else the free memory of
+// `memory`'s device where its buffer type reports one (BufferType::memory: a GPU's), divided by
+// the ranks on this host (they share the device), else the host's as above.
+std::optional<AvailableMemory> available_memory(int ranks, const BufferType& memory);
 
 // The refusal's text: the figures and what would fit. Empty when `estimate` fits `available`.
 std::string memory_refusal(const MemoryInputs& inputs, const MemoryEstimate& estimate,

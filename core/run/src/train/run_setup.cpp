@@ -145,7 +145,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     memory_line = estimate.describe();
     const std::string check = trainer.get<std::string>("memory_check");
     if (check == "off") return;
-    const std::optional<AvailableMemory> available = available_memory(parallel.size());
+    const std::optional<AvailableMemory> available = available_memory(parallel.size(), c.backend->buffer_type());
     if (!available) return;
     const std::string refusal = memory_refusal(inputs, estimate, *available);
     if (refusal.empty()) return;

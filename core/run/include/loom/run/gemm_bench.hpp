@@ -70,8 +70,10 @@ struct GemmBenchResult {
 };
 
 // Runs every shape (outer), dtype, backend and library. `progress`, when set, is called after
-// each result. Throws UserError for invalid options (no backend, a non-positive size, a backend
-// whose memory the host cannot read, an unknown backend).
+// each result. A device backend (memory the host cannot read) is timed on operands copied to its
+// memory once per shape, each timed product ending with a one-element copy of C to the host (which
+// waits for it). Throws UserError for invalid options (no backend, a non-positive size, a stored
+// weight's dtype (int8, nf4) with a device backend, an unknown backend).
 std::vector<GemmBenchResult> run_gemm_bench(const Registry& registry, const GemmBenchOptions& options,
                                             const std::function<void(const GemmBenchResult&)>& progress = {});
 
