@@ -151,7 +151,8 @@ TEST_P(TensorParallelModels, AgreeWithOneProcess) {
   for (std::size_t i = 0; i < plan->size(); ++i) {
     const PlannedParameter& p = (*plan)[i];
     std::vector<float> grad = b.grads[i];
-    // A parameter this member did not reach (its experts got no token) has no gradient: zeros.
+    // A parameter this member did not reach has no gradient: zeros. (A member none of whose experts
+    // got a token reaches them on a zero row: their gradient is zeros.)
     if (grad.empty()) grad.assign(static_cast<std::size_t>(p.parameter->data().numel()), 0.0f);
     if (p.placement.split == TensorSplit::replicated_partial) collective().all_reduce(std::span<float>(grad));
     EXPECT_TRUE(all_close(grad, shard_values(a.grads[i], p.whole, p.placement), kTol))
