@@ -788,6 +788,8 @@ TEST(EvalCommand, AHuggingFaceDirectoryWithBadValuesIsOneClearError) {
   expect_error(big, (big / "config.json").string() +
                         "': vocab_size 2000000000, n_embd 65536, n_layer 12 and n_inner 262144 describe a model of at "
                         "least 1.31e+14 parameters");
+  const fs::path window = hf_dir("window", R"({"model_type": "gemma2", "sliding_window": 1e300})");
+  expect_error(window, "': sliding_window is 1e+300, expected null or a number of positions from 0 to 2147483647");
   const fs::path llama_big =
       hf_dir("llama_big", R"({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2000000000})");
   expect_error(llama_big, "more than this machine's");

@@ -84,6 +84,13 @@ class Fields {
   }
   // A number, or null (off, given as 0) when the field is null; `fallback` when absent.
   double number_or_off(const char* key, double fallback) const { return is_null(key) ? 0.0 : number(key, fallback); }
+  // A count of positions, or null (off, 0): at most 2^31 - 1, so that it converts to an integer.
+  std::int64_t positions_or_off(const char* key, double fallback) const {
+    const double n = number_or_off(key, fallback);
+    if (!(n >= 0 && n <= std::numeric_limits<std::int32_t>::max()))
+      wrong(key, "null or a number of positions from 0 to 2147483647");
+    return static_cast<std::int64_t>(n);
+  }
   const Json& raw(const char* key) const { return json_[key]; }
   // The object `key`, read with the same checks, or null when absent or null; another type is an error.
   std::optional<Fields> object(const char* key) const {
@@ -227,7 +234,7 @@ Value gemma2_section(const Fields& f) {
   m.set("query_pre_attn_scalar", f.number("query_pre_attn_scalar", 224.0));
   m.set("attn_logit_softcapping", optional_positive(f.number_or_off("attn_logit_softcapping", 50.0)));
   m.set("final_logit_softcapping", optional_positive(f.number_or_off("final_logit_softcapping", 30.0)));
-  m.set("sliding_window", optional_positive(static_cast<std::int64_t>(f.number_or_off("sliding_window", 4096.0))));
+  m.set("sliding_window", optional_positive(f.positions_or_off("sliding_window", 4096.0)));
   m.set("rope_theta", f.number("rope_theta", 10000.0));
   m.set("layer_norm_epsilon", f.number("rms_norm_eps", 1e-6));
   m.set("initializer_range", f.number("initializer_range", 0.02));
