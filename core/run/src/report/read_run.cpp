@@ -239,20 +239,29 @@ void derive_status(RunRecord& run, bool final_weights, bool running, const Recor
                                     ? "; `loom train` resumes it from its checkpoint of step " + std::to_string(saved)
                                     : "; no checkpoint";
     const std::string reason = end.reason.empty() ? std::string() : ": " + end.reason;
+    const std::string step = std::to_string(end.step);
     if (end.status == "finished") {
       s.state = RunState::finished;
-      s.text = "finished, " + std::to_string(end.step) + " steps";
+      s.text = "finished, " + step + " steps";
     } else if (end.status == "diverged") {
       s.state = RunState::diverged;
-      s.text = "diverged: " + (end.reason.empty() ? std::string("NaN or infinite") : end.reason) + " at step " +
-               std::to_string(end.step) + of_planned(s);
+      s.detail = (end.reason.empty() ? std::string("NaN or infinite") : end.reason) + " at step " + step;
+      s.text = "diverged: " + s.detail + of_planned(s);
     } else if (end.status == "stopped") {
       s.state = RunState::stopped;
-      s.text = "stopped" + (end.reason.empty() ? std::string() : " by " + end.reason) + " after step " +
-               std::to_string(end.step) + of_planned(s) + resumes;
+      s.detail = (end.reason.empty() ? std::string() : "by " + end.reason + " ") + "after step " + step;
+      s.text = "stopped " + s.detail + of_planned(s) + resumes;
     } else {
       s.state = RunState::stopped;
-      s.text = "error after step " + std::to_string(end.step) + of_planned(s) + reason + resumes;
+      // The table's cell: the error's first line, cut at a character's start past 80 bytes.
+      std::string first = end.reason.substr(0, end.reason.find('\n'));
+      if (first.size() > 80) {
+        std::size_t cut = 80;
+        while (cut > 0 && (static_cast<unsigned char>(first[cut]) & 0xC0) == 0x80) --cut;
+        first = first.substr(0, cut) + "...";
+      }
+      s.detail = "error after step " + step + (first.empty() ? std::string() : ": " + first);
+      s.text = "error after step " + step + of_planned(s) + reason + resumes;
     }
   } else if (bad_step) {
     s.state = RunState::diverged;
