@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -227,14 +228,40 @@ TEST_F(KillResume, SigtermSavesACheckpointAndExitsWith143) {
   EXPECT_LT(step, 400) << text;
   EXPECT_EQ(checkpoint::read_whole(run / "checkpoints" / "latest"), "step-" + std::to_string(step) + "\n");
   EXPECT_FALSE(fs::exists(run / "model.safetensors"));
+  // end.json records the stop.
+  auto read_end = [&] { return nlohmann::json::parse(checkpoint::read_whole(run / "end.json"), nullptr, false); };
+  nlohmann::json end = read_end();
+  EXPECT_EQ(end["status"], "stopped") << end.dump();
+  EXPECT_EQ(end["step"], step);
+  EXPECT_EQ(end["reason"], "SIGTERM");
+
+  // While the resumed run trains, there is no record of an end (killed, it leaves none).
+  const pid_t resumed = spawn_loom(config_, run, log, {});
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  std::int64_t logged = 0;
+  int resumed_status = 0;
+  while (logged <= step && Clock::now() < deadline && !exited(resumed, resumed_status)) {
+    std::ifstream in(run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto r = nlohmann::json::parse(line, nullptr, false);
+      if (r.is_object() && r.contains("step") && r["step"].is_number_integer())
+        logged = std::max(logged, r["step"].get<std::int64_t>());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::kill(resumed, SIGKILL);
+  wait_for(resumed);
+  ASSERT_GT(logged, step) << "the resumed run logged no step\n" << checkpoint::read_whole(log);
+  EXPECT_FALSE(fs::exists(run / "end.json")) << read_end().dump();
 
   const pid_t again = spawn_loom(config_, run, log, {});
   const int status2 = wait_for(again);
   ASSERT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 0) << checkpoint::read_whole(log);
-  EXPECT_NE(checkpoint::read_whole(log).find("resumed from checkpoint " +
-                                             (run / "checkpoints" / ("step-" + std::to_string(step))).string()),
-            std::string::npos);
+  EXPECT_NE(checkpoint::read_whole(log).find("resumed from checkpoint "), std::string::npos);
   expect_same_as_reference(run);
+  end = read_end();
+  EXPECT_EQ(end["status"], "finished") << end.dump();
+  EXPECT_EQ(end["step"], 400);
 }
 
 TEST_F(KillResume, ASecondSigintStopsAtOnce) {

@@ -260,6 +260,36 @@ TEST(Report, StatusOfEachRun) {
   EXPECT_EQ(runs[3].summary.memory, "5.1 GiB");
 }
 
+// end.json, the trainer's record of how a run ended, says what the metrics alone cannot.
+TEST(Report, StatusFromTheRecordOfTheEnd) {
+  TempDir tmp;
+  const auto dirs = loom::test::five_runs(tmp.path());
+  const fs::path stopped = dirs[4];  // logged to step 12 of 40, no final weights, no checkpoint
+  auto write_end = [&](const fs::path& dir, const std::string& json) { std::ofstream(dir / "end.json") << json; };
+  write_end(stopped, R"({"status": "stopped", "step": 12, "reason": "SIGTERM", "message": "stopped by SIGTERM"})");
+  auto run = loom::read_run(stopped);
+  EXPECT_EQ(run.status.state, loom::RunState::stopped);
+  EXPECT_EQ(run.status.text, "stopped by SIGTERM after step 12 of 40; no checkpoint");
+  EXPECT_EQ(run.header["status"], run.status.text);
+  EXPECT_EQ(run.status.detail, "by SIGTERM after step 12");
+  write_end(stopped, R"({"status": "error", "step": 12, "reason": "cannot read 'data/x.bin'", "message": "x"})");
+  EXPECT_EQ(loom::read_run(stopped).status.text, "error after step 12 of 40: cannot read 'data/x.bin'; no checkpoint");
+  write_end(stopped, R"({"status": "diverged", "step": 13, "reason": "infinite gradient norm"})");
+  run = loom::read_run(stopped);
+  EXPECT_EQ(run.status.state, loom::RunState::diverged);
+  EXPECT_EQ(run.status.text, "diverged: infinite gradient norm at step 13 of 40");
+  // Unreadable: a note, and the status the metrics give.
+  write_end(stopped, R"({"status": "exploded", "step": 12})");
+  run = loom::read_run(stopped);
+  EXPECT_EQ(run.status.text.rfind("stopped at step 12 of 40: not running", 0), 0u) << run.status.text;
+  ASSERT_EQ(run.notes.size(), 1u);
+  EXPECT_NE(run.notes[0].find("end.json is not a record of how the run ended"), std::string::npos) << run.notes[0];
+  // A run that trains (a resumed one) is running, whatever an earlier end left.
+  write_end(dirs[2], R"({"status": "finished", "step": 20})");
+  loom::test::TrainingLock lock(dirs[2]);
+  EXPECT_EQ(loom::read_run(dirs[2]).status.text, "running, step 26 of 40");
+}
+
 TEST(Report, LabelsTellRunsApart) {
   TempDir tmp;
   const auto dirs = loom::test::five_runs(tmp.path());
@@ -483,6 +513,29 @@ TEST(ReportCommand, ChartsARealRun) {
   EXPECT_EQ(page.find("http://"), std::string::npos);
   // The header's numbers without exponents.
   EXPECT_FALSE(std::regex_search(page, std::regex("<td>[0-9.]+e\\+[0-9]+")));
+
+  // A run that diverges: end.json names the step, the report says so in the runs table and the
+  // run's header, and the step that diverged is a gap in the loss chart.
+  const fs::path diverged = tmp.path() / "nan";
+  const auto nan = loom::test::run_command(
+      {LOOM_BINARY, "train", LOOM_SOURCE_DIR "/configs/quickstart.yaml", "trainer.run_dir=" + diverged.string(),
+       "trainer.num_train_steps=12", "trainer.log_every=1", "trainer.sample_length=0", "lr_schedule.warmup=0",
+       "optimizer.learning_rate=1.0e+30", "optimizer.max_grad_norm=0", "data.num_documents=2000", "model.num_layers=1",
+       "model.hidden_dim=32", "model.num_heads=2", "model.seq_len=32", "trainer.train_batch_size=2"});
+  ASSERT_EQ(nan.exit_code, 2) << nan.out << nan.err;
+  ASSERT_NE(nan.err.find("step 2: the loss is NaN"), std::string::npos) << nan.err;
+  const auto diverged_report = loom::test::run_command({LOOM_BINARY, "report", diverged.string(), "-o", html.string()});
+  ASSERT_EQ(diverged_report.exit_code, 0) << diverged_report.err;
+  EXPECT_NE(diverged_report.out.find("(nan diverged: NaN loss at step 2 of 12)"), std::string::npos)
+      << diverged_report.out;
+  const std::string diverged_page = read_text(html);
+  // The runs table's state cell, and the run's section.
+  EXPECT_NE(diverged_page.find("\">diverged</span><span class=\"detail\">: NaN loss at step 2</span></td>"),
+            std::string::npos)
+      << diverged_page;
+  EXPECT_NE(diverged_page.find("<p class=\"status state-diverged\">diverged: NaN loss at step 2 of 12</p>"),
+            std::string::npos);
+  EXPECT_NE(diverged_page.find("\"points\":[[1.0,"), std::string::npos);
 
   const auto missing = loom::test::run_command({LOOM_BINARY, "report", (tmp.path() / "nope").string(), "-o", "x.html"});
   EXPECT_EQ(missing.exit_code, 2);

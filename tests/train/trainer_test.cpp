@@ -163,16 +163,68 @@ TEST(Trainer, MicroBatchMustDivideTheBatch) {
   }
 }
 
+nlohmann::json read_end(const fs::path& run) {
+  std::ifstream in(run / "end.json");
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+// The step a divergence error names ("step 2: the loss is NaN ..."), counted as the metrics count.
+std::int64_t named_step(const std::string& msg) {
+  const auto at = msg.find("step ");
+  return at == std::string::npos ? -1 : std::stoll(msg.substr(at + 5));
+}
+
 TEST(Trainer, DivergenceStopsNamingTheStep) {
   test::TempDir dir;
   try {
-    train_tiny(dir, "a", {"optimizer.learning_rate=1.0e+30", "optimizer.max_grad_norm=0", "lr_schedule.warmup=0"});
+    train_tiny(dir, "a",
+               {"optimizer.learning_rate=1.0e+30", "optimizer.max_grad_norm=0", "lr_schedule.warmup=0",
+                "trainer.log_every=1"});
     FAIL() << "expected the run to diverge";
   } catch (const UserError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("step "), std::string::npos) << msg;
     EXPECT_NE(msg.find("the run diverged"), std::string::npos) << msg;
+    // The first step trains from finite weights; its 1e30 update makes the second one's loss NaN.
+    EXPECT_EQ(named_step(msg), 2) << msg;
+    // end.json says how the run ended, and the metrics hold the step that diverged (JSON's null).
+    const nlohmann::json end = read_end(dir.path() / "a");
+    ASSERT_TRUE(end.is_object()) << "no end.json";
+    EXPECT_EQ(end["status"], "diverged");
+    EXPECT_EQ(end["step"], 2);
+    EXPECT_EQ(end["num_steps"], 6);
+    EXPECT_TRUE(end["reason"] == "NaN loss" || end["reason"] == "infinite loss") << end.dump();
+    EXPECT_EQ(end["message"], e.message());
+    EXPECT_TRUE(end["time"].is_string());
+    const auto records = read_metrics(dir.path() / "a");
+    ASSERT_EQ(records.size(), 2u);
+    EXPECT_EQ(records[0]["step"], 1);
+    EXPECT_TRUE(records[0]["train/loss"].is_number());
+    EXPECT_EQ(records[1]["step"], 2);
+    EXPECT_TRUE(records[1]["train/loss"].is_null()) << records[1].dump();
   }
+}
+
+// A finished run records so; resumed further, its record is replaced by how the resumed run ended.
+TEST(Trainer, EndOfARunIsRecordedAndReplacedOnResume) {
+  test::TempDir dir;
+  train_tiny(dir, "a", {"trainer.checkpoint.save_every_steps=3"});
+  nlohmann::json end = read_end(dir.path() / "a");
+  ASSERT_TRUE(end.is_object()) << "no end.json";
+  EXPECT_EQ(end["status"], "finished");
+  EXPECT_EQ(end["step"], 6);
+  EXPECT_EQ(end["message"], "");
+  try {
+    train_tiny(dir, "a",
+               {"trainer.checkpoint.save_every_steps=3", "trainer.num_train_steps=8", "optimizer.learning_rate=1.0e+30",
+                "optimizer.max_grad_norm=0", "lr_schedule.warmup=0"});
+    FAIL() << "expected the resumed run to diverge";
+  } catch (const UserError& e) {
+    EXPECT_EQ(named_step(e.what()), 8) << e.what();
+  }
+  end = read_end(dir.path() / "a");
+  EXPECT_EQ(end["status"], "diverged");
+  EXPECT_EQ(end["step"], 8);
+  EXPECT_EQ(end["num_steps"], 8);
 }
 
 TEST(Trainer, AnExistingRunIsNeverOverwritten) {

@@ -37,7 +37,7 @@ pointer-events:none;max-width:340px;box-shadow:1px 1px 3px rgba(0,0,0,.2)}.toolt
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 table.sortable th{cursor:pointer;background:#f4f4f4}table.sortable th[aria-sort=ascending]::after{content:" \25B2"}
 table.sortable th[aria-sort=descending]::after{content:" \25BC"}td.num{text-align:right}
-.state{font-weight:bold}.state-finished{color:#2a7a2a}.state-running{color:#0b5cad}.state-diverged{color:#b00}.state-stopped{color:#a60}
+.state{font-weight:bold}.detail{font-size:12px}.state-finished{color:#2a7a2a}.state-running{color:#0b5cad}.state-diverged{color:#b00}.state-stopped{color:#a60}
 pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto;max-height:420px}.live{color:#0b5cad}
 .runs li{margin:2px 0})";
 
@@ -93,9 +93,12 @@ void runs_table(std::ostream& os, const std::vector<RunRecord>& runs) {
     os << cell("<span class=\"swatch\" style=\"background:" + std::string(colours[i % std::size(colours)]) +
                    "\"></span><a href=\"#run-" + std::to_string(i) + "\">" + html_escape(run.label) + "</a>",
                run.label, false);
-    os << cell("<span class=\"state state-" + run_state_name(run.status.state) + "\">" +
-                   html_escape(run_state_name(run.status.state)) + "</span>",
-               std::to_string(state_order(run.status.state)), false);
+    os << cell(
+        "<span class=\"state state-" + run_state_name(run.status.state) + "\">" +
+            html_escape(run_state_name(run.status.state)) + "</span>" +
+            (run.status.detail.empty() ? std::string()
+                                       : "<span class=\"detail\">: " + html_escape(run.status.detail) + "</span>"),
+        std::to_string(state_order(run.status.state)), false);
     os << cell(std::to_string(run.status.last_step) +
                    (run.status.planned_steps > 0 ? " / " + std::to_string(run.status.planned_steps) : ""),
                std::to_string(run.status.last_step), true);

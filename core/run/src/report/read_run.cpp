@@ -184,7 +184,32 @@ std::string of_planned(const RunStatus& s) {
   return s.planned_steps > 0 ? " of " + std::to_string(s.planned_steps) : "";
 }
 
-void derive_status(RunRecord& run, bool final_weights, bool running) {
+// end.json, which the trainer writes as a run ends (older runs have none): its status, step,
+// reason; empty status when there is none or it is unreadable.
+struct RecordedEnd {
+  std::string status;
+  std::int64_t step = 0;
+  std::string reason;
+};
+
+RecordedEnd read_end(const fs::path& file, std::vector<std::string>& notes) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return {};
+  const nlohmann::json j = nlohmann::json::parse(text_of(file), nullptr, /*allow_exceptions=*/false);
+  static const std::set<std::string> statuses{"finished", "diverged", "stopped", "error"};
+  if (!j.is_object() || !j.contains("status") || !j["status"].is_string() ||
+      !statuses.count(j["status"].get<std::string>()) || !j.contains("step") || !j["step"].is_number_integer()) {
+    notes.push_back(file.string() +
+                    " is not a record of how the run ended (a JSON object with a status of finished, diverged, "
+                    "stopped or error, and a step): left out, the status is read from the metrics");
+    return {};
+  }
+  RecordedEnd end{j["status"].get<std::string>(), j["step"].get<std::int64_t>(), ""};
+  if (j.contains("reason") && j["reason"].is_string()) end.reason = j["reason"].get<std::string>();
+  return end;
+}
+
+void derive_status(RunRecord& run, bool final_weights, bool running, const RecordedEnd& end) {
   RunStatus& s = run.status;
   for (const auto& row : run.rows) s.last_step = std::max(s.last_step, row.step);
   // The first step whose loss or norm is NaN (logged as null) in the run's last stretch of them.
@@ -205,6 +230,39 @@ void derive_status(RunRecord& run, bool final_weights, bool running) {
                  : "running, no step logged yet" +
                        (s.planned_steps > 0 ? " (" + std::to_string(s.planned_steps) + " planned)" : std::string());
     if (bad_step) s.text += "; " + bad_metric + " NaN or infinite since step " + std::to_string(bad_step);
+  } else if (!end.status.empty()) {
+    // How the run ended, as the trainer recorded it.
+    std::int64_t saved = 0;
+    if (run.checkpoints)
+      for (const auto& c : run.checkpoints->checkpoints) saved = std::max(saved, c.step);
+    const std::string resumes = saved > 0
+                                    ? "; `loom train` resumes it from its checkpoint of step " + std::to_string(saved)
+                                    : "; no checkpoint";
+    const std::string reason = end.reason.empty() ? std::string() : ": " + end.reason;
+    const std::string step = std::to_string(end.step);
+    if (end.status == "finished") {
+      s.state = RunState::finished;
+      s.text = "finished, " + step + " steps";
+    } else if (end.status == "diverged") {
+      s.state = RunState::diverged;
+      s.detail = (end.reason.empty() ? std::string("NaN or infinite") : end.reason) + " at step " + step;
+      s.text = "diverged: " + s.detail + of_planned(s);
+    } else if (end.status == "stopped") {
+      s.state = RunState::stopped;
+      s.detail = (end.reason.empty() ? std::string() : "by " + end.reason + " ") + "after step " + step;
+      s.text = "stopped " + s.detail + of_planned(s) + resumes;
+    } else {
+      s.state = RunState::stopped;
+      // The table's cell: the error's first line, cut at a character's start past 80 bytes.
+      std::string first = end.reason.substr(0, end.reason.find('\n'));
+      if (first.size() > 80) {
+        std::size_t cut = 80;
+        while (cut > 0 && (static_cast<unsigned char>(first[cut]) & 0xC0) == 0x80) --cut;
+        first = first.substr(0, cut) + "...";
+      }
+      s.detail = "error after step " + step + (first.empty() ? std::string() : ": " + first);
+      s.text = "error after step " + step + of_planned(s) + reason + resumes;
+    }
   } else if (bad_step) {
     s.state = RunState::diverged;
     s.text = "diverged: " + bad_metric + " NaN or infinite at step " + std::to_string(bad_step) +
@@ -392,7 +450,7 @@ RunRecord read_run(const fs::path& dir) {
   }
   const bool final_weights =
       fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "adapter_model.safetensors", ec);
-  derive_status(run, final_weights, running);
+  derive_status(run, final_weights, running, read_end(dir / "end.json", run.notes));
   summarise(run);
   run.header["status"] = run.status.text;
   if (run.status.last_step > 0) run.header["last logged step"] = std::to_string(run.status.last_step);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/durable_io.hpp"
 #include "loom/error.hpp"
@@ -139,6 +140,24 @@ void RunDirectory::save_weights(const std::vector<ModelParameter>& parameters, s
   safetensors::save_parameters(
       path_ / "model.safetensors", parameters,
       {{"loom.run_id", run_id_}, {"loom.step", std::to_string(step)}, {"loom.weights", average ? "ema" : "live"}});
+}
+
+void RunDirectory::write_end(const RunEnd& end) const {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char time[32];
+  std::strftime(time, sizeof time, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const nlohmann::json record{{"status", end.status}, {"step", end.step},       {"num_steps", end.num_steps},
+                              {"reason", end.reason}, {"message", end.message}, {"time", time},
+                              {"run_id", run_id_}};
+  checkpoint::replace_atomically(path_ / "end.json", record.dump(2) + "\n");
+}
+
+void RunDirectory::clear_end() const {
+  std::error_code ec;
+  if (fs::remove(path_ / "end.json", ec)) checkpoint::sync_path(path_);
+  if (ec) throw UserError("cannot remove '" + (path_ / "end.json").string() + "': " + ec.message());
 }
 
 }  // namespace loom::training

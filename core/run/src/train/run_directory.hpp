@@ -15,6 +15,18 @@
 
 namespace loom::training {
 
+// How a run ended, as end.json records it: "finished", "diverged" (a NaN or infinite loss or
+// gradient norm under trainer.crash_on_nan / crash_on_inf), "stopped" (SIGTERM or SIGINT, after
+// saving a checkpoint) or "error" (any other error). `step`: the steps done; for "diverged" the
+// step whose loss or norm was not finite (counted from 1, as metrics.jsonl counts).
+struct RunEnd {
+  std::string status;
+  std::int64_t step = 0;
+  std::int64_t num_steps = 0;  // trainer.num_train_steps
+  std::string reason;          // short, for `loom report`: "NaN loss", "SIGTERM", the error's message
+  std::string message;         // the error, or what stopped the run; empty for "finished"
+};
+
 class RunDirectory {
  public:
   RunDirectory() = default;
@@ -50,6 +62,10 @@ class RunDirectory {
   // model.safetensors: the weights after `step` steps; `average` says they are the weight
   // average (trainer.ema_decay), recorded as "loom.weights": "ema" (else "live") in its metadata.
   void save_weights(const std::vector<ModelParameter>& parameters, std::int64_t step, bool average) const;
+  // end.json: how the run ended (with the time, UTC), replaced atomically and durably.
+  void write_end(const RunEnd& end) const;
+  // Removes an earlier run's end.json, as a resumed run starts: while it trains there is none.
+  void clear_end() const;
 
  private:
   std::filesystem::path path_;

@@ -19,6 +19,7 @@
 #include "train/evaluation.hpp"
 #include "train/micro_batches.hpp"
 #include "train/prefetcher.hpp"
+#include "train/run_directory.hpp"
 #include "train/sampling.hpp"
 #include "train/stop_signals.hpp"
 #include "train/task_evaluation.hpp"
@@ -50,9 +51,8 @@ int peak_resident_mib() {
   return static_cast<int>((usage.ru_maxrss + 1023) / 1024);
 }
 
-}  // namespace
-
-TrainSummary execute(Run& run, ProgressPrinter& progress) {
+// The steps and the end of the run; `end` gets a divergence (execute() below records the end).
+TrainSummary run_steps(Run& run, ProgressPrinter& progress, RunEnd& end) {
   TrainSummary summary;
   summary.run_dir = run.directory.path().string();
   summary.peak_flops = run.peak_flops;
@@ -256,7 +256,19 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
       // The host<->device copies of the step alone (batch in, scalars out, staged collectives),
       // not those of logging, evaluation, samples or checkpoints around it.
       reset_host_device_copies();
-      const StepResult result = train_step.run(batch, state);
+      StepResult result;
+      try {
+        result = train_step.run(batch, state);
+      } catch (...) {
+        // A NaN or infinite loss or norm: the step that diverged goes to the metrics (JSON's null,
+        // a gap in `loom report`'s charts) and to end.json.
+        if (const auto& d = train_step.divergence()) {
+          log(d->step, {{"train/loss", d->loss}, {"train/grad_norm", d->grad_norm}});
+          for (auto& t : c.trackers) t->flush();
+          end = RunEnd{"diverged", d->step, num_steps, d->what, d->message};
+        }
+        throw;
+      }
       if (state.ema) state.ema->update();
       const HostDeviceCopies copies = reset_host_device_copies();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -463,6 +475,55 @@ TrainSummary execute(Run& run, ProgressPrinter& progress) {
   summary.peak_resident_bytes = std::int64_t{parallel.max_over_ranks(peak_resident_mib())} << 20;
   progress.done(num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu, summary.peak_resident_bytes,
                 parallel.size(), summary.run_dir);
+  return summary;
+}
+
+// The current exception's text, for end.json. A data-parallel run's ReportedError names only the
+// rank that printed the error.
+std::string current_error_text() {
+  try {
+    throw;
+  } catch (const ReportedError& e) {
+    return std::string(e.what()) + " (`loom train` printed it)";
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return describe_current_exception();
+  }
+}
+
+}  // namespace
+
+TrainSummary execute(Run& run, ProgressPrinter& progress) {
+  // Rank 0 records how the run ended in end.json. A resumed run removes the record of its earlier
+  // end first: while it trains, the directory records no end.
+  const bool records = run.parallel->is_primary() && !run.finished;
+  if (records) run.directory.clear_end();
+  RunEnd end;
+  TrainSummary summary;
+  try {
+    summary = run_steps(run, progress, end);
+  } catch (...) {
+    if (records) {
+      if (end.status.empty()) {
+        const std::string text = current_error_text();
+        end = RunEnd{"error", run.state.step, run.num_steps, text, text};
+      }
+      try {
+        run.directory.write_end(end);
+      } catch (const std::exception& e) {
+        progress.say(std::string("warning: ") + e.what());
+      }
+    }
+    throw;
+  }
+  if (records)
+    run.directory.write_end(
+        summary.stopped_by_signal != 0
+            ? RunEnd{"stopped", summary.steps, run.num_steps, signal_name(summary.stopped_by_signal),
+                     std::string("stopped by ") + signal_name(summary.stopped_by_signal) + " after step " +
+                         std::to_string(summary.steps) + ", saving a checkpoint of it"}
+            : RunEnd{"finished", summary.steps, run.num_steps, "", ""});
   return summary;
 }
 

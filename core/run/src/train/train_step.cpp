@@ -255,16 +255,20 @@ double TrainStep::global_grad_norm() const {
   return std::sqrt(sum_squares + replicated);
 }
 
-void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) const {
+void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) {
   const bool crash_nan = settings_.crash_on_nan, crash_inf = settings_.crash_on_inf;
   // The loss and the norm are the ranks' sums: every rank fails alike, and rank 0 says so.
-  if (is_bad(loss, crash_nan, crash_inf) || is_bad(grad_norm, crash_nan, crash_inf))
-    parallel_.fail_together(UserError(
-        "step " + std::to_string(step) + ": the " + (is_bad(loss, crash_nan, crash_inf) ? "loss" : "gradient norm") +
-        " is " + (std::isnan(is_bad(loss, crash_nan, crash_inf) ? loss : grad_norm) ? "NaN" : "infinite") + " (loss " +
-        std::to_string(loss) + ", gradient norm " + std::to_string(grad_norm) +
-        "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
-        "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway"));
+  if (is_bad(loss, crash_nan, crash_inf) || is_bad(grad_norm, crash_nan, crash_inf)) {
+    const bool bad_loss = is_bad(loss, crash_nan, crash_inf);
+    const std::string quantity = bad_loss ? "loss" : "gradient norm";
+    const std::string kind = std::isnan(bad_loss ? loss : grad_norm) ? "NaN" : "infinite";
+    UserError error("step " + std::to_string(step + 1) + ": the " + quantity + " is " + kind + " (loss " +
+                    std::to_string(loss) + ", gradient norm " + std::to_string(grad_norm) +
+                    "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
+                    "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway");
+    divergence_ = Divergence{step + 1, loss, grad_norm, kind + " " + quantity, error.message()};
+    parallel_.fail_together(error);
+  }
 }
 
 void TrainStep::clip_gradients(double grad_norm, double max_norm) {

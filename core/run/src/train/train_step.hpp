@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +45,16 @@ class TrainStep {
   // or the gradient norm is NaN or infinite and crash_on_nan / crash_on_inf forbid it.
   StepResult run(const Batch& batch, TrainState& state);
 
+  // The NaN or infinite loss or norm that run() stopped on (set just before it throws), for the
+  // step loop's record of how the run ended; `step` counts from 1, as the metrics do.
+  struct Divergence {
+    std::int64_t step = 0;
+    double loss = 0, grad_norm = 0;
+    std::string what;     // "NaN loss", "infinite gradient norm"
+    std::string message;  // the error's: "step 8: the loss is NaN (...)"
+  };
+  const std::optional<Divergence>& divergence() const { return divergence_; }
+
  private:
   // Zeroes the gradients, then forward and backward over each micro-batch, weighted so that the
   // accumulated gradient is the gradient of the whole batch's loss (a mean over the objective's
@@ -57,12 +69,13 @@ class TrainStep {
   void add_set_aside_gradient(Parameter& p);
   void add_set_aside_gradient(std::size_t index);
   double global_grad_norm() const;
-  void check_finite(std::int64_t step, double loss, double grad_norm) const;
+  void check_finite(std::int64_t step, double loss, double grad_norm);
   void clip_gradients(double grad_norm, double max_norm);
 
   RunComponents& components_;
   DataParallel& parallel_;
   StepSettings settings_;
+  std::optional<Divergence> divergence_;
   std::vector<Tensor> set_aside_;  // per parameter: the sum of the earlier micro-batches' gradients
   std::vector<bool> has_set_aside_;
   std::unordered_map<const Parameter*, std::size_t> index_;  // position in components_.parameters

@@ -23,9 +23,11 @@ struct MetricsRow {
 };
 
 // How a run stands, read from what its directory holds (docs/evaluation.md, "Run status"):
-// running while a `loom train` holds its .lock; diverged when its last logged train/loss or
-// train/grad_norm is NaN or infinite; finished when it wrote its final weights or logged its
-// planned last step; stopped otherwise.
+// running while a `loom train` holds its .lock; else as the run's end.json says (the trainer's
+// record of how it ended: finished, diverged, stopped by a signal, or an error, which reads as
+// stopped); without one (older runs), diverged when its last logged train/loss or train/grad_norm
+// is NaN or infinite, finished when it wrote its final weights or logged its planned last step,
+// stopped otherwise.
 enum class RunState { finished, running, diverged, stopped };
 
 struct RunStatus {
@@ -33,6 +35,9 @@ struct RunStatus {
   std::int64_t last_step = 0;      // the last logged step; 0: none
   std::int64_t planned_steps = 0;  // trainer.num_train_steps; 0: unknown
   std::string text;                // "running, step 130 of 400", "diverged: train/loss NaN at step 8", ...
+  // How the run ended, as the trainer recorded it in end.json (empty without one): "NaN loss at
+  // step 8", "SIGTERM after step 12", the error; the runs table shows it beside the state.
+  std::string detail;
 };
 
 // "finished", "running", "diverged", "stopped".
