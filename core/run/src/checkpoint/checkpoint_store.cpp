@@ -30,6 +30,9 @@ bool starts_with(const std::string& s, const char* prefix) {
 
 // LOOM_TEST_CHECKPOINT_STAGE_DELAY_MS: a pause after each stage of a commit, so that a test that
 // kills `loom train` from outside can land inside a checkpoint write. Not for production use.
+// (This and LOOM_TEST_CHECKPOINT_KILL act inside a commit, in a process the test reaches only from
+// outside: the `loom` command, a rank of mpirun. What acts between steps is a hook
+// (Trainer::add_hook); in process, set_stage_hook observes the stages.)
 int test_stage_delay_ms() {
   static const int ms = [] {
     const char* v = std::getenv("LOOM_TEST_CHECKPOINT_STAGE_DELAY_MS");

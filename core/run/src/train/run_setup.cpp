@@ -7,7 +7,10 @@
 #include <iomanip>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "loom/error.hpp"
 #include "loom/run/generate.hpp"
@@ -74,18 +77,29 @@ void restore_state(Run& run, const checkpoint::TrainRecord& r) {
   s.interval.elapsed_before = r.elapsed_seconds;
 }
 
-}  // namespace
+// "slot/parameter" (an optimizer state entry) or "ema/parameter" (the weight average's): the
+// parameter's name; a parameter's own entry is its name.
+std::string parameter_of(const std::string& entry) {
+  const auto slash = entry.find('/');
+  return slash == std::string::npos ? entry : entry.substr(slash + 1);
+}
 
-Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error) {
+bool is_slot_entry(const std::string& entry) {
+  return entry.find('/') != std::string::npos;
+}
+
+// Stage 1: the ranks first, from the raw config's `collective` (the registry validates it): only
+// rank 0 prints and writes files, and an error the ranks share is printed once, by rank 0. Then
+// the config resolved, the mesh, and the components created and checked against each other.
+Run resolve_and_check(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error) {
   Run run;
-  // The ranks first, from the raw config's `collective` (the registry validates it): only rank 0
-  // prints and writes files, and an error the ranks share is printed once, by rank 0.
   run.parallel = std::make_unique<DataParallel>(create_collective(runtime.registry(), runtime.raw_config()));
   DataParallel& parallel = *run.parallel;
   parallel.set_error_reporter(std::move(report_error));
   if (!parallel.is_primary()) progress.silence();
   parallel.together([&] { run.config = resolved_run_config(runtime); });
-  const Options trainer(*run.config.find("trainer"), "trainer");
+  run.trainer = Options(*run.config.find("trainer"), "trainer");
+  const Options& trainer = run.trainer;
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
   run.num_steps = trainer.get<std::int64_t>("num_train_steps");
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
@@ -132,8 +146,15 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
           "micro-batch size is " + std::to_string(run.micro_size) +
           ": set trainer.microbatch_size (and the batch size per rank) to a multiple of " + std::to_string(group));
   });
-  // The memory estimate, before the run directory and the model exist: a run that cannot fit is
-  // refused with nothing allocated or written.
+  return run;
+}
+
+// Stage 2: the memory estimate, before the run directory and the model exist: a run that cannot
+// fit is refused with nothing allocated or written. Returns the estimate's line for the header.
+std::string estimate_run_memory(Runtime& runtime, Run& run, ProgressPrinter& progress) {
+  DataParallel& parallel = *run.parallel;
+  const RunComponents& c = run.components;
+  const Options& trainer = run.trainer;
   std::string memory_line;
   parallel.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
@@ -152,12 +173,23 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     if (check == "refuse") throw UserError(refusal);
     progress.say("warning: " + refusal);
   });
+  return memory_line;
+}
 
-  // Where the run goes, and whether it continues one: rank 0 decides, and names the checkpoint to
-  // the other ranks (which read it from the same path: one machine, or a shared file system).
-  std::optional<ResumePoint> resume;
-  std::vector<std::string> resume_warnings;
-  bool finished = false;
+// Where a run goes and whether it continues one (stage 3's outcome).
+struct ResumePlan {
+  std::optional<ResumePoint> point;   // the checkpoint it resumes from
+  std::vector<std::string> warnings;  // of its config against this one, printed once it has loaded
+  bool finished = false;              // resumed at its last step: nothing to train
+};
+
+// Stage 3: the run directory opened (a new run) or resumed: rank 0 decides, and names the
+// checkpoint to the other ranks (which read it from the same path: one machine, or a shared file
+// system). Every rank gets its checkpoint writer (rank 0's, and those of ranks that write parts).
+ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
+  DataParallel& parallel = *run.parallel;
+  const Options& trainer = run.trainer;
+  ResumePlan plan;
   // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
   // once shard() has run), and the name that their parts' staging directory shares.
   const bool writes_parts = parallel.size() > 1 &&
@@ -176,60 +208,199 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     store.remove_leftovers();
     ResumeDecision decision = decide_resume(trainer, run.directory, store, run.num_steps);
     for (const auto& w : decision.warnings) progress.say("warning: " + w);
-    resume = std::move(decision.point);
-    if (resume && trainer.get<std::string>("run_id").empty() && !resume->record.run_id.empty())
-      run.directory.adopt_run_id(resume->record.run_id);
+    plan.point = std::move(decision.point);
+    if (plan.point && trainer.get<std::string>("run_id").empty() && !plan.point->record.run_id.empty())
+      run.directory.adopt_run_id(plan.point->record.run_id);
     if (decision.finished) {
-      finished = true;
+      plan.finished = true;
       progress.say("run " + run.directory.run_id() + " in " + run.directory.path().string() + " finished at step " +
-                   std::to_string(resume->record.step) + " (checkpoint " + resume->dir.string() +
+                   std::to_string(plan.point->record.step) + " (checkpoint " + plan.point->dir.string() +
                    "): nothing to train; raise trainer.num_train_steps to train it further");
     }
     // Printed once the checkpoint has loaded: a refusal comes without them.
-    if (resume && !finished)
-      resume_warnings =
-          check_resume_config(*resume, config_file_text(run.directory.run_id(), run.config), run.num_steps);
-    if (!finished)
+    if (plan.point && !plan.finished)
+      plan.warnings =
+          check_resume_config(*plan.point, config_file_text(run.directory.run_id(), run.config), run.num_steps);
+    if (!plan.finished)
       run.checkpoints =
           std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
   });
-  {
-    std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
-                from = resume ? resume->dir.string() : "";
-    parallel.broadcast(run_id);
-    parallel.broadcast(run_dir);
-    parallel.broadcast(from);
-    parallel.broadcast(staging_token);
-    finished = parallel.max_over_ranks(finished ? 1 : 0) != 0;
-    parallel.together([&] {
-      if (parallel.is_primary()) return;
-      // No directory of their own: the run's id and paths, for the config text a checkpoint is
-      // compared with and for the messages.
-      run.directory.adopt_run_id(run_id);
-      // Every rank holds the run directory's lock while it lives: a second run is refused while any
-      // rank of this one is still there (a launcher that died leaving its ranks running).
-      run.directory.share_lock(run_dir);
-      run.checkpoint = checkpoint_settings(trainer, run_dir);
-      if (!from.empty())
-        resume =
-            with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
-      // Ranks that hold state of their own write their parts of each checkpoint beside rank 0.
-      if (writes_parts && !finished) {
-        checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
-        store.set_rank(parallel.rank());
-        run.checkpoints =
-            std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
-      }
-    });
+  std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
+              from = plan.point ? plan.point->dir.string() : "";
+  parallel.broadcast(run_id);
+  parallel.broadcast(run_dir);
+  parallel.broadcast(from);
+  parallel.broadcast(staging_token);
+  plan.finished = parallel.max_over_ranks(plan.finished ? 1 : 0) != 0;
+  parallel.together([&] {
+    if (parallel.is_primary()) return;
+    // No directory of their own: the run's id and paths, for the config text a checkpoint is
+    // compared with and for the messages.
+    run.directory.adopt_run_id(run_id);
+    // Every rank holds the run directory's lock while it lives: a second run is refused while any
+    // rank of this one is still there (a launcher that died leaving its ranks running).
+    run.directory.share_lock(run_dir);
+    run.checkpoint = checkpoint_settings(trainer, run_dir);
+    if (!from.empty())
+      plan.point =
+          with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
+    // Ranks that hold state of their own write their parts of each checkpoint beside rank 0.
+    if (writes_parts && !plan.finished) {
+      checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
+      store.set_rank(parallel.rank());
+      run.checkpoints =
+          std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
+    }
+  });
+  return plan;
+}
+
+// Gradient storage: flat buckets, or this rank's shard of a ZeRO-1 run; under FSDP the units'
+// storage comes once the weights are loaded (shard_units).
+void attach_gradients(Run& run) {
+  DataParallel& parallel = *run.parallel;
+  RunComponents& c = run.components;
+  const auto bucket_bytes = static_cast<std::int64_t>(run.trainer.get<double>("grad_bucket_mb") * 1024 * 1024);
+  parallel.set_backend(*c.backend);
+  if (parallel.fully_sharded()) {
+    if (c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32)
+      throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): lora.base_dtype " +
+                      quant::storage_format_name(c.lora->settings().base_dtype) +
+                      " stores the frozen base whole on every rank, where fully sharded data parallelism shards "
+                      "it; use one or the other (lora.base_dtype: f32 with trainer.mesh.fsdp > 1, or fsdp 1)");
+    // The base is sharded in units like any frozen weight; the adapters are replicated, their
+    // gradients summed over every rank in buckets (the adapters are small).
+    if (c.lora) {
+      parallel.attach(c.parameters, bucket_bytes);
+      c.lora->evaluate_through_table();
+    }
+  } else if (run.trainer.get<bool>("shard_optimizer_state")) {
+    parallel.shard(c.parameters);
+  } else {
+    parallel.attach(c.parameters, bucket_bytes);
   }
-  run.trainer = trainer;
-  if (finished) {
-    run.finished = true;
-    run.resumed_from = resume->record.step;
-    return run;
+}
+
+// FSDP, once the weights are initialised: every rank starts from the same weights before each
+// keeps its shard of them. The model's trained parameters go into units; others (LoRA's
+// adapters) stay whole.
+void shard_units(Run& run) {
+  DataParallel& parallel = *run.parallel;
+  RunComponents& c = run.components;
+  parallel.check_same_parameters(c.parameters);
+  const Options fsdp = run.trainer.object("fsdp");
+  std::vector<ModelParameter> model_trained, replicated;
+  std::unordered_set<const Parameter*> of_model;
+  for (const auto& p : c.model->parameters()) of_model.insert(p.parameter);
+  for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
+  // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
+  // tensor axis); each fsdp group shards its tensor-parallel shards.
+  c.fsdp = std::make_shared<FullySharded>(
+      parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(), *c.model, model_trained,
+      FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise(),
+                   c.tensor ? &parallel.collective() : nullptr});
+  c.parameters = c.fsdp->trained();
+  c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
+  if (c.tensor)
+    for (const ParameterSlice& sl : c.fsdp->slices()) c.tensor->alias(sl.piece, sl.model);
+}
+
+// The lines of the parameters a run trains and of its quantised base, once they hold their values.
+void say_trained_parameters(const RunComponents& c, const std::string& trained_line, ProgressPrinter& progress) {
+  // QLoRA: the frozen base weights, now holding their values, in lora.base_dtype.
+  if (c.lora)
+    if (const auto [stored, f32] = c.lora->store_base(); stored > 0) {
+      std::ostringstream line;
+      line << "lora.base_dtype " << quant::storage_format_name(c.lora->settings().base_dtype)
+           << ": the frozen base weights take " << std::fixed << std::setprecision(1)
+           << static_cast<double>(stored) / (1024.0 * 1024.0) << " MiB instead of "
+           << static_cast<double>(f32) / (1024.0 * 1024.0) << " MiB";
+      progress.say(line.str());
+    }
+  if (!trained_line.empty()) {
+    std::int64_t state_bytes = 0;
+    for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
+    std::ostringstream line;
+    line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
+         << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
+    progress.say(line.str());
   }
-  // Each rank builds its model and data, and loads its weights and state: an error of one rank
-  // (a file missing on its node) is printed by that rank, one every rank has by rank 0.
+}
+
+// What of a checkpoint's entries this rank loads, and how, for load_checkpoint_tensors.
+class RankShareOf {
+ public:
+  explicit RankShareOf(const Run& run) : parallel_(*run.parallel), c_(run.components) {
+    for (const auto& p : c_.parameters)
+      if (parallel_.owns(p.parameter)) owned_.insert(p.parameter->name());
+    if (c_.fsdp) {
+      for (const ParameterSlice& sl : c_.fsdp->slices()) slice_of_[sl.model->name()] = &sl;
+      for (const auto& p : c_.parameters) updates_.insert(p.parameter->name());
+    }
+  }
+
+  RankShare share() const {
+    RankShare share;
+    // A sharded rank (ZeRO-1) loads its shard's entries of the whole saved state.
+    share.keeps = [this](const std::string& entry) {
+      return !parallel_.sharded() || owned_.contains(parameter_of(entry));
+    };
+    // FSDP: this rank's slices of the weights, and of the state and average of the slices it
+    // updates (elementwise optimizers) or the whole state of the parameters it owns; whatever mesh
+    // wrote the checkpoint.
+    if (c_.fsdp) {
+      for (const ParameterSlice& sl : c_.fsdp->slices()) share.weights.emplace_back(sl.piece, sl.model->shape());
+      share.keeps = [this](const std::string& entry) { return updates_.contains(parameter_of(entry)); };
+      share.keeps_average = share.keeps;
+      share.range = [this, elementwise = c_.optimizer->elementwise()](
+                        const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+        if (is_slot_entry(entry) && !elementwise) return std::nullopt;
+        const ParameterSlice* sl = slice(entry);
+        if (!sl) return std::nullopt;
+        return std::pair{sl->begin, sl->end};
+      };
+    }
+    if (c_.tensor) {
+      // Whole tensors are read and this rank's shard taken; under fsdp x tensor, this rank's
+      // slice of its shard (the checkpoint's whole tensors, whatever mesh wrote them).
+      share.range = nullptr;
+      share.whole_shape = [this](const std::string& name, const Shape& live) {
+        const ParameterSlice* sl = slice(name);
+        if (sl && live == sl->piece->shape()) return c_.tensor->whole_shape(name, sl->model->shape());
+        return c_.tensor->whole_shape(name, live);
+      };
+      share.shard_of = [this](const std::string& name, const Tensor& whole) {
+        const Tensor shard = c_.tensor->shard(name, whole);
+        const ParameterSlice* sl = slice(name);
+        if (!sl || !(shard.shape() == sl->model->shape())) return shard;
+        return shard.view(Shape{shard.numel()}).slice(0, sl->begin, sl->end).clone();
+      };
+    }
+    return share;
+  }
+
+ private:
+  // FSDP: the slice of the parameter an entry belongs to, or null.
+  const ParameterSlice* slice(const std::string& entry) const {
+    const auto it = slice_of_.find(parameter_of(entry));
+    return it == slice_of_.end() ? nullptr : it->second;
+  }
+  const DataParallel& parallel_;
+  const RunComponents& c_;
+  std::unordered_set<std::string> owned_;  // the parameters this rank owns (ZeRO-1)
+  std::unordered_map<std::string, const ParameterSlice*> slice_of_;
+  std::unordered_set<std::string> updates_;  // FSDP: the parameters this rank updates
+};
+
+// Stage 4: each rank builds its model and data, shards them over the mesh, and loads its weights
+// and state: an error of one rank (a file missing on its node) is printed by that rank, one every
+// rank has by rank 0. Then the weight average (trainer.ema_decay) starts at the weights, or
+// continues the checkpoint's.
+void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, ProgressPrinter& progress) {
+  DataParallel& parallel = *run.parallel;
+  RunComponents& c = run.components;
+  const Options& trainer = run.trainer;
+  const std::optional<ResumePoint>& resume = plan.point;
   std::vector<std::pair<std::string, Tensor>> saved_average;
   parallel.together([&] {
     run.seq_len = c.model->max_seq_len();
@@ -251,144 +422,31 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     const bool base_from_init = !resume || c.lora;
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
       progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
-    // Gradient storage first: flat buckets, or this rank's shard of a ZeRO-1 run; under FSDP the
-    // units' storage, once the weights are loaded.
-    const bool fully_sharded = parallel.fully_sharded();
-    parallel.set_backend(*c.backend);
-    if (fully_sharded) {
-      if (c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32)
-        throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): lora.base_dtype " +
-                        quant::storage_format_name(c.lora->settings().base_dtype) +
-                        " stores the frozen base whole on every rank, where fully sharded data parallelism shards "
-                        "it; use one or the other (lora.base_dtype: f32 with trainer.mesh.fsdp > 1, or fsdp 1)");
-      // The base is sharded in units like any frozen weight; the adapters are replicated, their
-      // gradients summed over every rank in buckets (the adapters are small).
-      if (c.lora) {
-        parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
-        c.lora->evaluate_through_table();
-      }
-    } else if (trainer.get<bool>("shard_optimizer_state")) {
-      parallel.shard(c.parameters);
-    } else {
-      parallel.attach(c.parameters, static_cast<std::int64_t>(trainer.get<double>("grad_bucket_mb") * 1024 * 1024));
-    }
+    attach_gradients(run);
     if (const std::string note = parallel.staging_note(); !note.empty()) progress.say(note);
-    auto shard = [&] {
-      // Every rank starts from the same weights before each keeps its shard of them.
-      parallel.check_same_parameters(c.parameters);
-      const Options fsdp = trainer.object("fsdp");
-      // The model's trained parameters go into units; others (LoRA's adapters) stay whole.
-      std::vector<ModelParameter> model_trained, replicated;
-      std::unordered_set<const Parameter*> of_model;
-      for (const auto& p : c.model->parameters()) of_model.insert(p.parameter);
-      for (const auto& p : c.parameters) (of_model.contains(p.parameter) ? model_trained : replicated).push_back(p);
-      // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
-      // tensor axis); each fsdp group shards its tensor-parallel shards.
-      c.fsdp = std::make_shared<FullySharded>(
-          parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(), *c.model, model_trained,
-          FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise(),
-                       c.tensor ? &parallel.collective() : nullptr});
-      ;
-      c.parameters = c.fsdp->trained();
-      c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
-      if (c.tensor)
-        for (const ParameterSlice& sl : c.fsdp->slices()) c.tensor->alias(sl.piece, sl.model);
-    };
     for (const auto& note : initialize_parameters(
              c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },
-             fully_sharded ? std::function<void()>(shard) : std::function<void()>()))
+             parallel.fully_sharded() ? std::function<void()>([&] { shard_units(run); }) : std::function<void()>()))
       progress.say("init_from: " + note);
-    // QLoRA: the frozen base weights, now holding their values, in lora.base_dtype.
-    if (c.lora)
-      if (const auto [stored, f32] = c.lora->store_base(); stored > 0) {
-        std::ostringstream line;
-        line << "lora.base_dtype " << quant::storage_format_name(c.lora->settings().base_dtype)
-             << ": the frozen base weights take " << std::fixed << std::setprecision(1)
-             << static_cast<double>(stored) / (1024.0 * 1024.0) << " MiB instead of "
-             << static_cast<double>(f32) / (1024.0 * 1024.0) << " MiB";
-        progress.say(line.str());
-      }
-    if (!trained_line.empty()) {
-      std::int64_t state_bytes = 0;
-      for (const auto& [name, tensor] : c.optimizer->state()) state_bytes += tensor.numel() * std::int64_t{4};
-      std::ostringstream line;
-      line << trained_line << "; optimizer state " << std::fixed << std::setprecision(1)
-           << static_cast<double>(state_bytes) / (1024.0 * 1024.0) << " MiB";
-      progress.say(line.str());
-    }
+    say_trained_parameters(c, trained_line, progress);
     create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
     if (trainer.get<bool>("skip_bad_steps"))
       run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"),
                                   trainer.get<double>("skip_step_sigma"));
     if (resume) {
-      // A sharded rank loads its shard's entries ("slot/parameter") of the whole saved state.
-      std::unordered_set<std::string> owned;
-      for (const auto& p : c.parameters)
-        if (parallel.owns(p.parameter)) owned.insert(p.parameter->name());
-      RankShare share;
-      share.keeps = [&](const std::string& entry) {
-        const auto slash = entry.find('/');
-        return !parallel.sharded() || owned.contains(slash == std::string::npos ? entry : entry.substr(slash + 1));
-      };
-      // FSDP: this rank's slices of the weights, and of the state and average of the slices it
-      // updates (elementwise optimizers) or the whole state of the parameters it owns; whatever
-      // mesh wrote the checkpoint.
-      std::unordered_map<std::string, const ParameterSlice*> slice_of;
-      std::unordered_set<std::string> updates;
-      if (c.fsdp) {
-        for (const ParameterSlice& sl : c.fsdp->slices()) {
-          slice_of[sl.model->name()] = &sl;
-          share.weights.emplace_back(sl.piece, sl.model->shape());
-        }
-        for (const auto& p : c.parameters) updates.insert(p.parameter->name());
-        const bool elementwise = c.optimizer->elementwise();
-        auto parameter_of = [](const std::string& entry) {
-          const auto slash = entry.find('/');
-          return slash == std::string::npos ? entry : entry.substr(slash + 1);
-        };
-        share.keeps = [&, parameter_of](const std::string& entry) { return updates.contains(parameter_of(entry)); };
-        share.keeps_average = share.keeps;
-        share.range = [&, elementwise,
-                       parameter_of](const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
-          if (entry.find('/') != std::string::npos && !elementwise) return std::nullopt;
-          const auto it = slice_of.find(parameter_of(entry));
-          if (it == slice_of.end()) return std::nullopt;
-          return std::pair{it->second->begin, it->second->end};
-        };
-      }
-      if (c.tensor) {
-        // Whole tensors are read and this rank's shard taken; under fsdp x tensor, this rank's
-        // slice of its shard (the checkpoint's whole tensors, whatever mesh wrote them).
-        share.range = nullptr;
-        const auto slice_for = [&](const std::string& name, const Shape& live) -> const ParameterSlice* {
-          const auto slash = name.find('/');
-          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
-          return it != slice_of.end() && live == it->second->piece->shape() ? it->second : nullptr;
-        };
-        share.whole_shape = [&, slice_for](const std::string& name, const Shape& live) {
-          if (const ParameterSlice* sl = slice_for(name, live)) return c.tensor->whole_shape(name, sl->model->shape());
-          return c.tensor->whole_shape(name, live);
-        };
-        share.shard_of = [&](const std::string& name, const Tensor& whole) {
-          const Tensor shard = c.tensor->shard(name, whole);
-          const auto slash = name.find('/');
-          const auto it = slice_of.find(slash == std::string::npos ? name : name.substr(slash + 1));
-          if (it == slice_of.end() || !(shard.shape() == it->second->model->shape())) return shard;
-          return shard.view(Shape{shard.numel()}).slice(0, it->second->begin, it->second->end).clone();
-        };
-      }
-      saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
+      const RankShareOf share(run);
+      saved_average =
+          load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share.share());
       if (c.fsdp) c.fsdp->shards_changed();
       if (c.tensor) c.tensor->shards_changed();
       with_context("while reading " + (resume->dir / "state.json").string(),
                    [&] { restore_state(run, resume->record); });
       run.resumed_from = resume->record.step;
-      for (const auto& w : resume_warnings) progress.say("warning: " + w);
+      for (const auto& w : plan.warnings) progress.say("warning: " + w);
     }
   });
 
   if (!c.fsdp) parallel.together([&] { parallel.check_same_parameters(c.parameters); });
-  // The weight average (trainer.ema_decay) starts at the weights, or continues the checkpoint's.
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
     parallel.together([&] {
       run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
@@ -399,31 +457,40 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
         progress.say("note: trainer.ema_decay: checkpoint " + resume->dir.string() +
                      " holds no weight average (its run had none); the average starts from its weights");
     });
+}
 
-  // The run directory changes only now, once a checkpoint to resume from has loaded: a refused
-  // resume leaves the run as it was. Rank 0's alone.
-  if (parallel.is_primary()) {
-    const std::int64_t from = resume ? resume->record.step : 0;
-    const checkpoint::Discarded discarded = run.checkpoints->store().discard_after(from);
-    for (const auto& a : discarded.set_aside) progress.say("warning: " + describe_set_aside(a));
-    if (!discarded.removed.empty()) {
-      std::string steps;
-      for (auto s : discarded.removed) steps += " step-" + std::to_string(s);
-      progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
-                   run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
-    }
-    run.directory.write_config(run.config);
-    run.directory.write_tokenizer_state(c.tokenizer->state());
-    write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
-    // Trackers keep what the run logged up to its checkpoint (records of steps <= the
-    // checkpoint's step) and drop the rest: the resumed run logs those steps again.
-    start_trackers(c, runtime.registry(), trainer,
-                   RunInfo{run.directory.path().string(), run.directory.run_id(), run.config,
-                           resume ? resume->record.step + 1 : 0});
+// Stage 5: the run directory changes only now, once a checkpoint to resume from has loaded: a
+// refused resume leaves the run as it was. Rank 0's alone.
+void write_run_files(Runtime& runtime, Run& run, const ResumePlan& plan, ProgressPrinter& progress) {
+  if (!run.parallel->is_primary()) return;
+  RunComponents& c = run.components;
+  const std::int64_t from = plan.point ? plan.point->record.step : 0;
+  const checkpoint::Discarded discarded = run.checkpoints->store().discard_after(from);
+  for (const auto& a : discarded.set_aside) progress.say("warning: " + describe_set_aside(a));
+  if (!discarded.removed.empty()) {
+    std::string steps;
+    for (auto s : discarded.removed) steps += " step-" + std::to_string(s);
+    progress.say("note: removed the checkpoints past step " + std::to_string(from) + " in " +
+                 run.checkpoints->store().dir().string() + ", which this run replaces:" + steps);
   }
+  run.directory.write_config(run.config);
+  run.directory.write_tokenizer_state(c.tokenizer->state());
+  write_generation_info(run.directory.path(), c.dataset->separator_ends_documents());
+  // Trackers keep what the run logged up to its checkpoint (records of steps <= the checkpoint's
+  // step) and drop the rest: the resumed run logs those steps again.
+  start_trackers(c, runtime.registry(), run.trainer,
+                 RunInfo{run.directory.path().string(), run.directory.run_id(), run.config,
+                         plan.point ? plan.point->record.step + 1 : 0});
+}
 
+// Stage 6: the throughput roof (trainer.peak_flops, else measured), and the header, printed and
+// written (header.json).
+void measure_and_write_header(Run& run, const std::string& memory_line, const ResumePlan& plan,
+                              ProgressPrinter& progress) {
+  DataParallel& parallel = *run.parallel;
+  const RunComponents& c = run.components;
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
-  run.peak_flops = trainer.get<double>("peak_flops");
+  run.peak_flops = run.trainer.get<double>("peak_flops");
   const bool probed = run.peak_flops <= 0;
   double bf16_roof = 0;
   if (probed) {
@@ -463,7 +530,7 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
                            format_bytes(static_cast<std::uint64_t>(c.fsdp->largest_unit_bytes())) +
                            " when gathered; parameters, gradients and optimizer state 1/" +
                            std::to_string(c.fsdp->shards()) + " per rank" +
-                           (trainer.object("fsdp").get<bool>("reshard_after_forward")
+                           (run.trainer.object("fsdp").get<bool>("reshard_after_forward")
                                 ? ""
                                 : "; units kept from the forward to the backward pass");
   header.collective = parallel.collective().describe();
@@ -472,9 +539,25 @@ Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(c
     header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   progress.header(header);
   if (parallel.is_primary()) write_header_json(run.directory.path(), header);
-  if (resume)
-    progress.say("resumed from checkpoint " + resume->dir.string() + " at step " + std::to_string(resume->record.step) +
-                 " of " + std::to_string(run.num_steps));
+  if (plan.point)
+    progress.say("resumed from checkpoint " + plan.point->dir.string() + " at step " +
+                 std::to_string(plan.point->record.step) + " of " + std::to_string(run.num_steps));
+}
+
+}  // namespace
+
+Run set_up_run(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error) {
+  Run run = resolve_and_check(runtime, progress, std::move(report_error));
+  const std::string memory_line = estimate_run_memory(runtime, run, progress);
+  const ResumePlan plan = open_run_directory(run, progress);
+  if (plan.finished) {
+    run.finished = true;
+    run.resumed_from = plan.point->record.step;
+    return run;
+  }
+  build_and_shard(runtime, run, plan, progress);
+  write_run_files(runtime, run, plan, progress);
+  measure_and_write_header(run, memory_line, plan, progress);
   return run;
 }
 

@@ -1,9 +1,12 @@
-// The trainer: `loom train`. The run is set up (run_setup), then stepped (step_loop); each step
-// (train_step) runs the batch's micro-batches (micro_batches) and updates the weights. See
-// core/run/include/loom/run/trainer.hpp for the shape of a step.
+// The trainer: `loom train`. The run is set up (run_setup), then stepped (step_loop, with the
+// hooks of hooks/ between the steps); each step (train_step) runs the batch's micro-batches
+// (micro_batches) and updates the weights. See core/run/include/loom/run/trainer.hpp for the shape
+// of a step.
 #include "loom/run/trainer.hpp"
 
 #include <iostream>
+#include <string>
+#include <utility>
 
 #include "train/data_parallel.hpp"
 #include "train/progress.hpp"
@@ -200,10 +203,23 @@ void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime, 
   throw error;  // (together() threw ReportedError)
 }
 
+Trainer::Trainer(Runtime& runtime, TrainOptions options) : runtime_(runtime), options_(std::move(options)) {}
+
+Trainer& Trainer::add_hook(TrainHook hook, std::int64_t every) {
+  if (!hook) throw InternalError("Trainer::add_hook: the hook is empty");
+  if (every < 1) throw InternalError("Trainer::add_hook: every must be at least 1, not " + std::to_string(every));
+  hooks_.emplace_back(std::move(hook), every);
+  return *this;
+}
+
+TrainSummary Trainer::train() {
+  training::ProgressPrinter progress(options_.out ? *options_.out : std::cout, options_.interactive);
+  training::Run run = training::set_up_run(runtime_, progress, options_.report_error);
+  return training::execute(run, progress, hooks_);
+}
+
 TrainSummary train(Runtime& runtime, const TrainOptions& options) {
-  training::ProgressPrinter progress(options.out ? *options.out : std::cout, options.interactive);
-  training::Run run = training::set_up_run(runtime, progress, options.report_error);
-  return training::execute(run, progress);
+  return Trainer(runtime, options).train();
 }
 
 }  // namespace loom

@@ -8,8 +8,12 @@
 //                   -> for each micro-batch: forward, loss, backward (gradients accumulate)
 //                   -> global gradient norm -> NaN/Inf check -> skip-bad-step check -> clip
 //                   -> optimizer step with the scheduled learning rate
-//                   -> metrics (loss, lr, grad norm, tokens/s, MFU) to the trackers and the terminal
-//                   -> every steps_per_eval: validation loss; every sample_every: a sample
+//                   -> the hooks, each at its interval: metrics (loss, lr, grad norm, tokens/s,
+//                      MFU) to the trackers and the terminal every log_every; validation loss every
+//                      steps_per_eval; benchmark tasks every steps_per_task_eval; a sample every
+//                      sample_every; the checkpoint commit; the hooks of Trainer::add_hook; stop
+//                      signals; the checkpoint policy
+//   then the final evaluation, weights, sample, checkpoint and task evaluation.
 //
 // Everything is deterministic for a given config, seed and thread count: initialisation,
 // data order and dropout draw from separate counter-based streams of trainer.seed.
@@ -20,8 +24,10 @@
 // and SIGINT save a checkpoint at the next step boundary and stop the run.
 //
 // The parts, one concern per file under core/run/src/train/: run_setup (config to a run ready to
-// step), components, run_directory (config.yaml, tokenizer.state, weights, the lock), resume,
-// step_loop, checkpointing (with core/run/src/checkpoint/: the store, its protocol, the writer
+// step, in named stages), components, run_directory (config.yaml, tokenizer.state, weights, the
+// lock), resume, step_loop (batch, step, hooks, stop), hooks/ (each concern between steps and at
+// the end: logging, validation, task evaluation, samples, checkpoints, stop signals, the final
+// weights), checkpointing (with core/run/src/checkpoint/: the store, its protocol, the writer
 // thread), stop_signals, prefetcher, train_step (with train_state: what a checkpoint must
 // capture), micro_batches, evaluation, sampling, progress (the terminal).
 #pragma once
@@ -94,8 +100,68 @@ class ReportedError : public Error {
 [[noreturn]] void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime,
                                           const TrainOptions& options);
 
-// Runs the training described by runtime's config. Throws UserError for a bad config or data,
-// and for a diverged run when crash_on_nan / crash_on_inf are set.
+// What a hook added with Trainer::add_hook is given after a step: the step's figures and where
+// the run stands. Valid during the call only.
+struct StepInfo {
+  std::int64_t step = 0;       // steps done: the number of the step just run, counting from 1
+  std::int64_t num_steps = 0;  // trainer.num_train_steps
+  double loss = 0;             // the step's loss, over the whole batch (every rank's rows)
+  double lr = 0;               // the scheduled learning rate of the step
+  double grad_norm = 0;        // global, before clipping
+  bool skipped = false;        // its update was not applied (trainer.skip_bad_steps, a non-finite norm)
+  // The objective's metrics over the batch, as the trackers name them ("train/reward_accuracy").
+  std::vector<std::pair<std::string, double>> metrics;
+  int rank = 0;  // this process's, of `ranks` (a data-parallel run: every rank calls its hooks)
+  int ranks = 1;
+  std::string run_dir;         // the run directory
+  std::string checkpoint_dir;  // where its checkpoints go (trainer.checkpoint.dir)
+  // The step of the last checkpoint this run handed to its writer, or the one it resumed from;
+  // -1: none. (Written in the background unless trainer.checkpoint.async is false.)
+  std::int64_t last_checkpoint_step = -1;
+};
+using TrainHook = std::function<void(const StepInfo&)>;
+
+// A training run with hooks of the caller's between its steps (Levanter's
+// `trainer.add_hook(fn, every=N)`); train(runtime, options) is Trainer(runtime, options).train().
+//
+// The run's own concerns are hooks of the same loop, each at its interval (logging, validation,
+// task evaluation, samples, the checkpoint commit, stop signals, the checkpoint policy); an added
+// hook runs after the run's logging, evaluations, samples and checkpoint commit of that step, and
+// before the stop-signal check and the checkpoint policy, so that a signal a hook raises stops the
+// run after this very step, and a checkpoint the policy saves at a step comes after the hooks.
+// Hooks added together run in the order they were added.
+//
+// A hook is called on the thread that called train(), between two steps: nothing of the run runs
+// meanwhile but the checkpoint writer and the batch prefetcher, neither of which waits for it. It
+// may read what it is given and the run directory, and may raise SIGTERM or SIGINT (the run then
+// stops after this step, with a checkpoint, as when a scheduler sends it; under mpirun the ranks
+// agree on it); it must not change the run's state. An exception it throws ends the run with that
+// error (end.json records it) as any error of a step does. In a data-parallel run every rank calls
+// its own hooks, at the same steps; a hook that throws on some ranks only leaves the others in the
+// step's collectives until the launcher ends them, so it throws on every rank or on none. A run
+// resumed at its last step (nothing to train) calls no hook.
+class Trainer {
+ public:
+  // `runtime` must outlive the Trainer.
+  explicit Trainer(Runtime& runtime, TrainOptions options = {});
+
+  // Calls `hook` after each step whose number (steps done, counting from 1) is a multiple of
+  // `every` (>= 1), the run's last step included when it is one. Before train() only.
+  Trainer& add_hook(TrainHook hook, std::int64_t every = 1);
+
+  // Sets up and runs the training described by the runtime's config. Throws UserError for a bad
+  // config or data, and for a diverged run when crash_on_nan / crash_on_inf are set.
+  TrainSummary train();
+
+ private:
+  Runtime& runtime_;
+  TrainOptions options_;
+  std::vector<std::pair<TrainHook, std::int64_t>> hooks_;
+};
+
+// Runs the training described by runtime's config: Trainer(runtime, options).train(). Throws
+// UserError for a bad config or data, and for a diverged run when crash_on_nan / crash_on_inf are
+// set.
 TrainSummary train(Runtime& runtime, const TrainOptions& options = {});
 
 // Levanter's skip-step rule (SkipStepConfig): once the window holds max(2, window / 2) past
