@@ -251,11 +251,11 @@ class DeviceCopies {
     copies_.push_back({h.to(device_), const_cast<T*>(host), n * sizeof(T)});
     return copies_.back().device.template device_data<T>() + (at - host);
   }
-  // Every buffer back into its host vector (waits for the device).
+  // Every buffer back into its host vector (waits for the device); float32 buffers only.
   void copy_out() {
     for (const Copy& c : copies_) {
       const Tensor h = c.device.to(loom::Device::host());
-      std::memcpy(c.host, h.data<std::byte>(), c.bytes);
+      std::memcpy(c.host, h.data<float>(), c.bytes);  // outputs are float32
     }
   }
 

@@ -116,7 +116,10 @@ TEST(CudaFlashPlugin, WithoutAGpuNamingTheKernelIsOneClearError) {
       {LOOM_BINARY, "train", config.string(), "model.attention=cuda-flash", "trainer.run_dir=" + run_dir.string()},
       {"LOOM_PLUGIN_PATH="});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("cuda-flash"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("while creating attention 'cuda-flash' (model.attention): attention cuda-flash: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("use model.attention: auto or flash"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(run_dir));
 }

@@ -235,7 +235,7 @@ struct BackwardLayout {
   }
 };
 
-MaskRule rule_of(const Problem& p) {
+__host__ __device__ inline MaskRule rule_of(const Problem& p) {
   return MaskRule{p.kv_len - p.q_len, p.window, p.causal};
 }
 
