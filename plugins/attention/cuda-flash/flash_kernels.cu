@@ -30,10 +30,10 @@
 // the host tests. Head dims are padded with zeros to 64, 128 or 256 (three instantiations per
 // kernel and dtype); tile edges by padded head dim (flash_math.hpp), shared memory per block
 // (bytes, 4 warps):
-//   forward   bf16 64: 64x64 tiles, 70 KiB;  128: 64x64, 108 KiB;  256: 32x32, 89 KiB
-//             f32  64: 64x64, 85 KiB;  128: 64x64, 150 KiB;  256: 32x32, 135 KiB
-//   backward  bf16 64: 64x64, 122 KiB;  128: 32x32, 81 KiB;  256: 32x32, 145 KiB
-//             f32  64: 64x64, 153 KiB;  128: 32x32, 113 KiB;  256: 16x16, 101 KiB
+//   forward   bf16 64: 64x64 tiles, 71 KiB;  128: 64x64, 111 KiB;  256: 32x32, 89 KiB
+//             f32  64: 64x64, 86 KiB;  128: 64x64, 150 KiB;  256: 32x32, 135 KiB
+//   backward  bf16 64: 64x64, 123 KiB;  128: 32x32, 81 KiB;  256: 32x32, 145 KiB (dK/dV; dQ less)
+//             f32  64: 64x64, 154 KiB;  128: 32x32, 113 KiB;  256: 16x16, 102 KiB
 // (shared_bytes_needed computes them; an A100 allows 163 KiB per block, an H100/H200 227 KiB).
 #include <cuda_bf16.h>
 #include <mma.h>
