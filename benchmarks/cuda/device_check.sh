@@ -13,13 +13,17 @@
 # reported as such, and the rest still run):
 #   1. the machine: nvidia-smi, the CUDA libraries found, `loom plugins` (the cuda backend listed)
 #   2. `loom conformance libloom-backend-cuda.so`: every operation against `reference`, the kernel
-#      contract, determinism (the attention cases skip until an attention kernel computes on the
-#      GPU)
-#   3. `loom train` of the quickstart recipe on cuda against reference, 20 steps (refused at
-#      set-up while no attention kernel computes on the GPU: the exit status and the message are
-#      the result), then the memory check reading the GPU's free memory
+#      contract, determinism (the attention cases run on cuda-flash, the attention kernel of cuda:0)
+#   3. `loom train` of the quickstart recipe on cuda against reference, 20 steps (`auto` picks
+#      cuda-flash; float32 products, so its float32 path), then the memory check reading the GPU's
+#      free memory
 #   4. `loom bench gemm` on cuda, f32 and bf16, GPT-2 small's shapes at 8192 tokens, and PyTorch's
 #      matmul (cuBLAS) on the same shapes and dtypes as the library baseline
+#   5. the GPU attention kernel: `loom conformance libloom-attention-cuda-flash.so` (every problem
+#      of the attention suite against `naive`, float32 and bf16, on copies in GPU memory), then
+#      loom_cuda_attention_bench (forward and forward+backward at 1k-8k tokens, causal, batch 4,
+#      16 heads of 64 and of 128, bf16 and float32) against PyTorch's
+#      scaled_dot_product_attention on the same shapes (benchmarks/cuda/sdpa_bench.py)
 # Nothing here changes the GPU's settings.
 set -u
 pack=${1:-build-device}
@@ -164,6 +168,50 @@ for key in sorted(loom):
         print("%-11s %-5s loom %9.1f GFLOP/s, torch %9.1f, ratio %.2f" % (key[0], key[1], loom[key], torch[key], loom[key] / torch[key]))
 EOF
 
+# ---- 5. The GPU attention kernel: conformance against naive, then speed against PyTorch's SDPA.
+timeout 150 "$loom" conformance "$pack/lib/loom/plugins/libloom-attention-cuda-flash.so" > "$out/attention_conformance.log" 2>&1
+rc=$?
+passed=$(grep -c '^\[       OK \] AttentionConformance' "$out/attention_conformance.log")
+failed=$(grep -c '^\[  FAILED  \] AttentionConformance' "$out/attention_conformance.log")
+skipped=$(grep -c '^\[  SKIPPED \] AttentionConformance' "$out/attention_conformance.log")
+if [ $rc -eq 124 ]; then status=TIMEOUT; elif [ $rc -eq 0 ]; then status=ok; else status=FAILED; fi
+row "attention conformance (rc $rc)" "$status" "$passed passed, $failed failed, $skipped skipped ($(elapsed) s)"
+grep -A3 'Failure\|error: ' "$out/attention_conformance.log" | head -60 > "$out/attention_failures.txt"
+bench_shapes=(--batch 4 --heads 16 --seq-lens 1024,2048,4096,8192 --repeats 5)
+: > "$out/bench_attention.log"
+: > "$out/torch_sdpa.log"
+for hd in 64 128; do
+  timeout 100 "$pack/bin/loom_cuda_attention_bench" --plugin-dir "$pack/lib/loom/plugins" --kernels cuda-flash \
+    --dtypes bf16,f32 --head-dim $hd "${bench_shapes[@]}" >> "$out/bench_attention.log" 2>&1
+  echo "rc $? (head_dim $hd)" >> "$out/bench_attention.log"
+  timeout 60 python3 "$here/benchmarks/cuda/sdpa_bench.py" --dtypes bf16,f32 --head-dim $hd "${bench_shapes[@]}" \
+    >> "$out/torch_sdpa.log" 2>&1
+  echo "rc $? (head_dim $hd)" >> "$out/torch_sdpa.log"
+done
+lines=$(grep -c '^kernel cuda-flash' "$out/bench_attention.log")
+row "cuda-flash bench" "$([ "$lines" -eq 16 ] && echo ok || echo "$lines/16")" "bench_attention.log ($(elapsed) s)"
+lines=$(grep -c '^kernel torch-sdpa' "$out/torch_sdpa.log")
+row "torch SDPA baseline" "$([ "$lines" -eq 16 ] && echo ok || echo "$lines/16")" "torch_sdpa.log"
+python3 - "$out/bench_attention.log" "$out/torch_sdpa.log" > "$out/attention_ratio.txt" 2>&1 <<'EOF'
+import sys
+def read(path):
+    rows = {}
+    for line in open(path):
+        if not line.startswith("kernel "):
+            continue
+        f = line.split()
+        kv = dict(zip(f[0::2], f[1::2]))
+        rows[(kv["dtype"], int(kv["head_dim"]), int(kv["seq"]))] = (float(kv["fwd_ms"]), float(kv["fwdbwd_ms"]), float(kv["fwdbwd_tflops"]))
+    return rows
+loom, torch = read(sys.argv[1]), read(sys.argv[2])
+print("%-5s %4s %5s %10s %10s %12s %12s %8s %8s" % ("dtype", "hd", "seq", "loom fwd", "torch fwd", "loom f+b", "torch f+b", "f+b x", "TFLOP/s"))
+for key in sorted(loom):
+    if key in torch:
+        l, t = loom[key], torch[key]
+        print("%-5s %4d %5d %8.3fms %8.3fms %10.3fms %10.3fms %8.2f %8.1f" % (key[0], key[1], key[2], l[0], t[0], l[1], t[1], t[1] / l[1], l[2]))
+print("f+b x: torch's forward+backward time over loom's (above 1: loom faster); TFLOP/s: loom's forward+backward")
+EOF
+
 echo "logs in $out ($(elapsed) s in all)"
 echo
 echo "loom CUDA device check, $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"
@@ -171,3 +219,5 @@ printf '%-34s %-10s %s\n' "check" "result" "detail"
 for r in "${rows[@]}"; do echo "$r"; done
 echo "--- loom / torch GEMM rate"
 cat "$out/gemm_ratio.txt"
+echo "--- cuda-flash / torch scaled_dot_product_attention (batch 4, 16 heads, causal)"
+cat "$out/attention_ratio.txt"

@@ -25,13 +25,14 @@ final=$pack
 pack=$stage/loom-device
 mkdir -p "$pack/bin" "$pack/lib/loom/plugins" "$pack/deps"
 cp "$build/bin/loom" "$pack/bin/"
+[ -x "$build/bin/loom_cuda_attention_bench" ] && cp "$build/bin/loom_cuda_attention_bench" "$pack/bin/"
 cp -P "$build"/lib/*.so* "$pack/lib/"
 cp "$build"/lib/loom/plugins/*.so "$pack/lib/loom/plugins/"
 rm -f "$pack/lib/loom/plugins/libloom-collective-mpi.so"
 [ -f "$build/lib/loom/loom-conformance" ] && cp "$build/lib/loom/loom-conformance" "$pack/lib/loom/"
 # The shared libraries they need, but for the C library, the C++ runtime and CUDA's, which the
 # device machine has in versions at least as new.
-for f in "$pack/bin/loom" "$pack"/lib/*.so* "$pack"/lib/loom/plugins/*.so "$pack"/lib/loom/loom-conformance; do
+for f in "$pack"/bin/* "$pack"/lib/*.so* "$pack"/lib/loom/plugins/*.so "$pack"/lib/loom/loom-conformance; do
   [ -f "$f" ] || continue
   ldd "$f" 2>/dev/null | awk '/=> \// { print $3 }'
 done | sort -u | while read -r lib; do
@@ -42,7 +43,7 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$pack/deps/" ;;
   esac
 done
-strip --strip-unneeded "$pack"/bin/loom "$pack"/lib/*.so* "$pack"/lib/loom/plugins/*.so "$pack"/deps/*.so* 2>/dev/null || true
+strip --strip-unneeded "$pack"/bin/* "$pack"/lib/*.so* "$pack"/lib/loom/plugins/*.so "$pack"/deps/*.so* 2>/dev/null || true
 [ -f "$pack/lib/loom/loom-conformance" ] && strip --strip-unneeded "$pack/lib/loom/loom-conformance" 2>/dev/null || true
 rm -rf "$final"
 mkdir -p "$final"

@@ -14,6 +14,7 @@
 
 #include "loom/core/registry.hpp"
 #include "loom/error.hpp"
+#include "loom/kinds/attention.hpp"
 #include "loom/kinds/backend.hpp"
 #include "loom/tensor.hpp"
 #include "loom/value.hpp"
@@ -60,6 +61,20 @@ inline Handle<Backend> host_float32_backend(Registry& registry, const ComponentE
   }
   if (!backend->buffer_type().host_visible()) return {};
   return backend;
+}
+
+// Whether attention kernel `entry` computes in host memory here, as these tests' models do: false
+// for a device's kernel (attention/cuda-flash: on cuda:N) and for one whose device this machine
+// lacks (its creation throws DeviceUnavailable).
+inline bool host_attention_kernel(Registry& registry, const ComponentEntry& entry) {
+  try {
+    return registry
+        .create<AttentionKernel>(ComponentRef{"attention", entry.decl.name, Value(entry.decl.name), "attention"})
+        ->device()
+        .is_host();
+  } catch (const DeviceUnavailable&) {
+    return false;
+  }
 }
 
 // The outputs a reference script writes with Debian's /usr/bin/python3 and torch into a fresh

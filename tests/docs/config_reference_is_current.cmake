@@ -8,6 +8,8 @@ endif()
 file(READ ${REFERENCE} committed)
 # Sections of plugins this build does not have (the cuda backend without a CUDA toolkit): the
 # reference is generated on a build with every plugin, so they are left out of the comparison.
+# ABSENT_SECTIONS lists them separated by commas.
+string(REPLACE "," ";" ABSENT_SECTIONS "${ABSENT_SECTIONS}")
 foreach(section ${ABSENT_SECTIONS})
   string(FIND "${committed}" "### ${section}\n" begin)
   if(begin GREATER_EQUAL 0)

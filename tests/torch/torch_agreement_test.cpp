@@ -121,6 +121,7 @@ class TorchAgreement : public ::testing::Test {
     ASSERT_FALSE(backends.empty()) << "no backend is built in " << LOOM_PLUGIN_DIR;
     for (const auto* backend_entry : backends) {
       for (const auto* kernel_entry : kernels) {
+        if (!loom::test::host_attention_kernel(registry_, *kernel_entry)) continue;  // a device's kernel
         const std::string combo =
             name + " [backend " + backend_entry->decl.name + ", attention " + kernel_entry->decl.name + "]";
         SCOPED_TRACE(combo);
@@ -196,6 +197,7 @@ class TorchAgreement : public ::testing::Test {
     if (!backend->supports_op(loom::BackendOp::gemm, loom::DType::bf16))
       GTEST_SKIP() << "this CPU has no AVX512-BF16: the cpu backend's products stay float32";
     for (const auto* kernel_entry : registry_.list("attention")) {
+      if (!loom::test::host_attention_kernel(registry_, *kernel_entry)) continue;  // a device's kernel
       const std::string combo = name + " bf16 [backend cpu, attention " + kernel_entry->decl.name + "]";
       SCOPED_TRACE(combo);
       Value o = options;

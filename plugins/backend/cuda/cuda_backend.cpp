@@ -280,3 +280,13 @@ extern "C" __attribute__((visibility("default"))) loom::Backend* loom_cuda_backe
   LOOM_CUDA_CHECK(cudaSetDevice(o.device));
   return new loom::cuda::CudaBackend(context, o.precision);
 }
+
+// The context's stream of device `device` (created on first use, with its buffer type registered),
+// for loom's other CUDA plugins: attention/cuda-flash queues its kernels here, in order with the
+// backend's, and takes its scratch memory from the buffer type (the same stream-ordered pool).
+// Throws loom::DeviceUnavailable as context() does.
+extern "C" __attribute__((visibility("default"))) void* loom_cuda_stream(int device) {
+  loom::cuda::Context& context = loom::cuda::context(device);
+  loom::cuda::CudaBufferType::of(context);
+  return context.stream;
+}

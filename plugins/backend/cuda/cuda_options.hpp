@@ -30,3 +30,6 @@ using MakeCudaBackend = loom::Backend*(const CudaOptions&);
 
 // The symbol cuda_plugin.cpp looks up.
 #define LOOM_CUDA_BACKEND_ENTRY "loom_cuda_backend"
+// Exported beside it: `void* loom_cuda_stream(int device)`, the backend's stream on that device
+// (cuda_backend.cpp), which attention/cuda-flash looks up by this name.
+#define LOOM_CUDA_STREAM_ENTRY "loom_cuda_stream"

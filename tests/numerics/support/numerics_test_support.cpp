@@ -96,7 +96,12 @@ Handle<AttentionKernel> attention_for(const Backend& backend) {
   const Device device = backend.device();
   if (device.is_host()) return std::make_shared<NaiveAttention>();
   for (const std::string& name : registered("attention")) {
-    Handle<AttentionKernel> kernel = make_attention(name);
+    Handle<AttentionKernel> kernel;
+    try {
+      kernel = make_attention(name);
+    } catch (const DeviceUnavailable&) {
+      continue;  // a kernel of a device this machine lacks (cuda-flash without a GPU)
+    }
     if (kernel->device() == device) return kernel;
   }
   return nullptr;
