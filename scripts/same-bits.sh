@@ -1,14 +1,15 @@
 #!/bin/sh
 # Runs a fixed set of short trainings with one `loom` binary and writes, per run, its metrics
-# (every key except the timing ones: throughput/*, and the memory figures), its sample and the
-# SHA-256 of its final weights (model.safetensors) into OUT_DIR/<run>.txt. Two builds give the
-# same bits when `diff -r` of their OUT_DIRs is empty: what a refactoring of the run layer must
-# show (docs/contributing.md, "Changing the trainer").
+# (every key but the timing ones: throughput/*, seconds and memory figures), its sample and the
+# SHA-256 of its final weights (model.safetensors's tensors and header, less the metadata that
+# names the run) to OUT_DIR/<run>.txt. Two builds give the same bits when `diff -r` of their
+# OUT_DIRs is empty: what a change to the run layer that means to change nothing must show
+# (docs/contributing.md, "Changing the trainer").
 #
 #   scripts/same-bits.sh LOOM_BINARY OUT_DIR
 #
-# The runs: the quickstart, gemma2-tiny, mixtral-tiny, sft-tiny, dpo-tiny (with a checkpoint
-# and a resume), and llama-tiny on two ranks under mpirun with mesh fsdp=2 and with tensor=2.
+# The runs: the quickstart, gemma2-tiny, mixtral-tiny, sft-tiny, dpo-tiny (also with a checkpoint),
+# and llama-tiny on two ranks under mpirun: mesh fsdp=2, tensor=2, and data=2 with ZeRO-1.
 set -e
 loom=$1
 out=$2
@@ -30,14 +31,21 @@ for line in open(os.path.join(d, "metrics.jsonl")):
     row = {k: v for k, v in row.items()
            if not k.startswith("throughput/") and "memory" not in k and "seconds" not in k}
     print(json.dumps(row, sort_keys=True))
+# The tensors and their header; the header's __metadata__ names the run (its id has the time).
 with open(os.path.join(d, "model.safetensors"), "rb") as f:
-    print("model.safetensors", hashlib.sha256(f.read()).hexdigest())
+    blob = f.read()
+n = int.from_bytes(blob[:8], "little")
+header = json.loads(blob[8:8 + n])
+header.pop("__metadata__", None)
+h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+h.update(blob[8 + n:])
+print("model.safetensors", h.hexdigest())
 PY
 }
 
 run() {  # name config overrides...
   name=$1; config=$2; shift 2
-  (cd "$root" && "$loom" train "$config" trainer.run_dir="$work/$name" trainer.peak_flops=1e15 "$@") \
+  (cd "$root" && "$loom" train "$config" trainer.run_dir="$work/$name" trainer.peak_flops=1e15 trainer.checkpoint.save_every_minutes=0 "$@") \
     > "$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; echo "$name failed" >&2; exit 1; }
   digest "$work/$name" "$name"
   echo "$name: $(tail -1 "$out/$name.txt")"
@@ -46,7 +54,7 @@ run() {  # name config overrides...
 mpi() {  # name ranks config overrides...
   name=$1; ranks=$2; config=$3; shift 3
   (cd "$root" && timeout 600 mpirun -np "$ranks" "$loom" train "$config" \
-      trainer.run_dir="$work/$name" trainer.peak_flops=1e15 "$@") \
+      trainer.run_dir="$work/$name" trainer.peak_flops=1e15 trainer.checkpoint.save_every_minutes=0 "$@") \
     > "$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; echo "$name failed" >&2; exit 1; }
   digest "$work/$name" "$name"
   echo "$name: $(tail -1 "$out/$name.txt")"
@@ -60,9 +68,9 @@ run sft-tiny configs/sft-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_
 run dpo-tiny configs/dpo-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_eval=20 trainer.log_every=5
 run dpo-tiny-ckpt configs/dpo-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_eval=20 \
   trainer.log_every=5 trainer.checkpoint.save_every_steps=20
-mpi llama-fsdp2 2 configs/llama-tiny.yaml trainer.num_train_steps=30 trainer.steps_per_eval=15 \
+mpi llama-fsdp2 2 configs/llama-tiny.yaml data.type=synthetic trainer.num_train_steps=30 trainer.steps_per_eval=15 \
   trainer.log_every=5 trainer.mesh.fsdp=2 trainer.mesh.data=1
-mpi llama-tensor2 2 configs/llama-tiny.yaml trainer.num_train_steps=30 trainer.steps_per_eval=15 \
+mpi llama-tensor2 2 configs/llama-tiny.yaml data.type=synthetic trainer.num_train_steps=30 trainer.steps_per_eval=15 \
   trainer.log_every=5 trainer.mesh.tensor=2 trainer.mesh.data=1
-mpi llama-data2-zero1 2 configs/llama-tiny.yaml trainer.num_train_steps=30 trainer.steps_per_eval=15 \
+mpi llama-data2-zero1 2 configs/llama-tiny.yaml data.type=synthetic trainer.num_train_steps=30 trainer.steps_per_eval=15 \
   trainer.log_every=5 trainer.mesh.data=2 trainer.shard_optimizer_state=true

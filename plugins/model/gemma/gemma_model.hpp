@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cmath>
+#include <loom/decoder_options.hpp>
 #include <loom/hf_architecture.hpp>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
@@ -32,16 +33,10 @@ using loom::ParameterRole;
 using loom::Shape;
 using loom::Tensor;
 
-struct GemmaOptions {
-  std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
+struct GemmaOptions : loom::models::RotaryDecoderOptions {
   double query_pre_attn_scalar;
   double attn_logit_softcapping, final_logit_softcapping;  // 0: off
-  std::int64_t sliding_window;                             // 0: none
-  double rope_theta, initializer_range, layer_norm_epsilon;
-  bool tie_word_embeddings;
-  std::int64_t vocab_size;  // 0: from the tokenizer
-  std::string path;
-  loom::RematPolicy remat = loom::RematPolicy::none;
+  double rope_theta;
 };
 
 // One decoder layer: attention and MLP, each between a norm before and a norm after.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <loom/decoder_options.hpp>
 #include <loom/hf_architecture.hpp>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
@@ -29,13 +30,10 @@ using loom::ParameterRole;
 using loom::Shape;
 using loom::Tensor;
 
-struct Gpt2Options {
-  std::int64_t seq_len, hidden_dim, num_layers, num_heads, mlp_scale;
-  double initializer_range, embed_pdrop, resid_pdrop, layer_norm_epsilon;
-  bool scale_attn_by_inverse_layer_idx, use_bias, tie_word_embeddings;
-  std::int64_t vocab_size;  // 0: from the tokenizer
-  std::string path;         // of the options in the config ("model"), for messages
-  loom::RematPolicy remat = loom::RematPolicy::none;
+struct Gpt2Options : loom::models::DecoderOptions {
+  std::int64_t mlp_scale;
+  double embed_pdrop, resid_pdrop, attn_pdrop;
+  bool scale_attn_by_inverse_layer_idx, use_bias;
 };
 
 // One block: LayerNorm, attention, LayerNorm, MLP.

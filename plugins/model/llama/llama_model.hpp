@@ -13,6 +13,7 @@
 // Hugging Face mapping: config.json both ways, the tensor layout, the check of a directory).
 #pragma once
 
+#include <loom/decoder_options.hpp>
 #include <loom/hf_architecture.hpp>
 #include <loom/hf_interop.hpp>
 #include <loom/kinds/attention.hpp>
@@ -40,18 +41,12 @@ struct RopeOptions {
   std::int64_t original_max_position_embeddings;
 };
 
-struct LlamaOptions {
-  std::int64_t seq_len, hidden_dim, intermediate_dim, num_layers, num_heads, num_kv_heads, head_dim;
-  double initializer_range, layer_norm_epsilon;
-  bool tie_word_embeddings, use_bias, qkv_bias, use_qk_norm;
-  std::int64_t sliding_window;     // 0: none
+struct LlamaOptions : loom::models::RotaryDecoderOptions {
+  bool use_bias, qkv_bias, use_qk_norm;
   std::int64_t max_window_layers;  // layers below this index attend to everything (Qwen2)
   RopeOptions rope_options;
   loom::RopeConfig rope;
   loom::models::MoeConfig moe;
-  loom::RematPolicy remat = loom::RematPolicy::none;
-  std::int64_t vocab_size;  // 0: from the tokenizer
-  std::string path;         // of the options in the config ("model"), for messages
 };
 
 // One decoder layer: pre-norm attention, then pre-norm MLP or mixture of experts.
