@@ -125,8 +125,9 @@ std::vector<std::int64_t> hf_layer_windows(const Value& config, const std::strin
     // transformers 4.53 and later: one "sliding_attention" or "full_attention" per layer.
     if (!types->is_list() || static_cast<std::int64_t>(types->as_list().size()) != layers)
       f.wrong("layer_types", *types,
-              "a list of " + std::to_string(layers) + " (num_hidden_layers) \"sliding_attention\" or "
-              "\"full_attention\"");
+              "a list of " + std::to_string(layers) +
+                  " (num_hidden_layers) \"sliding_attention\" or "
+                  "\"full_attention\"");
     for (const Value& t : types->as_list()) {
       if (!t.is_string() || (t.as_string() != "sliding_attention" && t.as_string() != "full_attention"))
         f.wrong("layer_types", *types, "a list of \"sliding_attention\" or \"full_attention\"");
@@ -193,8 +194,7 @@ void check_hf_config(HfConfigCheck& check, const Value& config, const ModelOptio
   check.expect_number("rms_norm_eps", default_eps, o.layer_norm_epsilon, "layer_norm_epsilon");
   check.expect_number("rope_theta", default_theta, o.rope_theta, "rope_theta");
   check.expect_number("rope_local_base_freq", default_local_theta, o.rope_local_base_freq, "rope_local_base_freq");
-  check.expect_number("query_pre_attn_scalar", default_query_scalar, o.query_pre_attn_scalar,
-                      "query_pre_attn_scalar");
+  check.expect_number("query_pre_attn_scalar", default_query_scalar, o.query_pre_attn_scalar, "query_pre_attn_scalar");
   check.expect_boolean("tie_word_embeddings", true, o.tie_word_embeddings, "tie_word_embeddings");
   if (check.boolean("attention_bias", false)) check.mismatch("attention_bias is true; loom's gemma3 has no biases");
   if (check.boolean("use_bidirectional_attention", false))

@@ -74,7 +74,7 @@ class Attention {
     const std::int64_t q = heads * d, kv = kv_heads * d, c = c_.hidden_dim;
     const bool split = size_ > 1;
     const TensorPlacement partial = TensorPlacement::replicated_partial();
-    const TensorPlacement by_heads = !split          ? TensorPlacement::replicated()
+    const TensorPlacement by_heads = !split           ? TensorPlacement::replicated()
                                      : replicated_kv_ ? partial
                                                       : TensorPlacement::split_along(0, "column", {q, kv, kv});
     store.declare(prefix + "qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &qkv_, by_heads);
@@ -246,7 +246,8 @@ class Gemma3Model final : public models::TransformerLm {
     s.glu = true;
     s.vocab_size = vocab_;
     // The window on sliding layers, the whole prefix on the global ones.
-    for (std::int64_t l = 0; l < o_.num_layers; ++l) s.layer_windows.push_back(o_.is_sliding(l) ? o_.sliding_window : 0);
+    for (std::int64_t l = 0; l < o_.num_layers; ++l)
+      s.layer_windows.push_back(o_.is_sliding(l) ? o_.sliding_window : 0);
     return s;
   }
 
@@ -269,8 +270,8 @@ class Gemma3Model final : public models::TransformerLm {
     Tensor h = ops.scale(embed(ops, embed_->tensor(), tokens), static_cast<float>(std::sqrt(o_.hidden_dim)));
     Tensor x = ops.rms_norm(h, one_plus(ops, ones_, layers_.front().input_norm), eps);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      std::tie(h, x) = models::run_layer(
-          ops, cache ? RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
+      std::tie(h, x) =
+          models::run_layer(ops, cache ? RematPolicy::none : o_.remat, h, x, [=, this](Ops& ops, Tensor h, Tensor x) {
             const Layer& y = layers_[l];
             models::AttentionInput in = input;
             in.layer = static_cast<std::int64_t>(l);
@@ -319,7 +320,9 @@ OptionSchema schema() {
   s.integer("seq_len", 32768, "Longest sequence (the RoPE tables' length).")
       .min(1)
       .max(static_cast<double>(models::max_model_seq_len));
-  s.integer("hidden_dim", 2304, "Width of the residual stream.").min(1).max(static_cast<double>(models::max_model_width));
+  s.integer("hidden_dim", 2304, "Width of the residual stream.")
+      .min(1)
+      .max(static_cast<double>(models::max_model_width));
   s.integer("intermediate_dim", 9216, "Width of the GeGLU MLP.")
       .min(1)
       .max(static_cast<double>(models::max_model_width));

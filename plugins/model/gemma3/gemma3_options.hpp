@@ -27,9 +27,7 @@ struct ModelOptions {
 
   // transformers' Gemma3Attention.is_sliding: every layer but each sliding_window_pattern-th
   // (5 of 6 with the default) attends to the last sliding_window positions.
-  bool is_sliding(std::int64_t layer) const {
-    return sliding_window > 0 && (layer + 1) % sliding_window_pattern != 0;
-  }
+  bool is_sliding(std::int64_t layer) const { return sliding_window > 0 && (layer + 1) % sliding_window_pattern != 0; }
 };
 
 // The options' schema (loom config schema, docs/config-reference.md) and their reading, with the
