@@ -235,12 +235,15 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 def layer_is_sliding(config, layer_idx):
-    # 4.50: bool((layer_idx + 1) % config.sliding_window_pattern). Files of transformers 4.53 and
-    # later spell the same as layer_types, which wins where present (as it does there).
+    # 4.50: bool((layer_idx + 1) % config.sliding_window_pattern). transformers 4.53 and later
+    # read layer_types instead where a file has it: a file whose two disagree would be two models.
+    sliding = bool((layer_idx + 1) % config.sliding_window_pattern)
     types = getattr(config, "layer_types", None)
-    if types is not None:
-        return types[layer_idx] == "sliding_attention"
-    return bool((layer_idx + 1) % config.sliding_window_pattern)
+    if types is not None and (types[layer_idx] == "sliding_attention") != sliding:
+        raise ValueError(f"layer_types[{layer_idx}] is {types[layer_idx]!r}, but sliding_window_pattern "
+                         f"{config.sliding_window_pattern} makes layer {layer_idx} "
+                         f"{'sliding' if sliding else 'global'}: transformers 4.50 and 4.53 would differ")
+    return sliding
 
 
 class Gemma3TextModel(nn.Module):
