@@ -75,18 +75,18 @@ int run_eval(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("args", -1);
   po::variables_map vm;
-  if (!parse(
-          args, described, pos, vm,
-          "usage: loom eval RUN_DIR_OR_CHECKPOINT --tasks NAMES_OR_FILES [--limit N] [--batch-size B] [-o "
-          "results.json]\n"
-          "       loom eval HF_DIR [CONFIG] [a.b=c ...] --tasks ...\n\n"
-          "Scores a model on benchmark tasks read from local files, as EleutherAI's lm-evaluation-harness\n"
-          "scores them: multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa,\n"
-          "winogrande, mmlu, generic {\"context\", \"choices\", \"label\"}: acc, acc_norm), lambada (last-word\n"
-          "accuracy, perplexity) and perplexity of a text (word, byte, token). A Hugging Face directory is\n"
-          "read into the model its config.json describes (gpt2, llama, mistral, qwen2, qwen3,\n"
-          "mixtral, gemma2), with the tokenizer of its files, or into the one CONFIG describes (docs/evaluation.md).",
-          &hidden))
+  if (!parse(args, described, pos, vm,
+             "usage: loom eval RUN_DIR_OR_CHECKPOINT --tasks NAMES_OR_FILES [--limit N] [--batch-size B] [-o "
+             "results.json]\n"
+             "       loom eval HF_DIR [CONFIG] [a.b=c ...] --tasks ...\n\n"
+             "Scores a model on benchmark tasks read from local files, as EleutherAI's lm-evaluation-harness\n"
+             "scores them: multiple choice by log-likelihood (hellaswag, arc_easy, arc_challenge, piqa,\n"
+             "winogrande, mmlu, generic {\"context\", \"choices\", \"label\"}: acc, acc_norm), lambada (last-word\n"
+             "accuracy, perplexity) and perplexity of a text (word, byte, token). A Hugging Face directory is\n"
+             "read into the model its config.json describes (mapped by the model plugin that claims its model_type:\n"
+             "gpt2, llama, mistral, qwen2, qwen3, mixtral, gemma2 among loom's own), with the tokenizer of its files,\n"
+             "or into the one CONFIG describes (docs/evaluation.md).",
+             &hidden))
     return 0;
   if (positional.empty()) throw UserError("no model given: `loom eval RUN_DIR --tasks hellaswag`");
   if (limit < 0) throw UserError("--limit must be at least 0 (0: every document), got " + std::to_string(limit));
@@ -111,7 +111,13 @@ int run_eval(const std::vector<std::string>& args) {
   if (hf) {
     if (rest.empty() || rest.front().find('=') != std::string::npos) {
       // No config: the directory's config.json and tokenizer files describe it, then the overrides.
-      const std::vector<std::string> sections = hf_model_dir_overrides(target);
+      // The plugin that claims its model_type maps config.json, so the plugins are found first (on
+      // the same path as the run's, with the overrides of `plugins` that may extend it).
+      std::vector<std::string> plugin_overrides;
+      for (const auto& a : rest)
+        if (a.rfind("plugins.", 0) == 0 || a.rfind("plugins=", 0) == 0) plugin_overrides.push_back(a);
+      const Runtime plugins(runtime_options(common, plugin_overrides, false));
+      const std::vector<std::string> sections = hf_model_dir_overrides(plugins.registry(), target);
       rest.insert(rest.begin(), sections.begin(), sections.end());
       config_given = false;
     }

@@ -44,12 +44,18 @@ class CollectingRegistrar final : public Registrar {
     entries_.push_back(ComponentEntry{library_, std::string(kind), std::move(decl), std::move(factory), file_});
   }
 
+  void add_hf_architectures(const HfArchitectures& architectures) override {
+    architectures_.push_back(HfArchitectureEntry{library_, architectures, file_});
+  }
+
   std::vector<ComponentEntry> take() { return std::move(entries_); }
+  std::vector<HfArchitectureEntry> take_architectures() { return std::move(architectures_); }
 
  private:
   std::string file_;
   std::shared_ptr<LoadedLibrary> library_;
   std::vector<ComponentEntry> entries_;
+  std::vector<HfArchitectureEntry> architectures_;
 };
 
 // Every library the host has mapped, kept until the process exits (deliberately never
@@ -184,7 +190,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     }
     std::vector<ComponentEntry> entries = registrar.take();
     for (const auto& e : entries) record.components.push_back(e.kind + "/" + e.decl.name);
-    registry.add(std::move(entries));
+    registry.add(std::move(entries), registrar.take_architectures());
     record.status = PluginRecord::Status::loaded;
   } catch (const std::exception& e) {
     record.status = PluginRecord::Status::failed;

@@ -7,6 +7,7 @@
 #include "loom/error.hpp"
 #include "loom/kinds.hpp"
 #include "loom/kinds/attention.hpp"
+#include "loom/kinds/model.hpp"
 
 namespace loom {
 
@@ -52,6 +53,10 @@ struct ComponentHolder {
 }  // namespace
 
 void Registry::add(std::vector<ComponentEntry> entries) {
+  add(std::move(entries), {});
+}
+
+void Registry::add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures) {
   std::vector<std::string> seen;
   for (const auto& e : entries) {
     if (!is_component_kind(e.kind)) {
@@ -80,11 +85,50 @@ void Registry::add(std::vector<ComponentEntry> entries) {
                       " claims it too (remove one of the two files from the plugin path)");
     }
   }
+  std::vector<std::string> claimed;
+  for (const auto& a : architectures) {
+    const bool in_plugin = std::any_of(entries.begin(), entries.end(), [&](const ComponentEntry& e) {
+      return e.kind == Model::kind && e.decl.name == a.decl.model;
+    });
+    if (!in_plugin && !(a.plugin_file == "<built-in>" && find(Model::kind, a.decl.model)))
+      throw UserError("Hugging Face architectures are declared for model '" + a.decl.model + "', which " +
+                      a.plugin_file + " does not register");
+    if (!a.decl.model_section)
+      throw UserError("the Hugging Face architectures of model '" + a.decl.model + "' were declared without a mapping");
+    if (a.decl.model_types.empty())
+      throw UserError("the Hugging Face architectures of model '" + a.decl.model + "' name no model_type");
+    for (const auto& type : a.decl.model_types) {
+      if (std::find(claimed.begin(), claimed.end(), type) != claimed.end())
+        throw UserError("Hugging Face model_type \"" + type + "\" is claimed twice by " + a.plugin_file);
+      claimed.push_back(type);
+      if (const HfArchitectureEntry* existing = find_hf_architecture(type))
+        throw UserError("Hugging Face model_type \"" + type + "\" is already claimed by " + existing->plugin_file +
+                        " (model '" + existing->decl.model + "'); " + a.plugin_file +
+                        " claims it too (remove one of the two files from the plugin path)");
+    }
+  }
   for (auto& e : entries) {
     auto& by_name = entries_[e.kind];
     std::string name = e.decl.name;
     by_name.emplace(std::move(name), std::move(e));
   }
+  for (auto& a : architectures) hf_architectures_.push_back(std::move(a));
+}
+
+const HfArchitectureEntry* Registry::find_hf_architecture(std::string_view model_type) const {
+  for (const auto& a : hf_architectures_)
+    if (std::find(a.decl.model_types.begin(), a.decl.model_types.end(), model_type) != a.decl.model_types.end())
+      return &a;
+  return nullptr;
+}
+
+std::vector<const HfArchitectureEntry*> Registry::hf_architectures() const {
+  std::vector<const HfArchitectureEntry*> out;
+  for (const auto& a : hf_architectures_) out.push_back(&a);
+  std::stable_sort(out.begin(), out.end(), [](const HfArchitectureEntry* a, const HfArchitectureEntry* b) {
+    return a->decl.model < b->decl.model;
+  });
+  return out;
 }
 
 const ComponentEntry* Registry::find(std::string_view kind, std::string_view name) const {

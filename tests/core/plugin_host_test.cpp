@@ -11,6 +11,7 @@
 
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
+#include "loom/hf_architecture.hpp"
 #include "loom/kinds/lr_schedule.hpp"
 #include "loom/kinds/tokenizer.hpp"
 #include "loom/plugin.hpp"
@@ -211,6 +212,59 @@ TEST(PluginHost, TwoPluginsClaimingOneNameIsAnErrorNamingBothFiles) {
     EXPECT_NE(std::string(e.what()).find("'test_dup' is provided by two plugins, " + a + " and " + b),
               std::string::npos)
         << e.what();
+  }
+}
+
+// A model plugin's claim of Hugging Face model_types (Registrar::add_hf_architectures) is
+// registered with its file and its mapping; a second plugin claiming one of them fails as a whole
+// (its model is not registered either), naming both files; a plugin of ABI minor 0, built before
+// claims existed, loads and registers its model without one.
+TEST(PluginHost, AModelPluginsHuggingFaceClaimIsRegisteredWithItsFile) {
+  Registry registry;
+  PluginHost host;
+  host.load({{fixture_dir("hf"), "test"}}, registry);
+  const std::string a = fs::canonical(fixture_dir("hf") / "libloom-test-hf-a.so").string();
+  const std::string b = fs::canonical(fixture_dir("hf") / "libloom-test-hf-b.so").string();
+  const HfArchitectureEntry* claim = registry.find_hf_architecture("test_arch");
+  ASSERT_NE(claim, nullptr);
+  EXPECT_EQ(claim->decl.model, "test_hf_a");
+  EXPECT_EQ(claim->plugin_file, a);
+  EXPECT_EQ(claim->decl.model_types, std::vector<std::string>{"test_arch"});
+  Value config = Value::map();
+  config.set("width", 5);
+  const HfModelSection section = claim->decl.model_section(HfConfigFields(config, "config.json"), "test_arch");
+  EXPECT_EQ(section.model.to_flow(), "{type: test_hf_a, width: 5}");
+
+  const PluginRecord* rb = record_for(host, "libloom-test-hf-b.so");
+  ASSERT_NE(rb, nullptr);
+  EXPECT_EQ(rb->status, PluginRecord::Status::failed);
+  EXPECT_NE(rb->reason.find("Hugging Face model_type \"test_arch\" is already claimed by " + a +
+                            " (model 'test_hf_a'); " + b + " claims it too"),
+            std::string::npos)
+      << rb->reason;
+  EXPECT_EQ(registry.find("model", "test_hf_b"), nullptr);
+
+  const PluginRecord* old = record_for(host, "libloom-test-hf-old.so");
+  ASSERT_NE(old, nullptr);
+  EXPECT_EQ(old->status, PluginRecord::Status::loaded) << old->reason;
+  EXPECT_NE(registry.find("model", "test_hf_old"), nullptr);
+  ASSERT_EQ(registry.hf_architectures().size(), 1u);
+  EXPECT_EQ(registry.find_hf_architecture("unused"), nullptr);
+}
+
+// A claim names a model of its own plugin, a mapping and at least one model_type.
+TEST(PluginHost, AHuggingFaceClaimWithoutItsModelIsRefused) {
+  Registry registry;
+  auto mapping = [](const HfConfigFields&, const std::string&) { return HfModelSection{}; };
+  try {
+    registry.add({}, {HfArchitectureEntry{nullptr,
+                                          {.model = "absent", .model_types = {"x"}, .model_section = mapping},
+                                          "/plugins/libloom-model-x.so"}});
+    FAIL() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Hugging Face architectures are declared for model 'absent', which /plugins/libloom-model-x.so does not "
+              "register");
   }
 }
 

@@ -15,8 +15,8 @@
 #include <random>
 
 #include "../../core/run/src/eval/python_random.hpp"
-#include "../../core/run/src/interop/json_value.hpp"
 #include "../core/test_support.hpp"
+#include "loom/core/json_value.hpp"
 #include "loom/core/runtime.hpp"
 #include "loom/error.hpp"
 #include "loom/hf_interop.hpp"
@@ -569,7 +569,7 @@ Handle<Model> described_model(const test::TempDir& dir, Runtime& runtime, const 
   dir.write(name + "/config.json", config_json.dump(2));
   dir.write(name + "/vocab.json", "{}");
   dir.write(name + "/merges.txt", "#version: 0.2\n");
-  const HfDirectoryConfig described = describe_hf_model_dir(dir.path() / name);
+  const HfDirectoryConfig described = describe_hf_model_dir(runtime.registry(), dir.path() / name);
   EXPECT_EQ(described.tokenizer.find("type")->as_string(), "gpt2-bpe");
   EXPECT_EQ(described.tokenizer.find("encoder_json")->as_string(), (dir.path() / name / "vocab.json").string());
   auto model = runtime.registry().create<Model>(ComponentRef{"model", "", described.model, "model"});
@@ -711,7 +711,7 @@ TEST(EvalHfDirectory, EveryExportedArchitectureIsDescribedByItsConfigJson) {
     dir.write(name + "/config.json", config_json);
     if (tokenizer) dir.write(name + "/tokenizer.model", "");
     try {
-      describe_hf_model_dir(dir.path() / name);
+      describe_hf_model_dir(lm.runtime->registry(), dir.path() / name);
     } catch (const UserError& e) {
       return std::string(e.what());
     }
@@ -729,6 +729,56 @@ TEST(EvalHfDirectory, EveryExportedArchitectureIsDescribedByItsConfigJson) {
   EXPECT_NE(bert.find("qwen3"), std::string::npos) << bert;
   const std::string broken = error_of("broken", "{", true);
   EXPECT_NE(broken.find("is not valid JSON"), std::string::npos) << broken;
+}
+
+// The plugin that claims a directory's model_type (Registrar::add_hf_architectures) maps its
+// config.json; an unknown model_type lists exactly the types the loaded plugins claim. With the
+// test plugins alone, gpt2 is unknown and test_arch is the test plugin's model.
+TEST(EvalHfDirectory, ThePluginClaimingTheModelTypeDescribesTheDirectory) {
+  test::TempDir dir;
+  auto describe = [&](const Registry& registry, const std::string& name, const std::string& config_json) {
+    fs::create_directories(dir.path() / name);
+    dir.write(name + "/config.json", config_json);
+    dir.write(name + "/tokenizer.model", "");
+    try {
+      return describe_hf_model_dir(registry, dir.path() / name).model.to_flow();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+  };
+  RuntimeOptions options;
+  options.plugin_paths = {(fs::path(LOOM_FIXTURE_DIR) / "hf").string()};
+  options.default_plugin_path = false;
+  const Runtime fixtures(options);
+  EXPECT_EQ(describe(fixtures.registry(), "claimed", R"({"model_type": "test_arch", "width": 5})"),
+            "{type: test_hf_a, width: 5}");
+  EXPECT_EQ(describe(fixtures.registry(), "default", R"({"model_type": "test_arch"})"), "{type: test_hf_a, width: 7}");
+  const std::string how =
+      "; give a loom config that describes the model and its tokenizer after the directory "
+      "instead (`loom eval " +
+      (dir.path() / "gpt2").string() + " CONFIG --tasks ...`)";
+  EXPECT_EQ(describe(fixtures.registry(), "gpt2", R"({"model_type": "gpt2"})"),
+            "'" + (dir.path() / "gpt2" / "config.json").string() +
+                "' has model_type \"gpt2\"; loom reads test_arch (test_hf_a)" + how);
+  // The plugin's field readers name the file and the field.
+  const std::string wide = describe(fixtures.registry(), "wide", R"({"model_type": "test_arch", "width": "x"})");
+  EXPECT_EQ(wide.rfind("'" + (dir.path() / "wide" / "config.json").string() +
+                           "': width is \"x\", expected an integer; give a loom config",
+                       0),
+            0u)
+      << wide;
+  // No plugin claims anything.
+  const Registry empty;
+  const std::string none = describe(empty, "none", R"({"model_type": "gpt2"})");
+  EXPECT_NE(none.find("' has model_type \"gpt2\"; loom reads no Hugging Face model_type: no loaded model plugin "
+                      "claims one; give a loom config"),
+            std::string::npos)
+      << none;
+  // loom's own model plugins: each claims its types, listed by model.
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
+  const std::string bert = describe(lm.runtime->registry(), "bert", R"({"model_type": "bert"})");
+  for (const char* claim : {"gemma2 (gemma)", "gpt2 (gpt2)", "llama, mistral, qwen2, qwen3, mixtral (llama)"})
+    EXPECT_NE(bert.find(claim), std::string::npos) << bert;
 }
 
 class EvalScorer : public ::testing::TestWithParam<std::string> {};

@@ -5,9 +5,11 @@
 #include "gemma3_interop.hpp"
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <loom/error.hpp>
 #include <loom/transformer_blocks.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace loom::gemma3 {
@@ -297,6 +299,88 @@ Value model_section(const Value& config, const std::string& file) {
   m.set("tie_word_embeddings", f.boolean("tie_word_embeddings", true));
   m.set("vocab_size", f.size("vocab_size", default_vocab));
   return m;
+}
+
+namespace {
+
+Value to_value(const nlohmann::json& j) {
+  if (j.is_boolean()) return Value(j.get<bool>());
+  if (j.is_number_integer()) return Value(j.get<std::int64_t>());
+  if (j.is_number()) return Value(j.get<double>());
+  if (j.is_string()) return Value(j.get<std::string>());
+  if (j.is_array()) {
+    Value::List list;
+    for (const auto& e : j) list.push_back(to_value(e));
+    return Value(std::move(list));
+  }
+  if (j.is_object()) {
+    Value m = Value::map();
+    for (auto it = j.begin(); it != j.end(); ++it) m.set(it.key(), to_value(it.value()));
+    return m;
+  }
+  return Value();
+}
+
+// config.json as model_section reads it, from the run layer's HfConfigFields: each field through
+// the reader of its type (a wrong type is HfConfigFields' error, naming the file and the field),
+// rope_scaling through object(). HfConfigFields reads no lists, so layer_types (transformers
+// 4.53 and later) is read from the file it names.
+Value config_of(const HfConfigFields& f) {
+  Value c = Value::map();
+  const auto copy = [&](const char* key, auto read) {
+    if (f.is_null(key))
+      c.set(key, Value());
+    else if (f.has(key))
+      c.set(key, read(key));
+  };
+  const auto integer = [&](const char* key) { return Value(f.integer(key, 0)); };
+  const auto number = [&](const char* key) { return Value(f.number(key, 0.0)); };
+  const auto boolean = [&](const char* key) { return Value(f.boolean(key, false)); };
+  const auto string = [&](const char* key) { return Value(f.string(key, "")); };
+  for (const char* key :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "sliding_window_pattern"})
+    copy(key, integer);
+  for (const char* key : {"query_pre_attn_scalar", "rope_theta", "rope_local_base_freq", "final_logit_softcapping",
+                          "rms_norm_eps", "initializer_range"})
+    copy(key, number);
+  for (const char* key : {"attention_bias", "use_bidirectional_attention", "tie_word_embeddings"}) copy(key, boolean);
+  for (const char* key : {"model_type", "hidden_activation"}) copy(key, string);
+  if (f.is_null("rope_scaling")) c.set("rope_scaling", Value());
+  if (const std::optional<HfConfigFields> r = f.object("rope_scaling")) {
+    Value s = Value::map();
+    for (const char* key : {"rope_type", "type"})
+      if (r->has(key)) s.set(key, r->string(key, ""));
+    if (r->has("factor")) s.set("factor", r->number("factor", 1.0));
+    c.set("rope_scaling", s);
+  }
+  if (f.has("layer_types") && !f.is_null("layer_types")) {
+    std::ifstream in(f.file(), std::ios::binary);
+    const nlohmann::json file = nlohmann::json::parse(in, nullptr, false);
+    if (!in || !file.is_object() || !file.contains("layer_types"))
+      throw UserError("'" + f.file() + "': cannot read layer_types from the file");
+    c.set("layer_types", to_value(file["layer_types"]));
+  }
+  return c;
+}
+
+HfModelSection section_of(const HfConfigFields& f, const std::string&) {
+  HfModelSection out;
+  out.model = model_section(config_of(f), f.file());
+  const auto size = [&](const char* field, const char* option) {
+    return HfSizeField{field, out.model.find(option)->as_int()};
+  };
+  out.vocab_size = size("vocab_size", "vocab_size");
+  out.hidden_size = size("hidden_size", "hidden_dim");
+  out.num_layers = size("num_hidden_layers", "num_layers");
+  out.intermediate_size = size("intermediate_size", "intermediate_dim");
+  return out;
+}
+
+}  // namespace
+
+HfArchitectures hf_architectures() {
+  return {.model = "gemma3", .model_types = hf_model_types, .model_section = section_of};
 }
 
 }  // namespace loom::gemma3

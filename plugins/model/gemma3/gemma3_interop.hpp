@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <loom/hf_architecture.hpp>
 #include <loom/hf_interop.hpp>
 #include <loom/model_support.hpp>
 #include <loom/value.hpp>
@@ -36,6 +37,11 @@ HfTensorLayout hf_tensors(const models::ParameterStore& store, const ModelOption
 // loom's gemma3 does not compute (a RoPE scaling other than linear, attention biases, another
 // activation, layer_types that follow no pattern), is a UserError naming `file` and the field.
 Value model_section(const Value& config, const std::string& file);
+
+// The plugin's claim (Registrar::add_hf_architectures, hf_architecture.hpp): model_type
+// "gemma3_text" is the gemma3 model, described by model_section. `loom eval HF_DIR` of a Gemma 3
+// directory needs no config through it.
+HfArchitectures hf_architectures();
 
 // Each layer's attention window (0: global) as config.json describes them: layer_types when
 // present, else sliding_window_pattern; sliding layers take sliding_window (null: global).

@@ -311,6 +311,7 @@ void register_components(Registrar& registrar) {
         auto kernel = ctx.create<AttentionKernel>(options.component("attention"));
         return std::make_unique<Gemma3Model>(o, std::move(kernel), ctx.execution());
       });
+  registrar.add_hf_architectures(hf_architectures());
 }
 
 }  // namespace

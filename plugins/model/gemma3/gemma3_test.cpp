@@ -201,6 +201,33 @@ TEST(Gemma3Interop, TheModelSectionOfAnExportIsTheModel) {
   }
 }
 
+// The plugin claims model_type gemma3_text: the run layer describes a Gemma 3 directory through
+// it (`loom eval HF_DIR`), layer_types included, and the model built from that section loads the
+// directory's weights.
+TEST(Gemma3Interop, TheRunLayerDescribesAGemma3DirectoryThroughThePlugin) {
+  Models models;
+  const HfArchitectureEntry* claim = models.registry().find_hf_architecture("gemma3_text");
+  ASSERT_NE(claim, nullptr);
+  EXPECT_EQ(claim->decl.model, "gemma3");
+  test::TempDir dir;
+  auto a = models.make(yaml(tiny_untied), 4);
+  export_hf(*a, nullptr, dir.path() / "hf");
+  dir.write("hf/tokenizer.model", "");  // a tokenizer the description names (not read here)
+  const HfDirectoryConfig described = describe_hf_model_dir(models.registry(), dir.path() / "hf");
+  const Value expected = gemma3::model_section(to_value(read_json(dir.path() / "hf" / "config.json")), "config.json");
+  EXPECT_EQ(described.model.to_flow(), expected.to_flow());
+  EXPECT_EQ(described.model.find("sliding_window_pattern")->as_int(), 3);
+  auto b = models.create(described.model);
+  import_hf(*b, dir.path() / "hf");
+  EXPECT_EQ(b->parameters().back().parameter->data().to_vector(), a->parameters().back().parameter->data().to_vector());
+  // A field of the wrong type is the run layer's message, naming the file and the field.
+  nlohmann::json bad = read_json(dir.path() / "hf" / "config.json");
+  bad["sliding_window"] = "wide";
+  std::ofstream(dir.path() / "hf" / "config.json") << bad.dump();
+  const std::string m = message_of([&] { describe_hf_model_dir(models.registry(), dir.path() / "hf"); });
+  EXPECT_NE(m.find("sliding_window is \"wide\", expected an integer"), std::string::npos) << m;
+}
+
 TEST(Gemma3Interop, AbsentFieldsTakeGemma3TextConfigsDefaults) {
   // Gemma3TextConfig() (transformers 4.50): vocab 262208, 2304 wide, 26 layers of 8 heads of 256
   // over 4, window 4096 on 5 of 6 layers, bases 1e6 and 1e4, no scaling, no soft-cap, 131072

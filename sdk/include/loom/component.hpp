@@ -24,6 +24,8 @@
 
 namespace loom {
 
+struct HfArchitectures;  // hf_architecture.hpp
+
 // Base of every kind's interface. The destructor is defined in libloom_core.so, so every
 // interface's vtable and type information live there and are shared by all plugins.
 class Component {
@@ -104,6 +106,13 @@ class Registrar {
   }
 
   virtual void add_component(std::string_view kind, ComponentDecl decl, ComponentFactory factory) = 0;
+
+  // Declares the Hugging Face architectures (config.json model_types) that the model component
+  // `architectures.model`, registered by this plugin too, reads, and how (hf_architecture.hpp).
+  // Optional: a model plugin without it still loads, builds and exports; only `loom eval HF_DIR`
+  // cannot describe a directory of its types. Since plugin ABI 13.1 (the host implements it; an
+  // older plugin never calls it).
+  virtual void add_hf_architectures(const HfArchitectures& architectures) = 0;
 };
 
 }  // namespace loom

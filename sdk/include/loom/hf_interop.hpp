@@ -9,6 +9,9 @@
 // architectures it accepts. The services own the files: safetensors, sharding and the index,
 // config.json, the tokenizer files.
 //
+// The way in before any model exists (config.json to a loom `model` section, for `loom eval
+// HF_DIR`) is the plugin's claim of the model_types it reads: hf_architecture.hpp.
+//
 // Methods are called from one thread, after Model::build.
 #pragma once
 

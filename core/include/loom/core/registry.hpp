@@ -11,6 +11,7 @@
 #include "loom/component.hpp"
 #include "loom/core/config.hpp"
 #include "loom/device.hpp"
+#include "loom/hf_architecture.hpp"
 
 namespace loom {
 
@@ -26,6 +27,13 @@ struct ComponentEntry {
   std::string plugin_file;  // canonical path, or "<built-in>" for in-process registrations
 };
 
+// A plugin's claim of Hugging Face model_types (Registrar::add_hf_architectures).
+struct HfArchitectureEntry {
+  std::shared_ptr<LoadedLibrary> library;  // first, so it is destroyed last (see ComponentEntry)
+  HfArchitectures decl;
+  std::string plugin_file;
+};
+
 class Registry final : public config::ComponentCatalog {
  public:
   Registry();
@@ -36,6 +44,15 @@ class Registry final : public config::ComponentCatalog {
   // Adds components as one transaction: either all of `entries` are added, or (on a kind/name
   // already taken, or an unknown kind) none is and UserError is thrown naming both files.
   void add(std::vector<ComponentEntry> entries);
+  // The same with a plugin's Hugging Face architectures: each names a model component that is
+  // among `entries` (or already registered, for in-process registrations) and claims
+  // model_types no other plugin claims; otherwise nothing is added and UserError names both files.
+  void add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures);
+
+  // The plugin that claims config.json's `model_type`, or nullptr.
+  const HfArchitectureEntry* find_hf_architecture(std::string_view model_type) const;
+  // Every claim, by model component name (then in the order each plugin declared them).
+  std::vector<const HfArchitectureEntry*> hf_architectures() const;
 
   const ComponentEntry* find(std::string_view kind, std::string_view name) const;
   // Sorted by name.
@@ -89,6 +106,7 @@ class Registry final : public config::ComponentCatalog {
   [[noreturn]] void throw_unknown(std::string_view kind, std::string_view name, std::string_view path,
                                   const SourceLocation& where) const;
   std::map<std::string, std::map<std::string, ComponentEntry, std::less<>>, std::less<>> entries_;
+  std::vector<HfArchitectureEntry> hf_architectures_;
   // kind/name claimed by a plugin that failed for it: the files of both claimants.
   std::map<std::string, std::pair<std::string, std::string>, std::less<>> conflicts_;
   ExecutionContext* execution_ = nullptr;

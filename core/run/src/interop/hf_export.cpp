@@ -9,7 +9,7 @@
 #include <map>
 #include <sstream>
 
-#include "json_value.hpp"
+#include "loom/core/json_value.hpp"
 #include "loom/error.hpp"
 #include "loom/hf_interop.hpp"
 #include "loom/run/hf_interop.hpp"

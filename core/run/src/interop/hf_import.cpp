@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "json_value.hpp"
 #include "loom/allocator.hpp"
+#include "loom/core/json_value.hpp"
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/hf_interop.hpp"

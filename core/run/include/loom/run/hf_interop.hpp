@@ -25,6 +25,8 @@
 
 namespace loom {
 
+class Registry;  // loom/core/registry.hpp
+
 struct HfExportOptions {
   // Shards of at most this many bytes (a tensor larger than it gets a shard of its own); one
   // model.safetensors when everything fits. transformers' save_pretrained default: 5 GB.
@@ -79,18 +81,20 @@ std::vector<std::int64_t> hf_tensor_bytes(const std::filesystem::path& dir);
 bool is_hf_model_dir(const std::filesystem::path& dir);
 
 // The loom config sections that describe a Hugging Face model directory, for `loom eval HF_DIR`
-// without a config: `model` from config.json's model_type (gpt2 -> gpt2; llama, mistral, qwen2, qwen3,
-// mixtral -> llama; gemma2 -> gemma) and its sizes, absent fields taking transformers' defaults;
-// `tokenizer` from its files (a byte-level BPE tokenizer.json or vocab.json with merges.txt ->
-// gpt2-bpe, with tokenizer_config.json's eos_token as its end of text; tokenizer.model ->
-// sentencepiece). One UserError naming what is missing or not read, and how to give a config
-// instead. The model plugin's own check (import_hf) then compares the built model with config.json.
+// without a config: `model` from config.json by the mapping of the plugin in `registry` that
+// claims its model_type (Registrar::add_hf_architectures; gpt2 -> gpt2; llama, mistral, qwen2,
+// qwen3, mixtral -> llama; gemma2 -> gemma among loom's own), absent fields taking transformers'
+// defaults; `tokenizer` from its files (a byte-level BPE tokenizer.json or vocab.json with
+// merges.txt -> gpt2-bpe, with tokenizer_config.json's eos_token as its end of text;
+// tokenizer.model -> sentencepiece). One UserError naming what is missing or not read (a
+// model_type no plugin claims: the ones they do), and how to give a config instead. The model
+// plugin's own check (import_hf) then compares the built model with config.json.
 struct HfDirectoryConfig {
   Value model, tokenizer;
 };
-HfDirectoryConfig describe_hf_model_dir(const std::filesystem::path& dir);
+HfDirectoryConfig describe_hf_model_dir(const Registry& registry, const std::filesystem::path& dir);
 // The same as command-line overrides ("model={...}", "tokenizer={...}"), to go before the user's.
-std::vector<std::string> hf_model_dir_overrides(const std::filesystem::path& dir);
+std::vector<std::string> hf_model_dir_overrides(const Registry& registry, const std::filesystem::path& dir);
 
 // Reads a Hugging Face model directory (config.json with model.safetensors, or with
 // model.safetensors.index.json and its shards) into the built `model`. config.json must fit
