@@ -23,7 +23,8 @@
 #      of the attention suite against `naive`, float32 and bf16, on copies in GPU memory), then
 #      loom_cuda_attention_bench (forward and forward+backward at 1k-8k tokens, causal, batch 4,
 #      16 heads of 64 and of 128, bf16 and float32) against PyTorch's
-#      scaled_dot_product_attention on the same shapes (benchmarks/cuda/sdpa_bench.py)
+#      scaled_dot_product_attention on the same shapes (benchmarks/cuda/sdpa_bench.py), and `loom
+#      bench attention --kernels cuda-flash,flash` (the GPU kernel by name beside the host's)
 # Nothing here changes the GPU's settings.
 set -u
 pack=${1:-build-device}
@@ -188,6 +189,12 @@ for hd in 64 128; do
     >> "$out/torch_sdpa.log" 2>&1
   echo "rc $? (head_dim $hd)" >> "$out/torch_sdpa.log"
 done
+# `loom bench attention` by name, the GPU kernel first (the ratios' baseline), the host's flash after.
+timeout 90 "$loom" bench attention --kernels cuda-flash,flash --dtypes bf16 --seq-lens 1024 --batch 4 --heads 16 \
+  --repeats 3 > "$out/loom_bench_attention.log" 2>&1
+rc=$?
+row "loom bench attention (rc $rc)" "$([ $rc -eq 0 ] && grep -q 'cuda-flash on cuda:0' "$out/loom_bench_attention.log" \
+  && echo ok || echo FAILED)" "loom_bench_attention.log ($(elapsed) s)"
 lines=$(grep -c '^kernel cuda-flash' "$out/bench_attention.log")
 row "cuda-flash bench" "$([ "$lines" -eq 16 ] && echo ok || echo "$lines/16")" "bench_attention.log ($(elapsed) s)"
 lines=$(grep -c '^kernel torch-sdpa' "$out/torch_sdpa.log")

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "loom/allocator.hpp"
@@ -99,6 +100,32 @@ Problem make_problem(const AttentionBenchOptions& o, int64_t seq_len) {
   return p;
 }
 
+// The problem's tensors copied into `device`'s memory, the arguments pointing into the copies.
+Problem on_device(const Problem& host, const Device& device) {
+  Problem p;
+  p.qkv = host.qkv.to(device);
+  p.out = host.out.to(device);
+  p.lse = host.lse.to(device);
+  p.dout = host.dout.to(device);
+  p.dqkv = host.dqkv.to(device);
+  const float* q0 = host.qkv.data<float>();
+  const float* qkv = p.qkv.device_data<float>();
+  p.forward = host.forward;
+  p.forward.q.data = qkv + (host.forward.q.data - q0);
+  p.forward.k.data = qkv + (host.forward.k.data - q0);
+  p.forward.v.data = qkv + (host.forward.v.data - q0);
+  p.forward.out = p.out.device_data<float>();
+  p.forward.lse = p.lse.device_data<float>();
+  p.backward = host.backward;
+  p.backward.dout = p.dout.device_data<float>();
+  const float* g0 = host.dqkv.data<float>();
+  float* dqkv = p.dqkv.device_data<float>();
+  p.backward.dq.data = dqkv + (host.backward.dq.data - g0);
+  p.backward.dk.data = dqkv + (host.backward.dk.data - g0);
+  p.backward.dv.data = dqkv + (host.backward.dv.data - g0);
+  return p;
+}
+
 }  // namespace
 
 std::vector<AttentionBenchResult> run_attention_bench(
@@ -118,25 +145,24 @@ std::vector<AttentionBenchResult> run_attention_bench(
   for (int64_t t : o.seq_lens) require_positive(t, "a sequence length");
 
   std::vector<Handle<AttentionKernel>> kernels;
-  for (const ComponentRef& ref : o.kernels) {
-    kernels.push_back(registry.create<AttentionKernel>(ref));
-    // The problems live in host memory: a device's kernel cannot read them.
-    if (const Device d = kernels.back()->device(); !d.is_host())
-      throw UserError((ref.path.empty() ? std::string("--kernels") : ref.path) + ": the attention kernel '" + ref.name +
-                      "' computes on " + d.str() + ", and `loom bench attention` measures kernels on host memory; " +
-                      "host kernels: " + [&] {
-                        std::string names;
-                        for (const auto& n : registry.attention_kernels_on(Device::host()))
-                          names += (names.empty() ? "" : ", ") + n;
-                        return names.empty() ? std::string("none is loaded") : names;
-                      }());
-  }
+  for (const ComponentRef& ref : o.kernels) kernels.push_back(registry.create<AttentionKernel>(ref));
 
   std::vector<AttentionBenchResult> results;
   for (int64_t seq_len : o.seq_lens) {
-    Problem p = make_problem(o, seq_len);
+    Problem host = make_problem(o, seq_len);
     for (std::size_t k = 0; k < kernels.size(); ++k) {
       AttentionKernel& kernel = *kernels[k];
+      // A kernel of another device (cuda-flash on cuda:N) runs on copies of the problem in its
+      // device's memory; its launches may return before the device is done, so every timed run
+      // ends by copying the log-sum-exp back, which waits for them.
+      const Device device = kernel.device();
+      std::optional<Problem> copy;
+      if (!device.is_host()) copy = on_device(host, device);
+      Problem& p = copy ? *copy : host;
+      p.backward.forward = &p.forward;  // (the problem has moved since its arguments were made)
+      auto wait = [&] {
+        if (copy) (void)p.lse.to(Device::host());
+      };
       std::vector<float> f32_out;  // the float32 output, to tell whether bf16 changed anything
       auto float32_out = [&]() -> const std::vector<float>& {
         if (f32_out.empty()) {
@@ -149,6 +175,7 @@ std::vector<AttentionBenchResult> run_attention_bench(
       for (DType dtype : o.dtypes) {
         AttentionBenchResult r;
         r.kernel = label(o.kernels[k]);
+        r.device = device.str();
         r.dtype = dtype;
         r.seq_len = seq_len;
         if (dtype != DType::f32) {
@@ -163,13 +190,24 @@ std::vector<AttentionBenchResult> run_attention_bench(
           kernel.backward(p.backward);
         };
         both();  // warm-up: first-touch pages, the allocator's cache, the thread pool
-        r.forward_ms = median_ms(o.repeats, [&] { kernel.forward(p.forward); });
-        r.forward_backward_ms = median_ms(o.repeats, both);
-        const std::size_t before = allocator_stats().bytes_in_use;
-        allocator_reset_peak();
-        both();
-        const std::size_t peak = allocator_stats().peak_bytes_in_use;
-        r.peak_extra_bytes = peak > before ? peak - before : 0;
+        wait();
+        r.forward_ms = median_ms(o.repeats, [&] {
+          kernel.forward(p.forward);
+          wait();
+        });
+        r.forward_backward_ms = median_ms(o.repeats, [&] {
+          both();
+          wait();
+        });
+        // The core's allocator sees a host kernel's scratch; a device's is its own pool's.
+        r.memory_measured = !copy;
+        if (r.memory_measured) {
+          const std::size_t before = allocator_stats().bytes_in_use;
+          allocator_reset_peak();
+          both();
+          const std::size_t peak = allocator_stats().peak_bytes_in_use;
+          r.peak_extra_bytes = peak > before ? peak - before : 0;
+        }
         if (dtype == DType::f32 && f32_out.empty()) f32_out = p.out.to_vector();
         if (progress) progress(r);
         results.push_back(r);
@@ -179,13 +217,26 @@ std::vector<AttentionBenchResult> run_attention_bench(
   return results;
 }
 
+namespace {
+
+// A row's kernel: its label, where it computed when not on the host, and whether its bf16 was
+// its float32.
+std::string display_name(const AttentionBenchResult& r) {
+  std::string name = r.kernel;
+  if (!r.device.empty() && r.device != "host") name += " on " + r.device;
+  if (r.fallback) name += " (fallback)";
+  return name;
+}
+
+}  // namespace
+
 std::string format_attention_bench(const AttentionBenchOptions& o, const std::vector<AttentionBenchResult>& results,
                                    int threads) {
   const int64_t kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
   std::size_t name_width = 6;
   bool any_fallback = false;
   for (const auto& r : results) {
-    name_width = std::max(name_width, r.kernel.size() + (r.fallback ? 11 : 0));
+    name_width = std::max(name_width, display_name(r).size());
     any_fallback = any_fallback || r.fallback;
   }
   std::ostringstream s;
@@ -213,11 +264,15 @@ std::string format_attention_bench(const AttentionBenchOptions& o, const std::ve
       for (std::size_t j = first; j < last; ++j)
         if (r.dtype != DType::f32 && results[j].kernel == r.kernel && results[j].dtype == DType::f32)
           std::snprintf(vs_f32, sizeof vs_f32, "%.2fx", results[j].forward_backward_ms / r.forward_backward_ms);
-      const std::string name = r.kernel + (r.fallback ? " (fallback)" : "");
-      std::snprintf(line, sizeof line, "  %-*s %5s %12.2f %12.2f %14.2f %9.2fx %12.2fx %11.3fx %8s\n",
+      const std::string name = display_name(r);
+      // A device kernel's scratch is not the core's allocator's to measure: "-".
+      char mib_text[32] = "-", memory_text[32] = "-";
+      if (r.memory_measured) std::snprintf(mib_text, sizeof mib_text, "%.2f", mib);
+      if (r.memory_measured && base.memory_measured) std::snprintf(memory_text, sizeof memory_text, "%.3fx", memory);
+      std::snprintf(line, sizeof line, "  %-*s %5s %12.2f %12.2f %14s %9.2fx %12.2fx %12s %8s\n",
                     static_cast<int>(name_width), name.c_str(), std::string(dtype_name(r.dtype)).c_str(), r.forward_ms,
-                    r.forward_backward_ms, mib, base.forward_ms / r.forward_ms,
-                    base.forward_backward_ms / r.forward_backward_ms, memory, vs_f32);
+                    r.forward_backward_ms, mib_text, base.forward_ms / r.forward_ms,
+                    base.forward_backward_ms / r.forward_backward_ms, memory_text, vs_f32);
       s << line;
     }
     s << "\n";

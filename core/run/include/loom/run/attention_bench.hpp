@@ -9,6 +9,13 @@
 // call) at any point of a forward and backward pass: its scratch, not the inputs, outputs and
 // gradients that every kernel shares.
 //
+// A kernel of another device than the host (cuda-flash on cuda:N, the test device guarded:0)
+// runs on copies of the problem in its device's memory, made once per sequence length; since its
+// launches may return before the device is done, each timed run ends by copying the log-sum-exp
+// ([batch, heads, seq_len] floats) back to the host, which waits for the device, and is part of
+// the time. Its scratch comes from the device's own pool, which the core's allocator does not
+// see: the memory columns show "-" for it.
+//
 // Compute dtypes: every kernel runs once per entry of `dtypes` (AttentionForwardArgs::compute):
 // f32, or bf16 (the tile products in bfloat16 with float32 accumulation, where the kernel has
 // such a path on this CPU: `flash` with AVX512-BF16). A kernel that computes float32 whatever it
@@ -41,12 +48,14 @@ struct AttentionBenchOptions {
 
 struct AttentionBenchResult {
   std::string kernel;  // the label: name, plus options when given
+  std::string device;  // where it computed: "host", "cuda:0"
   DType dtype = DType::f32;
   bool fallback = false;  // bf16 asked, and the output is the float32 run's, bit for bit
   std::int64_t seq_len = 0;
   double forward_ms = 0.0;
   double forward_backward_ms = 0.0;
   std::size_t peak_extra_bytes = 0;
+  bool memory_measured = true;  // false for a device kernel (its scratch is not the core's)
 };
 
 // Runs every kernel in every dtype at every length (lengths outer, then kernels, then dtypes).
