@@ -299,16 +299,17 @@ class Gemma3Model final : public models::TransformerLm {
 };
 
 void register_components(Registrar& registrar) {
+  const auto options = model_options();
   registrar.add<Model>(
       {.name = "gemma3",
        .description = "Gemma 3 (text): q/k RMSNorms, five sliding-window layers to one global, separate RoPE bases "
                       "for local and global layers (the global ones linearly scaled), (1 + w) RMSNorm before and "
                       "after attention and MLP, GeGLU, tied embeddings",
        .version = "1.0.0",
-       .options = schema()},
-      [](const loom::Options& options, const CreateContext& ctx) {
-        const ModelOptions o = read_options(options);
-        auto kernel = ctx.create<AttentionKernel>(options.component("attention"));
+       .options = options.schema()},
+      [options](const loom::Options& given, const CreateContext& ctx) {
+        const ModelOptions o = options.read(given);
+        auto kernel = ctx.create<AttentionKernel>(o.attention);
         return std::make_unique<Gemma3Model>(o, std::move(kernel), ctx.execution());
       });
   registrar.add_hf_architectures(hf_architectures());
@@ -316,80 +317,48 @@ void register_components(Registrar& registrar) {
 
 }  // namespace
 
-OptionSchema schema() {
-  OptionSchema s;
-  s.integer("seq_len", 32768, "Longest sequence (the RoPE tables' length).")
-      .min(1)
-      .max(static_cast<double>(models::max_model_seq_len));
-  s.integer("hidden_dim", 2304, "Width of the residual stream.")
-      .min(1)
-      .max(static_cast<double>(models::max_model_width));
-  s.integer("intermediate_dim", 9216, "Width of the GeGLU MLP.")
-      .min(1)
-      .max(static_cast<double>(models::max_model_width));
-  s.integer("num_layers", 26, "Decoder layers.").min(1).max(static_cast<double>(models::max_model_layers));
-  s.integer("num_heads", 8, "Query heads.").min(1).max(static_cast<double>(models::max_model_heads));
-  s.integer("num_kv_heads", 4, "Key/value heads (grouped-query attention); divides num_heads.")
-      .min(1)
-      .max(static_cast<double>(models::max_model_heads));
-  s.integer("head_dim", 256, "Width of one head (even).").min(2).max(static_cast<double>(models::max_model_width));
-  s.number("query_pre_attn_scalar", 256.0, "Attention scores are scaled by this^-1/2.").min(0.0, false);
-  s.integer("sliding_window", 4096, "Window of the sliding (local) layers; null: every layer global.")
-      .nullable()
-      .min(1);
-  s.integer("sliding_window_pattern", 6,
-            "Layer l is global when (l + 1) % sliding_window_pattern == 0, sliding otherwise (6: five local "
-            "layers to one global; 1: every layer global).")
+models::DecoderSchema<ModelOptions> model_options() {
+  using O = ModelOptions;
+  models::DecoderSchema<O> s;
+  s.seq_len(32768, "Longest sequence (the RoPE tables' length).");
+  s.hidden_dim(2304, "Width of the residual stream.");
+  s.intermediate_dim(9216, "Width of the GeGLU MLP.");
+  s.num_layers(26, "Decoder layers.");
+  s.num_heads(8, "Query heads.");
+  s.num_kv_heads(4, "Key/value heads (grouped-query attention); divides num_heads.");
+  s.head_dim(256, "Width of one head (even).");
+  s.field("query_pre_attn_scalar", &O::query_pre_attn_scalar, 256.0, "Attention scores are scaled by this^-1/2.")
+      .min(0.0, false);
+  s.sliding_window(4096, "Window of the sliding (local) layers; null: every layer global.").nullable();
+  s.field("sliding_window_pattern", &O::sliding_window_pattern, 6,
+          "Layer l is global when (l + 1) % sliding_window_pattern == 0, sliding otherwise (6: five local "
+          "layers to one global; 1: every layer global).")
       .min(1)
       .max(static_cast<double>(models::max_model_layers) + 1);
-  s.number("rope_theta", 1e6, "RoPE base of the global layers.").min(0.0, false);
-  s.number("rope_local_base_freq", 1e4, "RoPE base of the sliding layers.").min(0.0, false);
-  s.number("rope_scaling_factor", std::nullopt,
-           "Linear RoPE scaling of the global layers (positions divided by it; Gemma 3 4B and larger: 8); null: "
-           "none.")
+  s.field("rope_theta", &O::rope_theta, 1e6, "RoPE base of the global layers.").min(0.0, false);
+  s.field("rope_local_base_freq", &O::rope_local_base_freq, 1e4, "RoPE base of the sliding layers.").min(0.0, false);
+  s.field("rope_scaling_factor", &O::rope_scaling_factor, std::nullopt,
+          "Linear RoPE scaling of the global layers (positions divided by it; Gemma 3 4B and larger: 8); null: "
+          "none.")
       .nullable()
-      .min(0.0, false);
-  s.number("final_logit_softcapping", std::nullopt, "Soft-cap of the output logits; null: none (Gemma 3's).")
+      .min(0.0, false)
+      .null_as(0.0);
+  s.field("final_logit_softcapping", &O::final_logit_softcapping, std::nullopt,
+          "Soft-cap of the output logits; null: none (Gemma 3's).")
       .nullable()
-      .min(0.0, false);
-  s.number("initializer_range", 0.02, "Standard deviation of the normal initialisation.").min(0.0);
-  s.number("layer_norm_epsilon", 1e-6, "RMSNorm epsilon (every norm, the q/k norms too).").min(0.0);
-  s.boolean("tie_word_embeddings", true, "Use the token embedding as the output projection (Gemma always does).");
-  s.integer("vocab_size", std::nullopt, "Vocabulary size; null takes the tokenizer's.")
-      .min(1)
-      .max(static_cast<double>(models::max_model_vocab_size));
-  s.string("remat", "none", models::remat_doc).one_of({"none", "full", "save_dots"});
-  s.component("attention", "attention", "auto",
-              "The attention kernel, by name or {type: NAME, ...}; auto: the one the backend's device prefers "
-              "(flash on the host; docs/attention-kernels.md#auto).");
+      .min(0.0, false)
+      .null_as(0.0);
+  s.initializer_range();
+  s.layer_norm_epsilon(1e-6, "RMSNorm epsilon (every norm, the q/k norms too).");
+  s.tie_word_embeddings(true, "Use the token embedding as the output projection (Gemma always does).");
+  s.vocab_size();
+  s.remat();
+  s.attention();
+  s.then([](O& o, const loom::Options&) {
+    models::check_kv_heads(o.path, o.num_heads, o.num_kv_heads);
+    models::check_rotary_head_dim(o.path, o.head_dim);
+  });
   return s;
-}
-
-ModelOptions read_options(const loom::Options& options) {
-  ModelOptions o;
-  o.path = models::options_path(options);
-  o.seq_len = options.get<std::int64_t>("seq_len");
-  o.hidden_dim = options.get<std::int64_t>("hidden_dim");
-  o.intermediate_dim = options.get<std::int64_t>("intermediate_dim");
-  o.num_layers = options.get<std::int64_t>("num_layers");
-  o.num_heads = options.get<std::int64_t>("num_heads");
-  o.num_kv_heads = options.get<std::int64_t>("num_kv_heads");
-  o.head_dim = options.get<std::int64_t>("head_dim");
-  o.query_pre_attn_scalar = options.get<double>("query_pre_attn_scalar");
-  o.sliding_window = options.get_optional<std::int64_t>("sliding_window").value_or(0);
-  o.sliding_window_pattern = options.get<std::int64_t>("sliding_window_pattern");
-  o.rope_theta = options.get<double>("rope_theta");
-  o.rope_local_base_freq = options.get<double>("rope_local_base_freq");
-  o.rope_scaling_factor = options.get_optional<double>("rope_scaling_factor").value_or(0.0);
-  o.final_logit_softcapping = options.get_optional<double>("final_logit_softcapping").value_or(0.0);
-  o.initializer_range = options.get<double>("initializer_range");
-  o.layer_norm_epsilon = options.get<double>("layer_norm_epsilon");
-  o.tie_word_embeddings = options.get<bool>("tie_word_embeddings");
-  o.vocab_size = options.get_optional<std::int64_t>("vocab_size").value_or(0);
-  o.remat = models::parse_remat(options.get<std::string>("remat"));
-  models::check_kv_heads(o.path, o.num_heads, o.num_kv_heads);
-  models::check_rotary_head_dim(o.path, o.head_dim);
-  return o;
 }
 
 }  // namespace loom::gemma3
