@@ -26,9 +26,11 @@ class Gpt2Test : public ::testing::Test {
  protected:
   void SetUp() override {
     loom::PluginHost().load({{LOOM_PLUGIN_DIR, "test"}}, registry_);
-    const auto kernels = registry_.list("attention");
-    ASSERT_FALSE(kernels.empty()) << "no attention kernel is built in " << LOOM_PLUGIN_DIR;
-    kernel_ = kernels.front()->decl.name;
+    // The first kernel that computes on the host, which the reference backend's tensors are in
+    // (a GPU's kernel, cuda-flash, sorts first where the CUDA plugins are built).
+    const auto kernels = registry_.attention_kernels_on(loom::Device::host());
+    ASSERT_FALSE(kernels.empty()) << "no host attention kernel is built in " << LOOM_PLUGIN_DIR;
+    kernel_ = kernels.front();
     backend_ = registry_.create<loom::Backend>(loom::ComponentRef{"backend", "reference", Value(), "backend"});
   }
 
