@@ -21,6 +21,7 @@
 #include "loom/run/lora.hpp"
 #include "train/fsdp.hpp"
 #include "train/memory_estimate.hpp"
+#include "train/strategy.hpp"
 #include "train/tensor_parallel.hpp"
 
 namespace loom::training {
@@ -47,6 +48,9 @@ struct RunComponents {
   // and every Ops that runs it must carry the tensor group (TensorParallel::attach) on every
   // member.
   std::shared_ptr<TensorParallel> tensor;
+  // What the mesh's parallelisms do to a step (train/strategy.hpp), built once from the mesh after
+  // the model is sharded (build_strategies); the step, evaluation and the log iterate over them.
+  Strategies strategies;
   // Under the tensor axis: a new whole model of the config (built, not initialised), into which
   // trainer.init_from is read before each rank copies its shards out of it.
   std::function<Handle<Model>()> whole_model;

@@ -446,6 +446,8 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
     }
   });
 
+  // What the mesh's parallelisms do to each step, once the model is sharded.
+  c.strategies = build_strategies(c, parallel, trainer.get<bool>("overlap_grad_reduce"));
   if (!c.fsdp) parallel.together([&] { parallel.check_same_parameters(c.parameters); });
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
     parallel.together([&] {

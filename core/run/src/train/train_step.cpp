@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "loom/autograd.hpp"
@@ -24,6 +26,12 @@ constexpr std::int64_t kNormChunk = std::int64_t{1} << 16;
 
 }  // namespace
 
+TrainStep::TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings)
+    : components_(components), parallel_(parallel), settings_(settings), strategies_(components.strategies) {
+  if (components.strategies.empty())
+    components.strategies = build_strategies(components, parallel, settings.overlap_reduce);
+}
+
 StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   const std::int64_t step = state.step;
   StepResult result;
@@ -31,15 +39,7 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   // the same norm, takes the same skip decision and applies the same update.
   result.loss = parallel_.sum(accumulate_gradients(batch, step, result.metrics));
   for (double& m : result.metrics) m = parallel_.sum(m);
-  if (components_.fsdp) {
-    components_.fsdp->finish_gradients();
-    // Parameters outside the units (LoRA's adapters): summed over every rank in buckets.
-    if (components_.parameters.size() > components_.fsdp->trained().size()) parallel_.reduce_gradients();
-  } else {
-    parallel_.reduce_gradients();
-    if (components_.tensor) components_.tensor->agree_on_gradients(components_.parameters);
-  }
-  if (components_.tensor) components_.tensor->reduce_partial_gradients(components_.parameters);
+  for (const auto& s : strategies_) s->finish_gradients(components_.parameters);
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
 
@@ -55,19 +55,21 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   }
 
   clip_gradients(result.grad_norm, components_.max_grad_norm);
-  if (components_.tensor) components_.tensor->before_update();
+  for (auto s = strategies_.rbegin(); s != strategies_.rend(); ++s) (*s)->before_update();
   components_.optimizer->step(result.lr, step - state.skipped_steps);
-  if (components_.tensor) components_.tensor->after_update();
-  parallel_.gather_parameters();
-  if (components_.fsdp) components_.fsdp->owners_changed();
+  for (auto s = strategies_.rbegin(); s != strategies_.rend(); ++s) (*s)->after_update();
   ++state.step;
   return result;
 }
 
 double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, std::vector<double>& metrics) {
   for (auto& p : components_.parameters) p.parameter->zero_grad();
-  FullySharded* fsdp = components_.fsdp.get();
-  if (fsdp) fsdp->begin_step();
+  for (const auto& s : strategies_) s->begin_step();
+  // Unless a strategy sums the micro-batches' gradients itself (FSDP, into its shards as they are
+  // reduced), each micro-batch after the first sets the earlier ones' sum aside and adds it back.
+  const bool set_aside =
+      std::none_of(strategies_.begin(), strategies_.end(), [](const auto& s) { return s->sums_micro_batches(); });
+  const std::function<void(Parameter&)> complete = [this](Parameter& p) { add_set_aside_gradient(p); };
   const std::int64_t micro_steps = batch.batch_size / settings_.micro_size;
   Objective& objective = *components_.objective;
   const ObjectiveModels models{*components_.model, components_.reference.get()};
@@ -88,24 +90,15 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
   for_each_micro_batch(
       batch, settings_.micro_size,
       [&](const MicroBatch& micro) {
-        // FSDP sums each micro-batch's gradients into the shards as they are reduced.
-        if (!first && !fsdp) set_aside_gradients();
+        if (!first && set_aside) set_aside_gradients();
         Tape tape;
-        // The rank's last micro-batch: each gradient, once final (and added to the earlier
-        // micro-batches' sum), joins its bucket's reduction while backward goes on.
-        if (fsdp)
-          fsdp->attach(tape);
-        else if (micro.index == last_micro && parallel_.size() > 1 && settings_.overlap_reduce)
-          tape.on_gradient_ready([this, finish = !first](Parameter& p) {
-            if (finish) add_set_aside_gradient(p);
-            parallel_.gradient_ready(p);
-          });
+        const MicroBatchTape on_tape{micro.index == last_micro, first || !set_aside ? nullptr : &complete};
+        for (const auto& s : strategies_) s->attach(tape, on_tape);
         Ops ops(*components_.backend, &tape);
         ops.set_dropout_seed(settings_.seed, static_cast<std::uint64_t>(step * micro_steps + micro.index));
         ops.set_z_loss_weight(settings_.z_loss_weight);
         if (components_.lora) ops.set_linear_adapters(&components_.lora->table());
-        if (fsdp) fsdp->attach(ops);
-        if (components_.tensor) components_.tensor->attach(ops);
+        for (const auto& s : strategies_) s->attach(ops);
         // The batch in: one explicit copy of each tensor to a device backend's memory.
         const Device device = components_.backend->device();
         auto in = [&](const Tensor& t) { return t.defined() ? t.to(device) : t; };
@@ -132,16 +125,14 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
           }
           tape.backward(loss.output, std::move(loss.gradient));
         }
-        if (fsdp)
-          fsdp->end_micro_batch();
-        else if (!first)
-          add_set_aside_gradients();
+        for (const auto& s : strategies_) s->end_micro_batch();
+        if (set_aside && !first) add_set_aside_gradients();
         first = false;
       },
       first_row, rows);
-  // Every bucket's reduction is posted now, before the loss sum, whatever this rank's micro-batches
-  // reached (the gradients are complete: the earlier micro-batches' are added in above).
-  parallel_.start_remaining_buckets();
+  // Every reduction is posted now, before the loss sum, whatever this rank's micro-batches reached
+  // (the gradients are complete: the earlier micro-batches' are added in above).
+  for (const auto& s : strategies_) s->end_backward();
   return loss_sum;
 }
 
@@ -196,16 +187,11 @@ double TrainStep::global_grad_norm() const {
   // sums its shard's squares and then the ranks'.
   std::vector<NormChunk>& chunks = norm_chunks_;
   chunks.clear();
-  // FSDP: the slices (or owned wholes) first, then the parameters every rank holds whole (LoRA's
-  // adapters), whose squares are not summed over the shards.
-  const std::size_t sharded = components_.fsdp ? components_.fsdp->trained().size() : components_.parameters.size();
-  std::size_t sharded_chunks = 0;
-  // Tensor parallelism: the chunks of split parameters' shards, whose squares are summed over the
-  // tensor group's members (the replicated ones are the same on every member: counted once).
-  std::vector<bool>& split_chunk = norm_split_;
-  split_chunk.clear();
+  // Each chunk's part of the norm, as the strategies hold its parameter (train/strategy.hpp): this
+  // rank's own squares, a tensor shard's, or a replica's.
+  std::vector<NormPart>& part_of = norm_parts_;
+  part_of.clear();
   for (std::size_t i = 0; i < components_.parameters.size(); ++i) {
-    if (i == sharded) sharded_chunks = chunks.size();
     const ModelParameter& p = components_.parameters[i];
     if (!p.parameter->has_grad()) continue;
     const Tensor g = p.parameter->grad();
@@ -213,10 +199,15 @@ double TrainStep::global_grad_norm() const {
     // the same slots of `partial`, in the same chunk order.
     const bool on_host = g.is_host_visible();
     const float* d = g.device_data<float>();
-    const bool split = components_.tensor && components_.tensor->is_split(p.parameter);
+    NormPart part = NormPart::local;
+    for (auto s = strategies_.rbegin(); s != strategies_.rend(); ++s)
+      if (const std::optional<NormPart> decided = (*s)->norm_part(i, *p.parameter)) {
+        part = *decided;
+        break;
+      }
     for (std::int64_t i = 0; i < g.numel(); i += kNormChunk) {
       chunks.push_back({d + i, std::min(kNormChunk, g.numel() - i), on_host, i == 0 ? g.numel() : 0});
-      split_chunk.push_back(split);
+      part_of.push_back(part);
     }
   }
   std::vector<double>& partial = norm_partials_;
@@ -243,16 +234,13 @@ double TrainStep::global_grad_norm() const {
                                                if (chunks[c].host)
                                                  partial[c] = sum_of_squares(chunks[c].data, chunks[c].n);
                                            });
-  if (sharded == components_.parameters.size()) sharded_chunks = chunks.size();
-  double sum_squares = 0, replicated = 0, split = 0;
+  NormParts parts;
   for (std::size_t c = 0; c < partial.size(); ++c)
-    (split_chunk[c] ? split : c < sharded_chunks ? sum_squares : replicated) += partial[c];
-  if (components_.tensor) sum_squares += components_.tensor->sum_over_members(split);
-  if (parallel_.sharded()) sum_squares = parallel_.sum(sum_squares);
-  // FSDP: each rank holds its slices (or its whole parameters) once along the fsdp axis; the
-  // replicas along the data axis hold the same.
-  if (components_.fsdp) sum_squares = components_.fsdp->sum_over_shards(sum_squares);
-  return std::sqrt(sum_squares + replicated);
+    (part_of[c] == NormPart::split   ? parts.split
+     : part_of[c] == NormPart::local ? parts.local
+                                     : parts.replicated) += partial[c];
+  for (auto s = strategies_.rbegin(); s != strategies_.rend(); ++s) (*s)->contribute_to_norm(parts);
+  return std::sqrt(parts.local + parts.replicated);
 }
 
 void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) {

@@ -20,7 +20,8 @@ struct StepSettings {
   std::uint64_t seed = 0;       // of the dropout streams
   std::int64_t num_steps = 0;   // of the run, for the schedule
   std::int64_t micro_size = 0;  // rows per forward/backward pass; divides the batch
-  bool overlap_reduce = true;   // data parallel: reduce gradient buckets during backward
+  bool overlap_reduce = true;   // data parallel: reduce gradient buckets during backward (for
+                                // components whose strategies set_up_run did not build)
   bool crash_on_nan = true;     // a NaN loss or gradient norm is a UserError
   bool crash_on_inf = true;     // an infinite one too
   float z_loss_weight = 0;      // trainer.z_loss_weight, for every micro-batch's loss
@@ -38,8 +39,9 @@ class TrainStep {
  public:
   // `parallel`: this rank takes its rows of each batch, and gradients and loss are summed over
   // the ranks before the norm, so every rank takes the same decisions and update.
-  TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings)
-      : components_(components), parallel_(parallel), settings_(settings) {}
+  // The step iterates over components.strategies (train/strategy.hpp) and names none of them;
+  // components assembled without set_up_run get theirs built here.
+  TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings);
 
   // Runs step state.step on `batch` and advances `state` past it. Throws UserError when the loss
   // or the gradient norm is NaN or infinite and crash_on_nan / crash_on_inf forbid it.
@@ -75,6 +77,7 @@ class TrainStep {
   RunComponents& components_;
   DataParallel& parallel_;
   StepSettings settings_;
+  const Strategies& strategies_;
   std::optional<Divergence> divergence_;
   std::vector<Tensor> set_aside_;  // per parameter: the sum of the earlier micro-batches' gradients
   std::vector<bool> has_set_aside_;
@@ -91,7 +94,7 @@ class TrainStep {
   // The device chunks' partials in the backend's memory (a double in two f32 slots each), copied
   // to norm_partials_ in one copy per step.
   mutable Tensor norm_device_partials_;
-  mutable std::vector<bool> norm_split_;
+  mutable std::vector<NormPart> norm_parts_;
 };
 
 }  // namespace loom::training

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,28 +13,34 @@ namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// FSDP: every rank gathers the units together; under fsdp x tensor, the tensor group's shards
-// whole too.
-NamedTensors gather_units(LoopState& s) {
-  RunComponents& c = s.run.components;
-  NamedTensors full = s.views.with_average([&] { return c.fsdp->gather_full(); });
-  if (c.tensor)
-    for (auto& [name, t] : full) t = c.tensor->whole(name, t);
-  return full;
+// `t`, entry `name`, made whole along every strategy's axis; nullopt where it is whole already.
+std::optional<Tensor> whole(const Strategies& strategies, const std::string& name, const Tensor& t) {
+  std::optional<Tensor> out;
+  for (const auto& strategy : strategies)
+    if (std::optional<Tensor> w = strategy->whole(name, out ? *out : t)) out = std::move(w);
+  return out;
 }
 
-// Tensor parallelism: every rank takes part in the gathers; rank 0 alone keeps the whole
-// tensors (a copy of a replicated one: the average is swapped out of the parameters after).
-NamedTensors gather_shards(LoopState& s) {
+// The weights held in parts: every rank takes part in making them whole. A strategy that holds
+// the model's parameters elsewhere (FSDP's units) gathers them, on every rank, and the others
+// (the tensor group's shards) make each whole; otherwise the model's parameters are made whole
+// from their shards and rank 0 alone keeps them (a copy of one whole already: the average is
+// swapped out of the parameters after).
+NamedTensors gather_whole(LoopState& s) {
   RunComponents& c = s.run.components;
   const bool primary = s.run.parallel->is_primary();
   return s.views.with_average([&] {
+    for (const auto& strategy : c.strategies)
+      if (std::optional<NamedTensors> held = strategy->gather_model()) {
+        for (auto& [name, t] : *held)
+          if (std::optional<Tensor> w = whole(c.strategies, name, t)) t = std::move(*w);
+        return std::move(*held);
+      }
     NamedTensors out;
     for (const auto& p : c.model->parameters()) {
-      Tensor whole =
-          c.tensor->is_split(p.parameter) ? c.tensor->whole(p.parameter->name(), p.parameter->data()) : Tensor();
+      std::optional<Tensor> w = whole(c.strategies, p.parameter->name(), p.parameter->data());
       if (!primary) continue;
-      out.emplace_back(p.parameter->name(), whole.defined() ? std::move(whole) : p.parameter->data().clone());
+      out.emplace_back(p.parameter->name(), w ? std::move(*w) : p.parameter->data().clone());
     }
     return out;
   });
@@ -48,7 +56,8 @@ void save_final_weights(LoopState& s) {
   const bool averaged = run.state.ema != nullptr;
   // A rank whose parameters are whole (and the adapters of LoRA under FSDP, which are replicated):
   // rank 0 writes its own.
-  if (!(c.fsdp && !c.lora) && !c.tensor) {
+  if (std::none_of(c.strategies.begin(), c.strategies.end(),
+                   [](const auto& strategy) { return strategy->holds_saved_in_parts(); })) {
     if (primary)
       s.views.with_average([&] {
         if (c.lora)  // the adapters alone, in PEFT's layout
@@ -60,7 +69,7 @@ void save_final_weights(LoopState& s) {
     return;
   }
   // Sharded weights: every rank gathers the whole ones; rank 0 writes them.
-  NamedTensors full = c.fsdp && !c.lora ? gather_units(s) : gather_shards(s);
+  NamedTensors full = gather_whole(s);
   if (!primary) return;
   std::deque<Parameter> values;
   std::vector<ModelParameter> saved;

@@ -48,24 +48,12 @@ void LoggingHook::after_step(const StepOutcome& step) {
   }
   if (parallel.size() > 1) {
     scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
-    const double waiting = parallel.take_communication_seconds() +
-                           (c.fsdp ? c.fsdp->take_communication_seconds() : 0.0) +
-                           (c.tensor ? c.tensor->take_communication_seconds() : 0.0);
+    // The strategies' waiting, and their own figures (FSDP's bytes moved; the tensor group's
+    // payload and collectives).
+    double waiting = 0;
+    for (const auto& strategy : c.strategies) waiting += strategy->take_communication_seconds();
     scalars.emplace_back("throughput/communication_share", waiting / interval.seconds);
-    // FSDP: the bytes this rank's gathers and reductions moved per step since the last line.
-    if (c.fsdp)
-      scalars.emplace_back("throughput/fsdp_bytes_per_step",
-                           static_cast<double>(c.fsdp->take_bytes_moved()) /
-                               static_cast<double>(std::max<std::int64_t>(1, interval.steps)));
-    // Tensor parallelism: the payload of the model's collectives over the tensor group
-    // (activations and their gradients; evaluation's included when it ran).
-    if (c.tensor) {
-      const auto steps = static_cast<double>(std::max<std::int64_t>(1, interval.steps));
-      scalars.emplace_back("throughput/tensor_bytes_per_step",
-                           static_cast<double>(c.tensor->take_bytes_moved()) / steps);
-      scalars.emplace_back("throughput/tensor_collectives_per_step",
-                           static_cast<double>(c.tensor->take_collectives()) / steps);
-    }
+    for (const auto& strategy : c.strategies) strategy->take_metrics(scalars, interval.steps);
   }
   // The model's own scalars (a mixture of experts' router losses and expert loads).
   for (auto& [name, value] : c.model->metrics()) scalars.emplace_back("model/" + name, value);

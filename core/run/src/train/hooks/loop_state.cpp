@@ -7,8 +7,12 @@ namespace loom::training {
 LoopState::LoopState(Run& run, ProgressPrinter& progress, TrainSummary& summary)
     : run(run), progress(progress), summary(summary), views(run), start(Clock::now()) {
   const RunComponents& c = run.components;
-  together = c.fsdp || c.tensor;
-  together_name = c.fsdp ? "fully sharded data parallelism" : "tensor parallelism";
+  // The first strategy that runs the model on every rank together names it.
+  for (const auto& strategy : c.strategies)
+    if (const char* name = strategy->runs_model_together(); name && !together) {
+      together = true;
+      together_name = name;
+    }
 }
 
 double LoopState::elapsed() const {

@@ -1,13 +1,22 @@
+#include <optional>
+
 #include "train/hooks/run_hooks.hpp"
 
 namespace loom::training {
 
 namespace {
 
-// Whether this rank draws the samples: rank 0; under tensor parallelism every member of a tensor
-// group draws the same text through it (rank 0 reports); under FSDP none yet.
+// Whether the strategies let samples be drawn (train/strategy.hpp): under FSDP not yet; under
+// tensor parallelism every member of a tensor group draws the same text (rank 0 reports).
+std::optional<bool> strategies_draw(const Run& run) {
+  for (const auto& strategy : run.components.strategies)
+    if (const std::optional<bool> draws = strategy->draws_samples()) return draws;
+  return std::nullopt;
+}
+
+// Whether this rank draws the samples: rank 0, unless a strategy says otherwise.
 bool samples_here(const Run& run) {
-  return run.components.fsdp ? false : run.components.tensor ? true : run.parallel->is_primary();
+  return strategies_draw(run).value_or(run.parallel->is_primary());
 }
 
 std::int64_t sample_interval(const Run& run) {
@@ -23,7 +32,7 @@ SampleHook::SampleHook(LoopState& s)
       s_(s),
       sampler_(s.run.components, s.run.trainer, s.run.seed),
       length_(s.run.trainer.get<std::int64_t>("sample_length")) {
-  if (s.run.components.fsdp && length_ > 0)
+  if (strategies_draw(s.run) == false && length_ > 0)
     s.progress.say(std::string("note: samples (trainer.sample_length) are not drawn under ") + s.together_name +
                    " in this build; `loom generate " + s.run.directory.path().string() +
                    "` draws them from the final weights");

@@ -25,13 +25,12 @@ Evaluation ValidationHook::evaluate() {
     return s_.views.with_adapters([&] {
       return training::evaluate(*c.objective, models, *c.backend, *c.dataset, max_batches_, s_.run.micro_size, &parts_,
                                 s_.together ? std::function<void(Ops&)>([&](Ops& ops) {
-                                  if (c.fsdp) c.fsdp->attach(ops);
-                                  if (c.tensor) c.tensor->attach(ops);
+                                  for (const auto& strategy : c.strategies) strategy->attach(ops);
                                 })
                                             : std::function<void(Ops&)>());
     });
   });
-  if (c.fsdp) c.fsdp->release();
+  for (const auto& strategy : c.strategies) strategy->release();
   return parallel.is_primary() ? e : Evaluation{};
 }
 
