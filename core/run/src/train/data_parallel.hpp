@@ -1,18 +1,21 @@
 // Data parallelism, the data axis of the mesh: the ranks along it each take their rows of every
 // global batch (World::first_row), and their gradients are summed so that every rank applies the
-// same update. Either in flat buckets (PyTorch DDP's), reduced during the last micro-batch's
-// backward pass as backward finishes them, or ZeRO-1 (trainer.shard_optimizer_state): each rank
-// keeps the optimizer state of one contiguous shard of the parameters, the gradients are
-// reduce-scattered and the updated shards gathered. Gradient storage in a device's memory that the
-// collective cannot send from is staged through host memory. Under FSDP it sums the gradients of
-// the parameters outside FSDP's units (LoRA's adapters).
+// same update. Either in flat buckets (PyTorch DDP's), each reduced as soon as backward has
+// finished it in the last micro-batch (trainer.overlap_grad_reduce), or ZeRO-1
+// (trainer.shard_optimizer_state): each rank keeps the optimizer state of one contiguous shard of
+// the parameters, the gradients are reduce-scattered and the updated shards gathered. Gradient
+// storage in a device's memory that the collective cannot send from is staged through host
+// memory. Under FSDP it sums the gradients of the parameters outside FSDP's units (LoRA's
+// adapters).
 //
 // The contract. It lives on the run's World (train/world.hpp), which gives it the ranks and the
 // data and replica groups; the ranks, the agreement on errors and the mesh are the world's, not
-// its. attach() or shard() is called once, before the first step, on every rank; gradient_ready,
+// its. attach() or shard() is called once, before the first step, on every rank.
 // start_remaining_buckets, reduce_gradients and gather_parameters are collective (every rank, at
-// the same point of the step: DataAxisStrategy in train/strategy.cpp calls them). With one rank
-// every operation here is the identity and costs nothing.
+// the same point of the step: DataAxisStrategy in train/strategy.cpp calls them); gradient_ready
+// may start a bucket's reduction early, in the buckets' order, and start_remaining_buckets posts
+// the rest, so every rank posts the same reductions in the same order whatever its micro-batches
+// reached. With one rank every operation here is the identity and costs nothing.
 #pragma once
 
 #include <cstdint>

@@ -2,15 +2,15 @@
 // One rank's place among them (rank, size, the other ranks on its host), the agreement on errors
 // (together, fail_together) and on stop signals and decisions (max_over_ranks), the broadcasts
 // and sums, the checks that every rank runs the same config from the same weights, the mesh with
-// its groups, and the rows of each batch that are this rank's. The parallelisms (train/strategy.hpp)
-// use it; none of them is part of it.
+// its groups, and the rows of each batch that are this rank's. The parallelisms
+// (train/strategy.hpp) use it; none of them is part of it.
 //
-// The contract. The constructor, set_mesh, the checks, together, fail_together, sum,
-// sum_over_ranks, broadcast and max_over_ranks are collective: every rank calls them at the same
-// point, in the same order (a rank that skipped one would leave its peers waiting). The rest only
-// reads what this rank knows. With one rank (the `single` collective) every collective call is the
-// identity and communicates nothing: together() rethrows the body's error, fail_together() throws
-// its error, the checks pass.
+// The contract. The constructor, set_mesh, check_same_config, check_same_parameters, together,
+// fail_together, sum, sum_over_ranks, broadcast and max_over_ranks are collective: every rank
+// calls them at the same point, in the same order (a rank that skipped one would leave its peers
+// waiting). The rest only reads what this rank knows. With one rank (the `single` collective)
+// every collective call is the identity and communicates nothing: together() rethrows the body's
+// error, fail_together() throws its error, the same-config and same-parameter checks pass.
 #pragma once
 
 #include <cstdint>
