@@ -27,6 +27,7 @@
 #include "train/data_parallel.hpp"
 #include "train/ema.hpp"
 #include "train/train_step.hpp"
+#include "train/world.hpp"
 
 namespace loom::test {
 namespace {
@@ -315,14 +316,15 @@ StepsRun train_steps(const std::string& backend_name, const char* attention, con
   c.objective = component<Objective>("objective", "causal_lm");
   c.peak_learning_rate = 1e-3;
   c.max_grad_norm = 0.05;  // small enough to clip every step
-  training::DataParallel parallel(component<Collective>("collective", "single"));
-  parallel.set_mesh(Mesh());
-  parallel.set_backend(*c.backend);
+  training::World world(component<Collective>("collective", "single"));
+  world.set_mesh(Mesh());
+  c.data_parallel = std::make_shared<training::DataParallel>(world);
+  c.data_parallel->set_backend(*c.backend);
   training::StepSettings settings;
   settings.seed = 3;
   settings.num_steps = 3;
   settings.micro_size = 2;
-  training::TrainStep step(c, parallel, settings);
+  training::TrainStep step(c, world, settings);
   training::TrainState state;
   state.ema = std::make_shared<training::ParameterEma>(0.9, c.parameters, *c.backend);
   StepsRun out;

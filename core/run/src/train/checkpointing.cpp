@@ -12,8 +12,8 @@
 #include "loom/error.hpp"
 #include "loom/execution.hpp"
 #include "loom/version.hpp"
-#include "train/data_parallel.hpp"
 #include "train/run_setup.hpp"
+#include "train/world.hpp"
 
 namespace fs = std::filesystem;
 
@@ -113,8 +113,8 @@ namespace {
 // the weight average; written by the replicas of data index 0 alone.
 void fsdp_entries(const Run& run, checkpoint::Snapshot& snap) {
   const RunComponents& c = run.components;
-  const DataParallel& parallel = *run.parallel;
-  if (parallel.data_group()->rank() != 0) return;
+  const World& world = *run.world;
+  if (world.data_group()->rank() != 0) return;
   std::unordered_map<std::string, const ParameterSlice*> slice_of;
   for (const ParameterSlice& s : c.fsdp->slices()) {
     slice_of[s.model->name()] = &s;
@@ -150,7 +150,7 @@ std::string parameter_of(const std::string& entry) {
 // parameter has none of its state).
 std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& run) {
   const RunComponents& c = run.components;
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   std::unordered_map<std::string, const ParameterSlice*> slice_of;
   for (const ParameterSlice& s : c.fsdp->slices()) slice_of[s.model->name()] = &s;
   std::unordered_map<std::string, const Parameter*> model_of;
@@ -160,11 +160,11 @@ std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& ru
   if (run.state.ema)
     for (auto& [name, t] : run.state.ema->state()) local.emplace(name, t);
   std::set<std::string> names;
-  for (int r = 0; r < parallel.size(); ++r) {
+  for (int r = 0; r < world.size(); ++r) {
     std::string text;
-    if (r == parallel.rank())
+    if (r == world.rank())
       for (const auto& [name, t] : local) text += name + "\n";
-    parallel.broadcast(text, r);
+    world.broadcast(text, r);
     for (std::size_t at = 0; at < text.size();) {
       const std::size_t end = text.find('\n', at);
       names.insert(text.substr(at, end - at));
@@ -183,9 +183,9 @@ std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& ru
     if (piece && s != slice_of.end() && piece->numel() == s->second->end - s->second->begin)
       std::memcpy(shard.data<float>() + s->second->begin, piece->data<float>(),
                   static_cast<std::size_t>(piece->numel()) * sizeof(float));
-    parallel.fsdp_group()->all_reduce(std::span<float>(shard.data<float>(), static_cast<std::size_t>(shard.numel())));
+    world.fsdp_group()->all_reduce(std::span<float>(shard.data<float>(), static_cast<std::size_t>(shard.numel())));
     Tensor whole = c.tensor->whole(name, shard);
-    if (parallel.is_primary()) out.emplace(name, std::move(whole));  // the others only take part
+    if (world.is_primary()) out.emplace(name, std::move(whole));  // the others only take part
   };
   for (const auto& p : c.model->parameters()) {
     const auto s = slice_of.find(p.parameter->name());
@@ -211,7 +211,7 @@ std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
     if (!e || !e->placement.is_split()) return;
     // Every rank takes part in the gather; rank 0 alone writes, and keeps the whole tensor.
     Tensor whole = c.tensor->whole(name, t);
-    if (run.parallel->is_primary()) out.emplace(name, std::move(whole));
+    if (run.world->is_primary()) out.emplace(name, std::move(whole));
   };
   for (const auto& p : c.saved_parameters()) add(p.parameter->name(), p.parameter->data());
   for (auto& [name, t] : c.optimizer->state()) add(name, t);
@@ -223,16 +223,16 @@ std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
 checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
                                    const std::unordered_map<std::string, Tensor>* wholes) {
   const RunComponents& c = run.components;
-  const DataParallel& parallel = *run.parallel;
+  const World& world = *run.world;
+  const DataParallel& data = *c.data_parallel;
   checkpoint::Snapshot snap;
   snap.step = record.step;
-  if (parallel.size() > 1)
-    for (MeshAxis axis : mesh_axes)
-      snap.mesh.emplace_back(std::string(mesh_axis_name(axis)), parallel.mesh().size(axis));
-  const bool parts = parallel.writes_checkpoint_parts();
+  if (world.size() > 1)
+    for (MeshAxis axis : mesh_axes) snap.mesh.emplace_back(std::string(mesh_axis_name(axis)), world.mesh().size(axis));
+  const bool parts = data.writes_checkpoint_parts();
   if (parts) {
-    snap.shards = parallel.size();
-    snap.rank = parallel.rank();
+    snap.shards = world.size();
+    snap.rank = world.rank();
   }
   if (c.fsdp && c.tensor) {
     // fsdp x tensor: every entry gathered whole (gather_whole_entries), written by rank 0 alone.
@@ -259,7 +259,7 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
     };
     std::unordered_set<std::string> mine;
     for (const auto& p : c.saved_parameters())
-      if (!parts || parallel.checkpoint_writer_of(p.parameter) == parallel.rank()) {
+      if (!parts || data.checkpoint_writer_of(p.parameter) == world.rank()) {
         snap.model.emplace_back(p.parameter->name(), value(p.parameter->name(), p.parameter->data()));
         mine.insert(p.parameter->name());
       }
@@ -273,7 +273,7 @@ checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord
         if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, value(name, t));
   }
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
-  if (parts && !parallel.is_primary()) return snap;
+  if (parts && !world.is_primary()) return snap;
   snap.files.emplace_back("state.json", checkpoint::to_json(record));
   snap.files.emplace_back("config.yaml", config_file_text(run.directory.run_id(), run.config));
   if (std::string state = c.tokenizer->state(); !state.empty()) snap.files.emplace_back("tokenizer.state", state);
@@ -290,11 +290,11 @@ void PartsCommit::settle(bool wait) {
   // [some rank is still writing, some rank's write failed]
   std::vector<double> flags{state == checkpoint::PartState::writing ? 1.0 : 0.0,
                             state == checkpoint::PartState::failed || state == checkpoint::PartState::none ? 1.0 : 0.0};
-  parallel_.collective().all_reduce(std::span<double>(flags), ReduceOp::max);
+  world_.collective().all_reduce(std::span<double>(flags), ReduceOp::max);
   if (flags[1] != 0) {
     pending_ = false;
     writer_->drop_part();
-    parallel_.together([&] {
+    world_.together([&] {
       if (state == checkpoint::PartState::failed) writer_->wait();  // rethrows the write's error
       if (state == checkpoint::PartState::none) throw InternalError("checkpoint part: none was written");
     });
@@ -303,13 +303,13 @@ void PartsCommit::settle(bool wait) {
   if (flags[0] != 0) return;  // the next step boundary asks again
   // Every part is durable: rank 0 learns every rank's files ("name<TAB>size<TAB>crc32c" lines).
   std::vector<checkpoint::ManifestEntry> all;
-  for (int r = 0; r < parallel_.size(); ++r) {
+  for (int r = 0; r < world_.size(); ++r) {
     std::string text;
-    if (r == parallel_.rank())
+    if (r == world_.rank())
       for (const auto& f : writer_->part_files())
         text += f.name + "\t" + std::to_string(f.size) + "\t" + std::to_string(f.crc32c) + "\n";
-    parallel_.broadcast(text, r);
-    if (!parallel_.is_primary()) continue;
+    world_.broadcast(text, r);
+    if (!world_.is_primary()) continue;
     for (std::size_t at = 0; at < text.size();) {
       const std::size_t a = text.find('\t', at), b = text.find('\t', a + 1), end = text.find('\n', b);
       all.push_back({text.substr(at, a - at), std::stoull(text.substr(a + 1, b - a - 1)),
@@ -318,7 +318,7 @@ void PartsCommit::settle(bool wait) {
     }
   }
   pending_ = false;
-  if (parallel_.is_primary())
+  if (world_.is_primary())
     writer_->commit_parts(std::move(all));
   else
     writer_->drop_part();

@@ -16,7 +16,7 @@
 namespace loom::training {
 
 struct Run;
-class DataParallel;
+class World;
 
 // trainer.checkpoint.
 struct CheckpointSettings {
@@ -70,16 +70,16 @@ std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run);
 // rank calls it at the same point.
 class PartsCommit {
  public:
-  PartsCommit(DataParallel& parallel, checkpoint::CheckpointWriter* writer) : parallel_(parallel), writer_(writer) {}
+  PartsCommit(World& world, checkpoint::CheckpointWriter* writer) : world_(world), writer_(writer) {}
   // A part was handed to the writer.
   void started() { pending_ = true; }
   bool pending() const { return pending_; }
   // Commits the pending checkpoint if every rank's part is written; with `wait`, once they are.
-  // A rank whose part failed reports its error and every rank throws (DataParallel::together).
+  // A rank whose part failed reports its error and every rank throws (World::together).
   void settle(bool wait);
 
  private:
-  DataParallel& parallel_;
+  World& world_;
   checkpoint::CheckpointWriter* writer_;
   bool pending_ = false;
 };

@@ -19,6 +19,7 @@
 #include "loom/kinds/tracker.hpp"
 #include "loom/options.hpp"
 #include "loom/run/lora.hpp"
+#include "train/data_parallel.hpp"
 #include "train/fsdp.hpp"
 #include "train/memory_estimate.hpp"
 #include "train/strategy.hpp"
@@ -40,6 +41,9 @@ struct RunComponents {
   // LoRA the adapters. Set by choose_trained_parameters (or initialize_parameters: all).
   std::vector<ModelParameter> parameters;
   std::shared_ptr<LoraAdapters> lora;  // under lora.rank > 0
+  // The data axis: the gradients' buckets, or ZeRO-1's shards of the optimizer state, summed over
+  // the world's data group (set_up_run's attach_gradients; a strategy's, train/strategy.hpp).
+  std::shared_ptr<DataParallel> data_parallel;
   // Under trainer.mesh's fsdp axis: the model's parameters live in sharded units, `parameters`
   // are this rank's slices (or whole owned parameters), and every Ops that runs the model must be
   // attached to it (FullySharded::attach) on every rank.

@@ -93,11 +93,11 @@ bool is_slot_entry(const std::string& entry) {
 // the config resolved, the mesh, and the components created and checked against each other.
 Run resolve_and_check(Runtime& runtime, ProgressPrinter& progress, std::function<void(const Error&)> report_error) {
   Run run;
-  run.parallel = std::make_unique<DataParallel>(create_collective(runtime.registry(), runtime.raw_config()));
-  DataParallel& parallel = *run.parallel;
-  parallel.set_error_reporter(std::move(report_error));
-  if (!parallel.is_primary()) progress.silence();
-  parallel.together([&] { run.config = resolved_run_config(runtime); });
+  run.world = std::make_shared<World>(create_collective(runtime.registry(), runtime.raw_config()));
+  World& world = *run.world;
+  world.set_error_reporter(std::move(report_error));
+  if (!world.is_primary()) progress.silence();
+  world.together([&] { run.config = resolved_run_config(runtime); });
   run.trainer = Options(*run.config.find("trainer"), "trainer");
   const Options& trainer = run.trainer;
   run.seed = static_cast<std::uint64_t>(trainer.get<std::int64_t>("seed"));
@@ -105,15 +105,15 @@ Run resolve_and_check(Runtime& runtime, ProgressPrinter& progress, std::function
   run.batch_size = trainer.get<std::int64_t>("train_batch_size");
   // All must agree on the config (a difference is the same error on every rank), and on the mesh,
   // which is checked before anything is allocated (every rank finds the same fault).
-  parallel.together([&] { parallel.check_same_config(run.config); });
+  world.together([&] { world.check_same_config(run.config); });
   Mesh mesh;
-  parallel.together([&] { mesh = resolve_mesh(trainer, parallel.size()); });
-  parallel.set_mesh(mesh);
+  world.together([&] { mesh = resolve_mesh(trainer, world.size()); });
+  world.set_mesh(mesh);
 
   RunComponents& c = run.components;
-  parallel.together([&] {
-    run.micro_size = micro_batch_size(trainer, run.batch_size, parallel.replicas());
-    parallel.check_batch(run.batch_size, run.micro_size);
+  world.together([&] {
+    run.micro_size = micro_batch_size(trainer, run.batch_size, world.replicas());
+    world.check_batch(run.batch_size, run.micro_size);
     c = create_components(runtime.registry(), run.config);
     check_batch_traits(*c.objective, *c.dataset, run.config);
     check_lora_training(lora_settings(run.config));
@@ -152,21 +152,21 @@ Run resolve_and_check(Runtime& runtime, ProgressPrinter& progress, std::function
 // Stage 2: the memory estimate, before the run directory and the model exist: a run that cannot
 // fit is refused with nothing allocated or written. Returns the estimate's line for the header.
 std::string estimate_run_memory(Runtime& runtime, Run& run, ProgressPrinter& progress) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   const RunComponents& c = run.components;
   const Options& trainer = run.trainer;
   std::string memory_line;
-  parallel.together([&] {
+  world.together([&] {
     const MemoryInputs inputs = with_context("while estimating the run's memory", [&] {
-      return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, parallel.size(),
-                           parallel.mesh().size(MeshAxis::fsdp), parallel.mesh().size(MeshAxis::tensor),
-                           parallel.row_count(run.batch_size));
+      return memory_inputs(runtime.registry(), run.config, c, trainer, run.micro_size, world.size(),
+                           world.mesh().size(MeshAxis::fsdp), world.mesh().size(MeshAxis::tensor),
+                           world.row_count(run.batch_size));
     });
     const MemoryEstimate estimate = estimate_memory(inputs);
     memory_line = estimate.describe();
     const std::string check = trainer.get<std::string>("memory_check");
     if (check == "off") return;
-    const std::optional<AvailableMemory> available = available_memory(parallel.size(), c.backend->buffer_type());
+    const std::optional<AvailableMemory> available = available_memory(world.size(), c.backend->buffer_type());
     if (!available) return;
     const std::string refusal = memory_refusal(inputs, estimate, *available);
     if (refusal.empty()) return;
@@ -187,21 +187,21 @@ struct ResumePlan {
 // checkpoint to the other ranks (which read it from the same path: one machine, or a shared file
 // system). Every rank gets its checkpoint writer (rank 0's, and those of ranks that write parts).
 ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   const Options& trainer = run.trainer;
   ResumePlan plan;
   // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
   // once shard() has run), and the name that their parts' staging directory shares.
-  const bool writes_parts = parallel.size() > 1 &&
-                            (trainer.get<bool>("shard_optimizer_state") || parallel.mesh().size(MeshAxis::fsdp) > 1) &&
-                            !parallel.tensor_parallel();
+  const bool writes_parts = world.size() > 1 &&
+                            (trainer.get<bool>("shard_optimizer_state") || world.mesh().size(MeshAxis::fsdp) > 1) &&
+                            !world.tensor_parallel();
   std::string staging_token = std::to_string(::getpid());
   // Rank 0's alone; an error of it (a run directory in use) is printed by rank 0 once the others
   // know of it.
-  parallel.together([&] {
-    if (!parallel.is_primary()) return;
+  world.together([&] {
+    if (!world.is_primary()) return;
     std::vector<int> peers;
-    for (const PeerProcess& p : parallel.same_host_peers()) peers.push_back(p.pid);
+    for (const PeerProcess& p : world.same_host_peers()) peers.push_back(p.pid);
     run.directory = RunDirectory::open(trainer, run.config, peers);
     run.checkpoint = checkpoint_settings(trainer, run.directory.path());
     checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
@@ -227,13 +227,13 @@ ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
   });
   std::string run_id = run.directory.run_id(), run_dir = run.directory.path().string(),
               from = plan.point ? plan.point->dir.string() : "";
-  parallel.broadcast(run_id);
-  parallel.broadcast(run_dir);
-  parallel.broadcast(from);
-  parallel.broadcast(staging_token);
-  plan.finished = parallel.max_over_ranks(plan.finished ? 1 : 0) != 0;
-  parallel.together([&] {
-    if (parallel.is_primary()) return;
+  world.broadcast(run_id);
+  world.broadcast(run_dir);
+  world.broadcast(from);
+  world.broadcast(staging_token);
+  plan.finished = world.max_over_ranks(plan.finished ? 1 : 0) != 0;
+  world.together([&] {
+    if (world.is_primary()) return;
     // No directory of their own: the run's id and paths, for the config text a checkpoint is
     // compared with and for the messages.
     run.directory.adopt_run_id(run_id);
@@ -247,7 +247,7 @@ ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
     // Ranks that hold state of their own write their parts of each checkpoint beside rank 0.
     if (writes_parts && !plan.finished) {
       checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
-      store.set_rank(parallel.rank());
+      store.set_rank(world.rank());
       run.checkpoints =
           std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
     }
@@ -258,26 +258,28 @@ ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
 // Gradient storage: flat buckets, or this rank's shard of a ZeRO-1 run; under FSDP the units'
 // storage comes once the weights are loaded (shard_units).
 void attach_gradients(Run& run) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   RunComponents& c = run.components;
   const auto bucket_bytes = static_cast<std::int64_t>(run.trainer.get<double>("grad_bucket_mb") * 1024 * 1024);
-  parallel.set_backend(*c.backend);
-  if (parallel.fully_sharded()) {
+  c.data_parallel = std::make_shared<DataParallel>(world);
+  DataParallel& data = *c.data_parallel;
+  data.set_backend(*c.backend);
+  if (world.fully_sharded()) {
     if (c.lora && c.lora->settings().base_dtype != quant::StorageFormat::f32)
-      throw UserError("trainer.mesh (" + parallel.mesh().describe() + "): lora.base_dtype " +
+      throw UserError("trainer.mesh (" + world.mesh().describe() + "): lora.base_dtype " +
                       quant::storage_format_name(c.lora->settings().base_dtype) +
                       " stores the frozen base whole on every rank, where fully sharded data parallelism shards "
                       "it; use one or the other (lora.base_dtype: f32 with trainer.mesh.fsdp > 1, or fsdp 1)");
     // The base is sharded in units like any frozen weight; the adapters are replicated, their
     // gradients summed over every rank in buckets (the adapters are small).
     if (c.lora) {
-      parallel.attach(c.parameters, bucket_bytes);
+      data.attach(c.parameters, bucket_bytes);
       c.lora->evaluate_through_table();
     }
   } else if (run.trainer.get<bool>("shard_optimizer_state")) {
-    parallel.shard(c.parameters);
+    data.shard(c.parameters);
   } else {
-    parallel.attach(c.parameters, bucket_bytes);
+    data.attach(c.parameters, bucket_bytes);
   }
 }
 
@@ -285,9 +287,9 @@ void attach_gradients(Run& run) {
 // keeps its shard of them. The model's trained parameters go into units; others (LoRA's
 // adapters) stay whole.
 void shard_units(Run& run) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   RunComponents& c = run.components;
-  parallel.check_same_parameters(c.parameters);
+  world.check_same_parameters(c.parameters);
   const Options fsdp = run.trainer.object("fsdp");
   std::vector<ModelParameter> model_trained, replicated;
   std::unordered_set<const Parameter*> of_model;
@@ -296,9 +298,9 @@ void shard_units(Run& run) {
   // The ranks of this rank's tensor coordinate sum what they computed (every rank without a
   // tensor axis); each fsdp group shards its tensor-parallel shards.
   c.fsdp = std::make_shared<FullySharded>(
-      parallel.replica_group(), parallel.fsdp_group(), parallel.data_group(), *c.model, model_trained,
+      world.replica_group(), world.fsdp_group(), world.data_group(), *c.model, model_trained,
       FsdpSettings{fsdp.get<bool>("reshard_after_forward"), fsdp.get<bool>("prefetch"), c.optimizer->elementwise(),
-                   c.tensor ? &parallel.collective() : nullptr});
+                   c.tensor ? &world.collective() : nullptr});
   c.parameters = c.fsdp->trained();
   c.parameters.insert(c.parameters.end(), replicated.begin(), replicated.end());
   if (c.tensor)
@@ -330,9 +332,9 @@ void say_trained_parameters(const RunComponents& c, const std::string& trained_l
 // What of a checkpoint's entries this rank loads, and how, for load_checkpoint_tensors.
 class RankShareOf {
  public:
-  explicit RankShareOf(const Run& run) : parallel_(*run.parallel), c_(run.components) {
+  explicit RankShareOf(const Run& run) : data_(*run.components.data_parallel), c_(run.components) {
     for (const auto& p : c_.parameters)
-      if (parallel_.owns(p.parameter)) owned_.insert(p.parameter->name());
+      if (data_.owns(p.parameter)) owned_.insert(p.parameter->name());
     if (c_.fsdp) {
       for (const ParameterSlice& sl : c_.fsdp->slices()) slice_of_[sl.model->name()] = &sl;
       for (const auto& p : c_.parameters) updates_.insert(p.parameter->name());
@@ -342,9 +344,7 @@ class RankShareOf {
   RankShare share() const {
     RankShare share;
     // A sharded rank (ZeRO-1) loads its shard's entries of the whole saved state.
-    share.keeps = [this](const std::string& entry) {
-      return !parallel_.sharded() || owned_.contains(parameter_of(entry));
-    };
+    share.keeps = [this](const std::string& entry) { return !data_.sharded() || owned_.contains(parameter_of(entry)); };
     // FSDP: this rank's slices of the weights, and of the state and average of the slices it
     // updates (elementwise optimizers) or the whole state of the parameters it owns; whatever mesh
     // wrote the checkpoint.
@@ -385,7 +385,7 @@ class RankShareOf {
     const auto it = slice_of_.find(parameter_of(entry));
     return it == slice_of_.end() ? nullptr : it->second;
   }
-  const DataParallel& parallel_;
+  const DataParallel& data_;
   const RunComponents& c_;
   std::unordered_set<std::string> owned_;  // the parameters this rank owns (ZeRO-1)
   std::unordered_map<std::string, const ParameterSlice*> slice_of_;
@@ -397,16 +397,16 @@ class RankShareOf {
 // rank has by rank 0. Then the weight average (trainer.ema_decay) starts at the weights, or
 // continues the checkpoint's.
 void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, ProgressPrinter& progress) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   RunComponents& c = run.components;
   const Options& trainer = run.trainer;
   const std::optional<ResumePoint>& resume = plan.point;
   std::vector<std::pair<std::string, Tensor>> saved_average;
-  parallel.together([&] {
+  world.together([&] {
     run.seq_len = c.model->max_seq_len();
-    build_model_and_data(c, run.batch_size, run.seed, parallel.tensor_group()->rank(), parallel.tensor_group()->size());
-    if (parallel.tensor_parallel()) {
-      c.tensor = std::make_shared<TensorParallel>(parallel.tensor_group(), *c.model,
+    build_model_and_data(c, run.batch_size, run.seed, world.tensor_group()->rank(), world.tensor_group()->size());
+    if (world.tensor_parallel()) {
+      c.tensor = std::make_shared<TensorParallel>(world.tensor_group(), *c.model,
                                                   run.config.at_path("model.type")->as_string());
       progress.say(c.tensor->describe());
       c.whole_model = whole_model_factory(runtime.registry(), run.config, c);
@@ -423,10 +423,11 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
     if (!base_from_init && !trainer.get<std::string>("init_from").empty())
       progress.say("note: trainer.init_from is ignored: the run resumes from " + resume->dir.string());
     attach_gradients(run);
-    if (const std::string note = parallel.staging_note(); !note.empty()) progress.say(note);
+    if (const std::string note = c.data_parallel->staging_note(); !note.empty()) progress.say(note);
     for (const auto& note : initialize_parameters(
-             c, trainer, run.seed, /*init_from=*/base_from_init, [&](const Parameter* p) { return parallel.owns(p); },
-             parallel.fully_sharded() ? std::function<void()>([&] { shard_units(run); }) : std::function<void()>()))
+             c, trainer, run.seed, /*init_from=*/base_from_init,
+             [&](const Parameter* p) { return c.data_parallel->owns(p); },
+             world.fully_sharded() ? std::function<void()>([&] { shard_units(run); }) : std::function<void()>()))
       progress.say("init_from: " + note);
     say_trained_parameters(c, trained_line, progress);
     create_reference_model(c, runtime.registry(), run.config, trainer, run.seed);
@@ -447,10 +448,10 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
   });
 
   // What the mesh's parallelisms do to each step, once the model is sharded.
-  c.strategies = build_strategies(c, parallel, trainer.get<bool>("overlap_grad_reduce"));
-  if (!c.fsdp) parallel.together([&] { parallel.check_same_parameters(c.parameters); });
+  c.strategies = build_strategies(c, trainer.get<bool>("overlap_grad_reduce"));
+  if (!c.fsdp) world.together([&] { world.check_same_parameters(c.parameters); });
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
-    parallel.together([&] {
+    world.together([&] {
       run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
       if (!saved_average.empty())
         with_context("while loading the weight average of " + resume->dir.string(),
@@ -464,7 +465,7 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
 // Stage 5: the run directory changes only now, once a checkpoint to resume from has loaded: a
 // refused resume leaves the run as it was. Rank 0's alone.
 void write_run_files(Runtime& runtime, Run& run, const ResumePlan& plan, ProgressPrinter& progress) {
-  if (!run.parallel->is_primary()) return;
+  if (!run.world->is_primary()) return;
   RunComponents& c = run.components;
   const std::int64_t from = plan.point ? plan.point->record.step : 0;
   const checkpoint::Discarded discarded = run.checkpoints->store().discard_after(from);
@@ -489,7 +490,7 @@ void write_run_files(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
 // written (header.json).
 void measure_and_write_header(Run& run, const std::string& memory_line, const ResumePlan& plan,
                               ProgressPrinter& progress) {
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   const RunComponents& c = run.components;
   run.flops_per_token = c.model->flops_per_token(run.seq_len);
   run.peak_flops = run.trainer.get<double>("peak_flops");
@@ -497,14 +498,14 @@ void measure_and_write_header(Run& run, const std::string& memory_line, const Re
   double bf16_roof = 0;
   if (probed) {
     // The ranks probe together, sharing the host's cores as their steps will.
-    parallel.max_over_ranks(0);
+    world.max_over_ranks(0);
     const PeakFlops peak = probe_peak_flops(*c.backend);
     run.peak_flops = peak.matmul;
-    bf16_roof = parallel.sum_over_ranks(peak.bf16);
+    bf16_roof = world.sum_over_ranks(peak.bf16);
   }
   // MFU of a run of several ranks is against every rank's roof together: the tensor axis's
   // members too, which split the model's FLOPs between them.
-  run.peak_flops = parallel.sum_over_ranks(run.peak_flops);
+  run.peak_flops = world.sum_over_ranks(run.peak_flops);
 
   RunHeader header;
   header.run_id = run.directory.run_id();
@@ -523,10 +524,10 @@ void measure_and_write_header(Run& run, const std::string& memory_line, const Re
   header.peak_flops_probed = probed;
   header.bf16_peak_flops = bf16_roof;
   header.matmul_dtype = std::string(dtype_name(c.backend->matmul_dtype()));
-  header.ranks = parallel.size();
-  header.replicas = parallel.replicas();
-  header.mesh = parallel.mesh().describe();
-  header.sharded = parallel.sharded();
+  header.ranks = world.size();
+  header.replicas = world.replicas();
+  header.mesh = world.mesh().describe();
+  header.sharded = c.data_parallel->sharded();
   if (c.fsdp)
     header.fully_sharded = std::to_string(c.fsdp->num_units()) + " units, the largest " +
                            format_bytes(static_cast<std::uint64_t>(c.fsdp->largest_unit_bytes())) +
@@ -535,12 +536,12 @@ void measure_and_write_header(Run& run, const std::string& memory_line, const Re
                            (run.trainer.object("fsdp").get<bool>("reshard_after_forward")
                                 ? ""
                                 : "; units kept from the forward to the backward pass");
-  header.collective = parallel.collective().describe();
+  header.collective = world.collective().describe();
   header.memory = memory_line;
   for (const auto& [name, tensor] : c.optimizer->state())
     header.optimizer_state_bytes += tensor.numel() * static_cast<std::int64_t>(sizeof(float));
   progress.header(header);
-  if (parallel.is_primary()) write_header_json(run.directory.path(), header);
+  if (world.is_primary()) write_header_json(run.directory.path(), header);
   if (plan.point)
     progress.say("resumed from checkpoint " + plan.point->dir.string() + " at step " +
                  std::to_string(plan.point->record.step) + " of " + std::to_string(run.num_steps));

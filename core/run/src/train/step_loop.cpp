@@ -32,7 +32,7 @@ class StepRunner {
  public:
   explicit StepRunner(Run& run)
       : run_(run),
-        step_(run.components, *run.parallel,
+        step_(run.components, *run.world,
               StepSettings{run.seed, run.num_steps, run.micro_size, run.trainer.get<bool>("overlap_grad_reduce"),
                            run.trainer.get<bool>("crash_on_nan"), run.trainer.get<bool>("crash_on_inf"),
                            run.trainer.get<float>("z_loss_weight")}) {}
@@ -104,9 +104,9 @@ void finish_run(LoopState& s, ValidationHook& validation, SampleHook& samples, C
 void finish_summary(LoopState& s) {
   TrainSummary& summary = s.summary;
   summary.wall_seconds = s.elapsed();
-  summary.peak_resident_bytes = std::int64_t{s.run.parallel->max_over_ranks(peak_resident_mib())} << 20;
+  summary.peak_resident_bytes = std::int64_t{s.run.world->max_over_ranks(peak_resident_mib())} << 20;
   s.progress.done(s.run.num_steps, summary.wall_seconds, summary.tokens_per_second, summary.mfu,
-                  summary.peak_resident_bytes, s.run.parallel->size(), summary.run_dir);
+                  summary.peak_resident_bytes, s.run.world->size(), summary.run_dir);
 }
 
 // The steps and the end of the run; `end` gets a divergence (execute() below records the end).
@@ -177,7 +177,7 @@ std::string current_error_text() {
 TrainSummary execute(Run& run, ProgressPrinter& progress, const AddedHooks& hooks) {
   // Rank 0 records how the run ended in end.json. A resumed run removes the record of its earlier
   // end first: while it trains, the directory records no end.
-  const bool records = run.parallel->is_primary() && !run.finished;
+  const bool records = run.world->is_primary() && !run.finished;
   if (records) run.directory.clear_end();
   RunEnd end;
   TrainSummary summary;

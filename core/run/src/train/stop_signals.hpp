@@ -12,7 +12,7 @@
 
 #include <span>
 
-#include "train/data_parallel.hpp"
+#include "train/world.hpp"
 
 namespace loom::training {
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "train/components.hpp"
-#include "train/data_parallel.hpp"
 
 namespace loom::training {
 
@@ -58,8 +57,8 @@ class FsdpStrategy final : public Strategy {
 // Under FSDP it carries the parameters outside the units (LoRA's adapters), where there are any.
 class DataAxisStrategy final : public Strategy {
  public:
-  DataAxisStrategy(DataParallel& parallel, bool overlap_reduce, bool on_tape, bool reduces)
-      : parallel_(parallel), overlap_(overlap_reduce && parallel.size() > 1 && on_tape), reduces_(reduces) {}
+  DataAxisStrategy(DataParallel& data, bool overlap_reduce, bool on_tape, bool reduces)
+      : data_(data), overlap_(overlap_reduce && data.world().size() > 1 && on_tape), reduces_(reduces) {}
 
   // The rank's last micro-batch: each gradient, once final (and added to the earlier
   // micro-batches' sum), joins its bucket's reduction while backward goes on.
@@ -68,25 +67,25 @@ class DataAxisStrategy final : public Strategy {
     if (micro.complete)
       tape.on_gradient_ready([this, complete = *micro.complete](Parameter& p) {
         complete(p);
-        parallel_.gradient_ready(p);
+        data_.gradient_ready(p);
       });
     else
-      tape.on_gradient_ready([this](Parameter& p) { parallel_.gradient_ready(p); });
+      tape.on_gradient_ready([this](Parameter& p) { data_.gradient_ready(p); });
   }
   // Every bucket's reduction is posted now, whatever this rank's micro-batches reached.
-  void end_backward() override { parallel_.start_remaining_buckets(); }
+  void end_backward() override { data_.start_remaining_buckets(); }
   void finish_gradients(const std::vector<ModelParameter>&) override {
-    if (reduces_) parallel_.reduce_gradients();
+    if (reduces_) data_.reduce_gradients();
   }
   // ZeRO-1: each rank's squares are its shard's.
   void contribute_to_norm(NormParts& parts) override {
-    if (parallel_.sharded()) parts.local = parallel_.sum(parts.local);
+    if (data_.sharded()) parts.local = data_.world().sum(parts.local);
   }
-  void after_update() override { parallel_.gather_parameters(); }
-  double take_communication_seconds() override { return parallel_.take_communication_seconds(); }
+  void after_update() override { data_.gather_parameters(); }
+  double take_communication_seconds() override { return data_.take_communication_seconds(); }
 
  private:
-  DataParallel& parallel_;
+  DataParallel& data_;
   bool overlap_;
   bool reduces_;
 };
@@ -142,14 +141,16 @@ class TensorStrategy final : public Strategy {
 
 }  // namespace
 
-Strategies build_strategies(RunComponents& c, DataParallel& parallel, bool overlap_reduce) {
+Strategies build_strategies(RunComponents& c, bool overlap_reduce) {
   Strategies strategies;
   FullySharded* fsdp = c.fsdp.get();
   if (fsdp) strategies.push_back(std::make_shared<FsdpStrategy>(*fsdp, c.lora != nullptr));
   // Under FSDP the data axis sums the parameters outside the units alone, and FSDP's tape hooks
   // are the tape's.
   const bool reduces = !fsdp || c.parameters.size() > fsdp->trained().size();
-  strategies.push_back(std::make_shared<DataAxisStrategy>(parallel, overlap_reduce, /*on_tape=*/!fsdp, reduces));
+  if (c.data_parallel)
+    strategies.push_back(
+        std::make_shared<DataAxisStrategy>(*c.data_parallel, overlap_reduce, /*on_tape=*/!fsdp, reduces));
   if (c.tensor) strategies.push_back(std::make_shared<TensorStrategy>(*c.tensor, /*agree=*/!fsdp));
   return strategies;
 }

@@ -7,8 +7,10 @@
 // strategy is a class below and a line in build_strategies, and the step does not change.
 //
 // What a strategy is not: the world. Ranks, the agreement on errors and stop signals, the
-// broadcasts and the mesh's groups belong to the run's DataParallel (its world part), which every
-// strategy may use; a strategy adds what it does to the ops, the tape and the gradients.
+// broadcasts, the rows of each batch and the mesh's groups belong to the run's World
+// (train/world.hpp), which every strategy may use; a strategy adds what it does to the ops, the
+// tape and the gradients, through the mechanics of its axis (DataParallel, FullySharded,
+// TensorParallel, which the run's components hold).
 //
 // The contract. Every rank holds the same strategies in the same order and every hook is called
 // on every rank at the same point of the step, so a hook may make collective calls, the same
@@ -60,7 +62,6 @@
 
 namespace loom::training {
 
-class DataParallel;
 struct RunComponents;
 
 // A micro-batch's tape, as a strategy sees it.
@@ -152,9 +153,10 @@ class Strategy {
 
 using Strategies = std::vector<std::shared_ptr<Strategy>>;
 
-// The strategies of `components` on `parallel`'s mesh (after the model is sharded: components'
-// fsdp and tensor are set where the mesh has those axes), in the order above. `overlap_reduce`:
-// the data axis reduces its gradient buckets during the last micro-batch's backward pass.
-Strategies build_strategies(RunComponents& components, DataParallel& parallel, bool overlap_reduce);
+// The strategies of `components` (after the model is sharded: components' fsdp and tensor are
+// set where the mesh has those axes, and data_parallel where the run sums gradients over its data
+// axis), in the order above. `overlap_reduce`: the data axis reduces its gradient buckets during
+// the last micro-batch's backward pass.
+Strategies build_strategies(RunComponents& components, bool overlap_reduce);
 
 }  // namespace loom::training

@@ -26,10 +26,9 @@ constexpr std::int64_t kNormChunk = std::int64_t{1} << 16;
 
 }  // namespace
 
-TrainStep::TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings)
-    : components_(components), parallel_(parallel), settings_(settings), strategies_(components.strategies) {
-  if (components.strategies.empty())
-    components.strategies = build_strategies(components, parallel, settings.overlap_reduce);
+TrainStep::TrainStep(RunComponents& components, World& world, const StepSettings& settings)
+    : components_(components), world_(world), settings_(settings), strategies_(components.strategies) {
+  if (components.strategies.empty()) components.strategies = build_strategies(components, settings.overlap_reduce);
 }
 
 StepResult TrainStep::run(const Batch& batch, TrainState& state) {
@@ -37,8 +36,8 @@ StepResult TrainStep::run(const Batch& batch, TrainState& state) {
   StepResult result;
   // Each rank's part of the loss and gradients, then their sums over the ranks: every rank sees
   // the same norm, takes the same skip decision and applies the same update.
-  result.loss = parallel_.sum(accumulate_gradients(batch, step, result.metrics));
-  for (double& m : result.metrics) m = parallel_.sum(m);
+  result.loss = world_.sum(accumulate_gradients(batch, step, result.metrics));
+  for (double& m : result.metrics) m = world_.sum(m);
   for (const auto& s : strategies_) s->finish_gradients(components_.parameters);
   result.grad_norm = global_grad_norm();
   check_finite(step, result.loss, result.grad_norm);
@@ -81,11 +80,11 @@ double TrainStep::accumulate_gradients(const Batch& batch, std::int64_t step, st
   const std::int64_t total_counted = objective.count(batch.targets, batch.seq_len);
   // The whole batch's count: every rank fails alike, and rank 0 says so.
   if (total_counted == 0)
-    parallel_.fail_together(UserError("step " + std::to_string(step) + ": the batch has no targets to learn"));
+    world_.fail_together(UserError("step " + std::to_string(step) + ": the batch has no targets to learn"));
 
   double loss_sum = 0;
   bool first = true;
-  const std::int64_t first_row = parallel_.first_row(batch.batch_size), rows = parallel_.row_count(batch.batch_size);
+  const std::int64_t first_row = world_.first_row(batch.batch_size), rows = world_.row_count(batch.batch_size);
   const std::int64_t last_micro = (first_row + rows + settings_.micro_size - 1) / settings_.micro_size - 1;
   for_each_micro_batch(
       batch, settings_.micro_size,
@@ -255,7 +254,7 @@ void TrainStep::check_finite(std::int64_t step, double loss, double grad_norm) {
                     "): the run diverged. Lower optimizer.learning_rate, raise the warmup, or set "
                     "trainer.skip_bad_steps=true; trainer.crash_on_nan=false and crash_on_inf=false continue anyway");
     divergence_ = Divergence{step + 1, loss, grad_norm, kind + " " + quantity, error.message()};
-    parallel_.fail_together(error);
+    world_.fail_together(error);
   }
 }
 

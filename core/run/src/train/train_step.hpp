@@ -11,8 +11,8 @@
 
 #include "loom/kinds/dataset.hpp"
 #include "train/components.hpp"
-#include "train/data_parallel.hpp"
 #include "train/train_state.hpp"
+#include "train/world.hpp"
 
 namespace loom::training {
 
@@ -37,11 +37,11 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // `parallel`: this rank takes its rows of each batch, and gradients and loss are summed over
-  // the ranks before the norm, so every rank takes the same decisions and update.
+  // `world`: this rank takes its rows of each batch, and gradients and loss are summed over the
+  // ranks before the norm, so every rank takes the same decisions and update.
   // The step iterates over components.strategies (train/strategy.hpp) and names none of them;
   // components assembled without set_up_run get theirs built here.
-  TrainStep(RunComponents& components, DataParallel& parallel, const StepSettings& settings);
+  TrainStep(RunComponents& components, World& world, const StepSettings& settings);
 
   // Runs step state.step on `batch` and advances `state` past it. Throws UserError when the loss
   // or the gradient norm is NaN or infinite and crash_on_nan / crash_on_inf forbid it.
@@ -75,7 +75,7 @@ class TrainStep {
   void clip_gradients(double grad_norm, double max_norm);
 
   RunComponents& components_;
-  DataParallel& parallel_;
+  World& world_;
   StepSettings settings_;
   const Strategies& strategies_;
   std::optional<Divergence> divergence_;

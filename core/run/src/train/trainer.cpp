@@ -8,10 +8,10 @@
 #include <string>
 #include <utility>
 
-#include "train/data_parallel.hpp"
 #include "train/progress.hpp"
 #include "train/run_setup.hpp"
 #include "train/step_loop.hpp"
+#include "train/world.hpp"
 
 namespace loom {
 
@@ -186,7 +186,7 @@ void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime, 
   const training::Launcher launcher = training::launcher_from_environment();
   if (launcher.kind != training::Launcher::Kind::openmpi || launcher.size <= 1 || !options.report_error) throw error;
   std::unique_ptr<Runtime> plugins;
-  std::unique_ptr<training::DataParallel> parallel;
+  std::unique_ptr<training::World> world;
   try {
     RuntimeOptions without_config = runtime;
     without_config.config.reset();
@@ -194,12 +194,12 @@ void agree_on_start_up_error(const Error& error, const RuntimeOptions& runtime, 
     plugins = std::make_unique<Runtime>(without_config);
     // The same collectives as a rank that read its config makes first (set_up_run): connect,
     // then agree on how reading the config ended.
-    parallel = std::make_unique<training::DataParallel>(training::create_collective(plugins->registry(), Value::map()));
+    world = std::make_unique<training::World>(training::create_collective(plugins->registry(), Value::map()));
   } catch (...) {
     throw error;
   }
-  parallel->set_error_reporter(options.report_error);
-  parallel->together([&] { throw error; });
+  world->set_error_reporter(options.report_error);
+  world->together([&] { throw error; });
   throw error;  // (together() threw ReportedError)
 }
 

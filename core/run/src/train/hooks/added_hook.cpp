@@ -13,8 +13,8 @@ void AddedHook::after_step(const StepOutcome& step) {
   info.grad_norm = result.grad_norm;
   info.skipped = result.skipped;
   info.metrics = s_.named("train/", result.metrics);
-  info.rank = run.parallel->rank();
-  info.ranks = run.parallel->size();
+  info.rank = run.world->rank();
+  info.ranks = run.world->size();
   info.run_dir = run.directory.path().string();
   info.checkpoint_dir = run.checkpoint.dir.string();
   info.last_checkpoint_step = checkpoints_.last_saved();

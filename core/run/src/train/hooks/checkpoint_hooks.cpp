@@ -25,8 +25,8 @@ std::string describe_write(const checkpoint::WriteReport& r) {
 Checkpoints::Checkpoints(LoopState& s)
     : s_(s),
       writer_(s.run.checkpoints.get()),
-      parts_(s.run.parallel->writes_checkpoint_parts()),
-      commit_(*s.run.parallel, writer_),
+      parts_(s.run.components.data_parallel->writes_checkpoint_parts()),
+      commit_(*s.run.world, writer_),
       policy_(s.run.checkpoint, s.start),
       last_saved_(s.run.resumed_from) {}
 
@@ -87,7 +87,7 @@ CheckpointPolicyHook::CheckpointPolicyHook(LoopState& s, Checkpoints& checkpoint
 void CheckpointPolicyHook::after_step(const StepOutcome&) {
   // A save of parts is collective: the ranks agree on it (the time policy reads each one's clock).
   bool due = checkpoints_.due(Clock::now());
-  if (checkpoints_.writes_parts()) due = s_.run.parallel->max_over_ranks(due ? 1 : 0) != 0;
+  if (checkpoints_.writes_parts()) due = s_.run.world->max_over_ranks(due ? 1 : 0) != 0;
   if (due) checkpoints_.save(/*wait=*/!s_.run.checkpoint.async);
   checkpoints_.reserve_if_soon();
 }

@@ -28,7 +28,7 @@ std::optional<Tensor> whole(const Strategies& strategies, const std::string& nam
 // swapped out of the parameters after).
 NamedTensors gather_whole(LoopState& s) {
   RunComponents& c = s.run.components;
-  const bool primary = s.run.parallel->is_primary();
+  const bool primary = s.run.world->is_primary();
   return s.views.with_average([&] {
     for (const auto& strategy : c.strategies)
       if (std::optional<NamedTensors> held = strategy->gather_model()) {
@@ -52,7 +52,7 @@ void save_final_weights(LoopState& s) {
   Run& run = s.run;
   RunComponents& c = run.components;
   if (!run.trainer.get<bool>("save_final")) return;
-  const bool primary = run.parallel->is_primary();
+  const bool primary = run.world->is_primary();
   const bool averaged = run.state.ema != nullptr;
   // A rank whose parameters are whole (and the adapters of LoRA under FSDP, which are replicated):
   // rank 0 writes its own.

@@ -13,7 +13,7 @@ LoggingHook::LoggingHook(LoopState& s)
 void LoggingHook::after_step(const StepOutcome& step) {
   Run& run = s_.run;
   RunComponents& c = run.components;
-  DataParallel& parallel = *run.parallel;
+  World& world = *run.world;
   LogInterval& interval = run.state.interval;
   const StepResult& result = *step.result;
   StepReport report;
@@ -28,8 +28,8 @@ void LoggingHook::after_step(const StepOutcome& step) {
   report.eta_seconds =
       interval.train_seconds / static_cast<double>(step.step) * static_cast<double>(run.num_steps - step.step);
   report.skipped_steps = run.state.skipped_steps;
-  report.ranks = parallel.size();
-  report.mesh = parallel.mesh().describe();
+  report.ranks = world.size();
+  report.mesh = world.mesh().describe();
   std::vector<std::pair<std::string, double>> scalars{
       {"train/loss", report.mean_loss},
       {"train/lr", report.lr},
@@ -46,8 +46,8 @@ void LoggingHook::after_step(const StepOutcome& step) {
     scalars.emplace_back("device/host_copies_per_step", static_cast<double>(step.copies.count));
     scalars.emplace_back("device/host_copy_bytes_per_step", static_cast<double>(step.copies.bytes));
   }
-  if (parallel.size() > 1) {
-    scalars.emplace_back("throughput/ranks", static_cast<double>(parallel.size()));
+  if (world.size() > 1) {
+    scalars.emplace_back("throughput/ranks", static_cast<double>(world.size()));
     // The strategies' waiting, and their own figures (FSDP's bytes moved; the tensor group's
     // payload and collectives).
     double waiting = 0;

@@ -16,7 +16,7 @@ std::optional<bool> strategies_draw(const Run& run) {
 
 // Whether this rank draws the samples: rank 0, unless a strategy says otherwise.
 bool samples_here(const Run& run) {
-  return strategies_draw(run).value_or(run.parallel->is_primary());
+  return strategies_draw(run).value_or(run.world->is_primary());
 }
 
 std::int64_t sample_interval(const Run& run) {

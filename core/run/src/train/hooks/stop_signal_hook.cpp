@@ -7,15 +7,15 @@ StopSignalHook::StopSignalHook(LoopState& s, Checkpoints& checkpoints)
     : Hook(1),
       s_(s),
       checkpoints_(checkpoints),
-      signals_(s.run.parallel->rank(), s.run.parallel->size(), s.run.parallel->same_host_peers()) {}
+      signals_(s.run.world->rank(), s.run.world->size(), s.run.world->same_host_peers()) {}
 
 void StopSignalHook::after_step(const StepOutcome&) {
-  DataParallel& parallel = *s_.run.parallel;
+  World& world = *s_.run.world;
   const std::int64_t step = s_.run.state.step;
-  if ((s_.stopped_by = parallel.max_over_ranks(signals_.requested())) == 0) return;
+  if ((s_.stopped_by = world.max_over_ranks(signals_.requested())) == 0) return;
   // Every rank is here: the checkpoint will be written (one process said so at the signal).
   const bool save = checkpoints_.last_saved() != step;
-  if (parallel.size() > 1)
+  if (world.size() > 1)
     s_.progress.say(std::string(signal_name(s_.stopped_by)) + ": the ranks stop after step " + std::to_string(step) +
                     (save ? ", saving a checkpoint of it" : ""));
   if (save) checkpoints_.save(/*wait=*/true);

@@ -7,7 +7,7 @@ namespace loom::training {
 TaskEvaluationHook::TaskEvaluationHook(LoopState& s) : Hook(0), s_(s) {
   // Every rank reads trainer.eval_tasks' files: an error all of them meet (a broken file) is
   // printed once, by rank 0, one of a single rank by that rank.
-  s.run.parallel->together([&] { tasks_.emplace(s.run.components, s.run.trainer); });
+  s.run.world->together([&] { tasks_.emplace(s.run.components, s.run.trainer); });
   if (s.together && tasks_->enabled())
     s.progress.say(std::string("note: trainer.eval_tasks is not run under ") + s.together_name +
                    " in this build; score "
@@ -17,7 +17,7 @@ TaskEvaluationHook::TaskEvaluationHook(LoopState& s) : Hook(0), s_(s) {
 
 void TaskEvaluationHook::evaluate(std::int64_t step) {
   // (Not under FSDP, whose units every rank gathers together: the set-up says so.)
-  if (!tasks_->enabled() || !s_.run.parallel->is_primary() || s_.together || s_.task_failure) return;
+  if (!tasks_->enabled() || !s_.run.world->is_primary() || s_.together || s_.task_failure) return;
   try {
     const auto [scalars, line] =
         s_.views.with_average([&] { return s_.views.with_adapters([&] { return tasks_->run(); }); });

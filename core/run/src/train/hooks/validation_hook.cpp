@@ -15,11 +15,11 @@ ValidationHook::ValidationHook(LoopState& s)
 Evaluation ValidationHook::evaluate() {
   parts_.clear();
   RunComponents& c = s_.run.components;
-  const DataParallel& parallel = *s_.run.parallel;
+  const World& world = *s_.run.world;
   // Under FSDP (its units are gathered together) and tensor parallelism (every member computes
   // its part) every rank runs the evaluation; rank 0 reports. Otherwise rank 0 evaluates while
   // the others go on to the next step's reduction.
-  if (!parallel.is_primary() && !s_.together) return Evaluation{};
+  if (!world.is_primary() && !s_.together) return Evaluation{};
   const ObjectiveModels models{*c.model, c.reference.get()};
   Evaluation e = s_.views.with_average([&] {
     return s_.views.with_adapters([&] {
@@ -31,7 +31,7 @@ Evaluation ValidationHook::evaluate() {
     });
   });
   for (const auto& strategy : c.strategies) strategy->release();
-  return parallel.is_primary() ? e : Evaluation{};
+  return world.is_primary() ? e : Evaluation{};
 }
 
 std::pair<std::string, std::string> ValidationHook::log(std::int64_t step, const Evaluation& e) const {
