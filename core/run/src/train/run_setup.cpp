@@ -452,14 +452,7 @@ void measure_and_write_header(Run& run, const std::string& memory_line, const Re
   header.replicas = parallel.replicas();
   header.mesh = parallel.mesh().describe();
   header.sharded = parallel.sharded();
-  if (c.fsdp)
-    header.fully_sharded = std::to_string(c.fsdp->num_units()) + " units, the largest " +
-                           format_bytes(static_cast<std::uint64_t>(c.fsdp->largest_unit_bytes())) +
-                           " when gathered; parameters, gradients and optimizer state 1/" +
-                           std::to_string(c.fsdp->shards()) + " per rank" +
-                           (run.trainer.object("fsdp").get<bool>("reshard_after_forward")
-                                ? ""
-                                : "; units kept from the forward to the backward pass");
+  for (const auto& strategy : c.strategies) strategy->describe(header);
   header.collective = parallel.collective().describe();
   header.memory = memory_line;
   for (const auto& [name, tensor] : c.optimizer->state())

@@ -10,6 +10,7 @@
 #include "train/checkpointing.hpp"
 #include "train/components.hpp"
 #include "train/data_parallel.hpp"
+#include "train/progress.hpp"
 #include "train/resume.hpp"
 
 namespace loom::training {
@@ -121,6 +122,13 @@ class FsdpStrategy final : public Strategy {
   // (The ranks' weights were compared before they were sharded.)
   bool holds_different_parameters() const override { return true; }
 
+  void describe(RunHeader& header) const override {
+    header.fully_sharded =
+        std::to_string(fsdp_.num_units()) + " units, the largest " +
+        format_bytes(static_cast<std::uint64_t>(fsdp_.largest_unit_bytes())) +
+        " when gathered; parameters, gradients and optimizer state 1/" + std::to_string(fsdp_.shards()) + " per rank" +
+        (fsdp_.settings().reshard_after_forward ? "" : "; units kept from the forward to the backward pass");
+  }
   double take_communication_seconds() override { return fsdp_.take_communication_seconds(); }
   // The bytes this rank's gathers and reductions moved per step since the last line.
   void take_metrics(std::vector<std::pair<std::string, double>>& scalars, std::int64_t steps) override {

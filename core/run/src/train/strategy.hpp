@@ -92,6 +92,7 @@ class DataParallel;
 struct RunComponents;
 struct CheckpointEntries;  // train/checkpointing.hpp
 struct RankShare;          // train/resume.hpp
+struct RunHeader;          // train/progress.hpp
 
 // How the ranks write a checkpoint (Strategy::checkpoint_writing).
 enum class CheckpointWriting {
@@ -206,6 +207,9 @@ class Strategy {
   // Whether the ranks hold different values of the trained parameters once they are loaded (FSDP's
   // slices: it checks the ranks' weights before it shards them), so that they are not compared.
   virtual bool holds_different_parameters() const { return false; }
+
+  // Its part of the run's header (what a rank holds under it), once the run is set up.
+  virtual void describe(RunHeader&) const {}
 
   // Seconds spent waiting on the strategy's collectives since the last call.
   virtual double take_communication_seconds() { return 0; }
