@@ -13,7 +13,8 @@
 #
 # The checkpoints. The runs under mpirun also save a checkpoint half way and at their end (a
 # checkpoint does not change a step, so their metrics and weights are those without one), and
-# llama-tiny on four ranks (mesh fsdp=2 x tensor=2) saves them too. OUT_DIR/<run>.checkpoint.txt
+# llama-tiny on four ranks (mesh fsdp=2 x tensor=2) saves them too; dpo-tiny-ckpt's (one process)
+# are recorded as well. OUT_DIR/<run>.checkpoint.txt
 # holds a digest of each file of each checkpoint: the SHA-256 of every tensor file (model and
 # optimizer, whole or a rank's part; the runs are named by trainer.run_id=same-bits, so their
 # metadata holds no time), of generation.json and tokenizer.state, of config.yaml with the run's
@@ -126,7 +127,8 @@ run sft-tiny configs/sft-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_
 # dpo-tiny again with a checkpoint at step 20 (the save path must not perturb a step).
 run dpo-tiny configs/dpo-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_eval=20 trainer.log_every=5
 run dpo-tiny-ckpt configs/dpo-tiny.yaml trainer.num_train_steps=40 trainer.steps_per_eval=20 \
-  trainer.log_every=5 trainer.checkpoint.save_every_steps=20
+  trainer.log_every=5 trainer.checkpoint.save_every_steps=20 trainer.run_id=same-bits
+checkpoint_digest "$work/dpo-tiny-ckpt" dpo-tiny-ckpt
 mpi_checkpointed llama-fsdp2 2 15 configs/llama-tiny.yaml data.type=synthetic trainer.num_train_steps=30 trainer.steps_per_eval=15 \
   trainer.log_every=5 trainer.mesh.fsdp=2 trainer.mesh.data=1
 mpi_checkpointed llama-tensor2 2 15 configs/llama-tiny.yaml data.type=synthetic trainer.num_train_steps=30 trainer.steps_per_eval=15 \
