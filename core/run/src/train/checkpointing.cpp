@@ -1,12 +1,13 @@
 #include "train/checkpointing.hpp"
 
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <map>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <span>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "checkpoint/crc32c.hpp"
 #include "loom/error.hpp"
@@ -106,64 +107,62 @@ checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds) {
   return r;
 }
 
-namespace {
-
-// A fully sharded run's part: this rank's slice of every parameter, of the optimizer state of the
-// slices it updates (elementwise optimizers) or the whole state of the parameters it owns, and of
-// the weight average; written by the replicas of data index 0 alone.
-void fsdp_entries(const Run& run, checkpoint::Snapshot& snap) {
-  const RunComponents& c = run.components;
-  const World& world = *run.world;
-  if (world.data_group()->rank() != 0) return;
-  std::unordered_map<std::string, const ParameterSlice*> slice_of;
-  for (const ParameterSlice& s : c.fsdp->slices()) {
-    slice_of[s.model->name()] = &s;
-    snap.model.emplace_back(s.model->name(), s.piece->data(), s.model->shape(), s.begin, s.end);
-  }
-  const bool ranges = c.optimizer->elementwise();
-  auto add = [&](const std::string& name, const Tensor& t) {
-    const auto it = slice_of.find(name.substr(name.find('/') + 1));
-    if (ranges && it != slice_of.end())
-      snap.optimizer.emplace_back(name, t, it->second->model->shape(), it->second->begin, it->second->end);
-    else
-      snap.optimizer.emplace_back(name, t);
-  };
-  for (auto& [name, t] : c.optimizer->state()) add(name, t);
-  if (run.state.ema)
-    for (auto& [name, t] : run.state.ema->state()) add(name, t);
-}
-
-}  // namespace
-
-namespace {
-
 std::string parameter_of(const std::string& entry) {
   const auto slash = entry.find('/');
   return slash == std::string::npos ? entry : entry.substr(slash + 1);
 }
 
-// fsdp x tensor: every entry whole. A rank holds a slice (possibly none) of each tensor-parallel
-// shard; the slices of the fsdp group are disjoint, so each shard is the sum over the group of
-// the members' slices put in place in zeros (exact), and the shards of the tensor group then make
-// the whole. Every rank walks the same entries: the model's parameters, and the union over the
-// ranks of the optimizer state's and the weight average's entries (a rank holding no slice of a
-// parameter has none of its state).
-std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& run) {
+namespace {
+
+// The checkpoint's entries as this rank holds them: the saved parameters, the optimizer's state
+// and the weight average, each whole, made what the strategies hold.
+CheckpointEntries held_entries(const Run& run) {
+  const RunComponents& c = run.components;
+  CheckpointEntries entries;
+  for (const auto& p : c.saved_parameters()) entries.model.emplace_back(p.parameter->name(), p.parameter->data());
+  for (auto& [name, t] : c.optimizer->state()) entries.optimizer.emplace_back(name, t);
+  // The weight average (trainer.ema_decay) is training state too: beside the optimizer's.
+  if (run.state.ema)
+    for (auto& [name, t] : run.state.ema->state()) entries.average.emplace_back(name, t);
+  entries.model_metadata = {{"loom.run_id", run.directory.run_id()}, {"loom.step", std::to_string(run.state.step)}};
+  for (const auto& strategy : c.strategies) strategy->hold(entries);
+  return entries;
+}
+
+// CheckpointWriting::whole: every rank walks the same entries, and each strategy makes each whole
+// along its axis (strategy.hpp's contract); rank 0 keeps them (the others only take part). The
+// saved parameters first, in their order; then the optimizer's state and the weight average: this
+// rank's, in its order, or, where a rank may hold none of a parameter's state, the union over the
+// ranks' entries in name order.
+CheckpointEntries whole_entries(const Run& run, const CheckpointEntries& held) {
   const RunComponents& c = run.components;
   World& world = *run.world;
-  std::unordered_map<std::string, const ParameterSlice*> slice_of;
-  for (const ParameterSlice& s : c.fsdp->slices()) slice_of[s.model->name()] = &s;
-  std::unordered_map<std::string, const Parameter*> model_of;
-  for (const auto& p : c.model->parameters()) model_of[p.parameter->name()] = p.parameter;
-  std::map<std::string, Tensor> local;  // this rank's pieces, by entry name
-  for (auto& [name, t] : c.optimizer->state()) local.emplace(name, t);
-  if (run.state.ema)
-    for (auto& [name, t] : run.state.ema->state()) local.emplace(name, t);
+  std::unordered_map<std::string, Tensor> value;  // this rank's, by entry name
+  for (const auto* list : {&held.model, &held.optimizer, &held.average})
+    for (const checkpoint::Entry& e : *list) value.emplace(e.name, e.data);
+  CheckpointEntries out;
+  out.model_metadata = held.model_metadata;
+  auto add = [&](std::vector<checkpoint::Entry>& to, const std::string& name) {
+    const auto it = value.find(name);
+    const Tensor mine = it != value.end() ? it->second : Tensor();
+    std::optional<Tensor> whole = make_whole(c.strategies, name, mine);
+    if (!world.is_primary()) return;
+    const Tensor& t = whole ? *whole : mine;
+    if (t.defined()) to.emplace_back(name, t);
+  };
+  for (const auto& p : c.saved_parameters()) add(out.model, p.parameter->name());
+  if (std::none_of(c.strategies.begin(), c.strategies.end(),
+                   [](const auto& strategy) { return strategy->holds_some_entries(); })) {
+    for (const checkpoint::Entry& e : held.optimizer) add(out.optimizer, e.name);
+    for (const checkpoint::Entry& e : held.average) add(out.average, e.name);
+    return out;
+  }
   std::set<std::string> names;
   for (int r = 0; r < world.size(); ++r) {
     std::string text;
     if (r == world.rank())
-      for (const auto& [name, t] : local) text += name + "\n";
+      for (const auto* list : {&held.optimizer, &held.average})
+        for (const checkpoint::Entry& e : *list) text += e.name + "\n";
     world.broadcast(text, r);
     for (std::size_t at = 0; at < text.size();) {
       const std::size_t end = text.find('\n', at);
@@ -171,107 +170,44 @@ std::unordered_map<std::string, Tensor> gather_fsdp_tensor_entries(const Run& ru
       at = end + 1;
     }
   }
-  std::unordered_map<std::string, Tensor> out;
-  auto assemble = [&](const std::string& name, const Tensor* piece) {
-    const auto m = model_of.find(parameter_of(name));
-    if (m == model_of.end()) {  // not a parameter's entry: this rank's own, as without fsdp
-      if (piece) out.emplace(name, *piece);
-      return;
-    }
-    Tensor shard = Tensor::zeros(m->second->shape());
-    const auto s = slice_of.find(m->first);
-    if (piece && s != slice_of.end() && piece->numel() == s->second->end - s->second->begin)
-      std::memcpy(shard.data<float>() + s->second->begin, piece->data<float>(),
-                  static_cast<std::size_t>(piece->numel()) * sizeof(float));
-    world.fsdp_group()->all_reduce(std::span<float>(shard.data<float>(), static_cast<std::size_t>(shard.numel())));
-    Tensor whole = c.tensor->whole(name, shard);
-    if (world.is_primary()) out.emplace(name, std::move(whole));  // the others only take part
-  };
-  for (const auto& p : c.model->parameters()) {
-    const auto s = slice_of.find(p.parameter->name());
-    const Tensor piece = s != slice_of.end() ? s->second->piece->data() : Tensor();
-    assemble(p.parameter->name(), s != slice_of.end() ? &piece : nullptr);
-  }
-  for (const std::string& name : names) {
-    const auto it = local.find(name);
-    assemble(name, it != local.end() ? &it->second : nullptr);
-  }
+  for (const std::string& name : names) add(out.optimizer, name);
   return out;
 }
 
 }  // namespace
 
-std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run) {
-  const RunComponents& c = run.components;
-  std::unordered_map<std::string, Tensor> out;
-  if (!c.tensor) return out;
-  if (c.fsdp) return gather_fsdp_tensor_entries(run);
-  auto add = [&](const std::string& name, const Tensor& t) {
-    const PlannedParameter* e = c.tensor->planned(name);
-    if (!e || !e->placement.is_split()) return;
-    // Every rank takes part in the gather; rank 0 alone writes, and keeps the whole tensor.
-    Tensor whole = c.tensor->whole(name, t);
-    if (run.world->is_primary()) out.emplace(name, std::move(whole));
-  };
-  for (const auto& p : c.saved_parameters()) add(p.parameter->name(), p.parameter->data());
-  for (auto& [name, t] : c.optimizer->state()) add(name, t);
-  if (run.state.ema)
-    for (auto& [name, t] : run.state.ema->state()) add(name, t);
-  return out;
+CheckpointEntries checkpoint_entries(const Run& run) {
+  const Strategies& strategies = run.components.strategies;
+  CheckpointEntries entries = held_entries(run);
+  switch (checkpoint_writing(strategies)) {
+    case CheckpointWriting::copy:
+      return entries;
+    case CheckpointWriting::parts:
+      for (const auto& strategy : strategies) strategy->keep_part(entries);
+      return entries;
+    case CheckpointWriting::whole:
+      return whole_entries(run, entries);
+  }
+  throw InternalError("checkpoint: unknown CheckpointWriting");
 }
 
-checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
-                                   const std::unordered_map<std::string, Tensor>* wholes) {
+checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record, CheckpointEntries entries) {
   const RunComponents& c = run.components;
   const World& world = *run.world;
-  const DataParallel& data = *c.data_parallel;
   checkpoint::Snapshot snap;
   snap.step = record.step;
   if (world.size() > 1)
     for (MeshAxis axis : mesh_axes) snap.mesh.emplace_back(std::string(mesh_axis_name(axis)), world.mesh().size(axis));
-  const bool parts = data.writes_checkpoint_parts();
+  const bool parts = checkpoint_writing(c.strategies) == CheckpointWriting::parts;
   if (parts) {
     snap.shards = world.size();
     snap.rank = world.rank();
   }
-  if (c.fsdp && c.tensor) {
-    // fsdp x tensor: every entry gathered whole (gather_whole_entries), written by rank 0 alone.
-    if (wholes) {
-      std::set<std::string> model_names;
-      for (const auto& p : c.model->parameters()) {
-        snap.model.emplace_back(p.parameter->name(), wholes->at(p.parameter->name()));
-        model_names.insert(p.parameter->name());
-      }
-      std::map<std::string, Tensor> rest(wholes->begin(), wholes->end());  // in name order
-      for (const auto& [name, t] : rest)
-        if (!model_names.contains(name)) snap.optimizer.emplace_back(name, t);
-    }
-    snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
-  } else if (c.fsdp) {
-    fsdp_entries(run, snap);
-  } else {
-    // The parameters this rank writes: every one, or in a checkpoint of parts those it owns.
-    // Under tensor parallelism, the whole tensors gathered for the entries of split parameters.
-    auto value = [&](const std::string& name, const Tensor& t) {
-      if (wholes)
-        if (const auto it = wholes->find(name); it != wholes->end()) return it->second;
-      return t;
-    };
-    std::unordered_set<std::string> mine;
-    for (const auto& p : c.saved_parameters())
-      if (!parts || data.checkpoint_writer_of(p.parameter) == world.rank()) {
-        snap.model.emplace_back(p.parameter->name(), value(p.parameter->name(), p.parameter->data()));
-        mine.insert(p.parameter->name());
-      }
-    snap.model_metadata = {{"loom.run_id", record.run_id}, {"loom.step", std::to_string(record.step)}};
-    // The optimizer's state: this rank's optimizer holds only what this rank updates (ZeRO-1).
-    for (auto& [name, t] : c.optimizer->state()) snap.optimizer.emplace_back(name, value(name, t));
-    // The weight average (trainer.ema_decay) is training state too: beside the optimizer's. Every
-    // rank holds all of it; each writes the average of the parameters it writes.
-    if (run.state.ema)
-      for (auto& [name, t] : run.state.ema->state())
-        if (!parts || mine.contains(name.substr(name.find('/') + 1))) snap.optimizer.emplace_back(name, value(name, t));
-  }
+  snap.model = std::move(entries.model);
+  snap.model_metadata = std::move(entries.model_metadata);
+  snap.optimizer = std::move(entries.optimizer);
+  snap.optimizer.insert(snap.optimizer.end(), std::make_move_iterator(entries.average.begin()),
+                        std::make_move_iterator(entries.average.end()));
   snap.optimizer_metadata = {{"loom.optimizer", record.optimizer_type}, {"loom.step", std::to_string(record.step)}};
   if (parts && !world.is_primary()) return snap;
   snap.files.emplace_back("state.json", checkpoint::to_json(record));

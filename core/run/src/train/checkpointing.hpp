@@ -5,8 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
 #include "checkpoint/checkpoint_store.hpp"
 #include "checkpoint/checkpoint_writer.hpp"
@@ -49,18 +50,32 @@ class CheckpointPolicy {
   Clock::time_point last_save_;
 };
 
-// The run as it stands, for a checkpoint: its record (state.json) and a snapshot whose tensors
-// are the live parameters and optimizer state (the writer copies them when it writes later). In
-// a run whose ranks each write a part (DataParallel::writes_checkpoint_parts), this rank's part:
-// the entries it owns, each whole or as its range of elements (checkpoint::Entry), and, on rank 0,
-// the text files.
+// "slot/parameter" (an optimizer state entry) or "ema/parameter" (the weight average's): the
+// parameter's name; a parameter's own entry is its name.
+std::string parameter_of(const std::string& entry);
+
+// A checkpoint's tensors as this rank holds them (Strategy::hold), or as it writes them.
+struct CheckpointEntries {
+  std::vector<checkpoint::Entry> model;      // the saved parameters: model.safetensors
+  std::vector<checkpoint::Entry> optimizer;  // the optimizer's state: optimizer.safetensors
+  std::vector<checkpoint::Entry> average;    // the weight average's ("ema/<parameter>"), after it
+  // model.safetensors's metadata: the run's name and step.
+  std::map<std::string, std::string> model_metadata;
+};
+
+// The run as it stands, for a checkpoint: its record (state.json), and the tensors this rank
+// writes (checkpoint_entries), made a snapshot whose tensors are the live parameters and
+// optimizer state, or their whole copies (the writer copies them when it writes later). In a run
+// whose ranks each write a part (CheckpointWriting::parts), this rank's part: the entries it
+// writes, each whole or as its range of elements (checkpoint::Entry), and, on rank 0, the text
+// files.
 checkpoint::TrainRecord train_record(const Run& run, double elapsed_seconds);
-checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record,
-                                   const std::unordered_map<std::string, Tensor>* wholes = nullptr);
-// Tensor parallelism: the whole tensor of every checkpoint entry of a split parameter (its
-// weights, optimizer state and weight average), gathered from the tensor group's members, for
-// live_snapshot. Every rank calls it at the same point.
-std::unordered_map<std::string, Tensor> gather_whole_entries(const Run& run);
+// What this rank writes of a checkpoint, as the run's strategies hold it (strategy.hpp's
+// contract): under CheckpointWriting::whole, every rank takes part in making each entry whole
+// (collective: every rank calls it at the same point) and rank 0 alone gets them; the others get
+// none.
+CheckpointEntries checkpoint_entries(const Run& run);
+checkpoint::Snapshot live_snapshot(const Run& run, const checkpoint::TrainRecord& record, CheckpointEntries entries);
 
 // The commit of a checkpoint whose parts the ranks write (docs/checkpoints.md#sharded-checkpoints):
 // every rank's writer writes its part into the staging directory in the background; between

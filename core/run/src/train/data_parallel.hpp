@@ -56,12 +56,6 @@ class DataParallel {
   bool sharded() const { return sharded_; }
   // Whether this rank's optimizer updates `p` (every parameter unless sharded).
   bool owns(const Parameter* p) const { return !sharded_ || owned_.contains(p); }
-  // Whether each rank writes its own part of a checkpoint (the ranks hold different state:
-  // ZeRO-1's optimizer state; FSDP's shards), rather than rank 0 the whole of it.
-  // (Not under tensor parallelism, whose entries are gathered whole and written by rank 0.)
-  bool writes_checkpoint_parts() const {
-    return size_ > 1 && (sharded_ || world_.fully_sharded()) && !world_.tensor_parallel();
-  }
   // The rank that writes `p` (its weights, its optimizer state and its weight average) into a
   // checkpoint of parts: its ZeRO-1 owner; rank 0 for a parameter that no rank updates.
   int checkpoint_writer_of(const Parameter* p) const {

@@ -72,6 +72,7 @@ class FullySharded {
   // Every parameter's slice on this rank (frozen ones too), in the model's parameter order.
   const std::vector<ParameterSlice>& slices() const { return slices_; }
   int shards() const { return fsdp_->size(); }
+  const FsdpSettings& settings() const { return settings_; }
   std::size_t num_units() const { return units_.size(); }
   // The largest unit, gathered, in bytes (for the memory estimate's gathered units).
   std::int64_t largest_unit_bytes() const;

@@ -77,17 +77,6 @@ void restore_state(Run& run, const checkpoint::TrainRecord& r) {
   s.interval.elapsed_before = r.elapsed_seconds;
 }
 
-// "slot/parameter" (an optimizer state entry) or "ema/parameter" (the weight average's): the
-// parameter's name; a parameter's own entry is its name.
-std::string parameter_of(const std::string& entry) {
-  const auto slash = entry.find('/');
-  return slash == std::string::npos ? entry : entry.substr(slash + 1);
-}
-
-bool is_slot_entry(const std::string& entry) {
-  return entry.find('/') != std::string::npos;
-}
-
 // Stage 1: the ranks first, from the raw config's `collective` (the registry validates it): only
 // rank 0 prints and writes files, and an error the ranks share is printed once, by rank 0. Then
 // the config resolved, the mesh, and the components created and checked against each other.
@@ -181,21 +170,20 @@ struct ResumePlan {
   std::optional<ResumePoint> point;   // the checkpoint it resumes from
   std::vector<std::string> warnings;  // of its config against this one, printed once it has loaded
   bool finished = false;              // resumed at its last step: nothing to train
+  // The name that the staging directory of a checkpoint's parts shares on every rank.
+  std::string staging_token;
 };
 
 // Stage 3: the run directory opened (a new run) or resumed: rank 0 decides, and names the
 // checkpoint to the other ranks (which read it from the same path: one machine, or a shared file
-// system). Every rank gets its checkpoint writer (rank 0's, and those of ranks that write parts).
+// system). Rank 0 gets its checkpoint writer (the ranks that write parts get theirs once the
+// strategies say so: build_and_shard).
 ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
   World& world = *run.world;
   const Options& trainer = run.trainer;
   ResumePlan plan;
-  // Whether each rank writes its part of every checkpoint (DataParallel::writes_checkpoint_parts,
-  // once shard() has run), and the name that their parts' staging directory shares.
-  const bool writes_parts = world.size() > 1 &&
-                            (trainer.get<bool>("shard_optimizer_state") || world.mesh().size(MeshAxis::fsdp) > 1) &&
-                            !world.tensor_parallel();
-  std::string staging_token = std::to_string(::getpid());
+  std::string& staging_token = plan.staging_token;
+  staging_token = std::to_string(::getpid());
   // Rank 0's alone; an error of it (a run directory in use) is printed by rank 0 once the others
   // know of it.
   world.together([&] {
@@ -244,13 +232,6 @@ ResumePlan open_run_directory(Run& run, ProgressPrinter& progress) {
     if (!from.empty())
       plan.point =
           with_context("while reading checkpoint " + from + " (named by rank 0)", [&] { return read_point(from); });
-    // Ranks that hold state of their own write their parts of each checkpoint beside rank 0.
-    if (writes_parts && !plan.finished) {
-      checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
-      store.set_rank(world.rank());
-      run.checkpoints =
-          std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, staging_token);
-    }
   });
   return plan;
 }
@@ -329,69 +310,6 @@ void say_trained_parameters(const RunComponents& c, const std::string& trained_l
   }
 }
 
-// What of a checkpoint's entries this rank loads, and how, for load_checkpoint_tensors.
-class RankShareOf {
- public:
-  explicit RankShareOf(const Run& run) : data_(*run.components.data_parallel), c_(run.components) {
-    for (const auto& p : c_.parameters)
-      if (data_.owns(p.parameter)) owned_.insert(p.parameter->name());
-    if (c_.fsdp) {
-      for (const ParameterSlice& sl : c_.fsdp->slices()) slice_of_[sl.model->name()] = &sl;
-      for (const auto& p : c_.parameters) updates_.insert(p.parameter->name());
-    }
-  }
-
-  RankShare share() const {
-    RankShare share;
-    // A sharded rank (ZeRO-1) loads its shard's entries of the whole saved state.
-    share.keeps = [this](const std::string& entry) { return !data_.sharded() || owned_.contains(parameter_of(entry)); };
-    // FSDP: this rank's slices of the weights, and of the state and average of the slices it
-    // updates (elementwise optimizers) or the whole state of the parameters it owns; whatever mesh
-    // wrote the checkpoint.
-    if (c_.fsdp) {
-      for (const ParameterSlice& sl : c_.fsdp->slices()) share.weights.emplace_back(sl.piece, sl.model->shape());
-      share.keeps = [this](const std::string& entry) { return updates_.contains(parameter_of(entry)); };
-      share.keeps_average = share.keeps;
-      share.range = [this, elementwise = c_.optimizer->elementwise()](
-                        const std::string& entry) -> std::optional<std::pair<std::int64_t, std::int64_t>> {
-        if (is_slot_entry(entry) && !elementwise) return std::nullopt;
-        const ParameterSlice* sl = slice(entry);
-        if (!sl) return std::nullopt;
-        return std::pair{sl->begin, sl->end};
-      };
-    }
-    if (c_.tensor) {
-      // Whole tensors are read and this rank's shard taken; under fsdp x tensor, this rank's
-      // slice of its shard (the checkpoint's whole tensors, whatever mesh wrote them).
-      share.range = nullptr;
-      share.whole_shape = [this](const std::string& name, const Shape& live) {
-        const ParameterSlice* sl = slice(name);
-        if (sl && live == sl->piece->shape()) return c_.tensor->whole_shape(name, sl->model->shape());
-        return c_.tensor->whole_shape(name, live);
-      };
-      share.shard_of = [this](const std::string& name, const Tensor& whole) {
-        const Tensor shard = c_.tensor->shard(name, whole);
-        const ParameterSlice* sl = slice(name);
-        if (!sl || !(shard.shape() == sl->model->shape())) return shard;
-        return shard.view(Shape{shard.numel()}).slice(0, sl->begin, sl->end).clone();
-      };
-    }
-    return share;
-  }
-
- private:
-  // FSDP: the slice of the parameter an entry belongs to, or null.
-  const ParameterSlice* slice(const std::string& entry) const {
-    const auto it = slice_of_.find(parameter_of(entry));
-    return it == slice_of_.end() ? nullptr : it->second;
-  }
-  const DataParallel& data_;
-  const RunComponents& c_;
-  std::unordered_set<std::string> owned_;  // the parameters this rank owns (ZeRO-1)
-  std::unordered_map<std::string, const ParameterSlice*> slice_of_;
-  std::unordered_set<std::string> updates_;  // FSDP: the parameters this rank updates
-};
-
 // Stage 4: each rank builds its model and data, shards them over the mesh, and loads its weights
 // and state: an error of one rank (a file missing on its node) is printed by that rank, one every
 // rank has by rank 0. Then the weight average (trainer.ema_decay) starts at the weights, or
@@ -434,12 +352,21 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
     if (trainer.get<bool>("skip_bad_steps"))
       run.state.skip_rule.emplace(trainer.get<std::int64_t>("skip_step_window"),
                                   trainer.get<double>("skip_step_sigma"));
+    // What the mesh's parallelisms do to each step, once the model is sharded.
+    c.strategies = build_strategies(c, world, trainer.get<bool>("overlap_grad_reduce"));
+    // The ranks that hold state of their own write their parts of each checkpoint beside rank 0's.
+    if (!world.is_primary() && checkpoint_writing(c.strategies) == CheckpointWriting::parts) {
+      checkpoint::CheckpointStore store(run.checkpoint.dir, run.checkpoint.retention);
+      store.set_rank(world.rank());
+      run.checkpoints =
+          std::make_unique<checkpoint::CheckpointWriter>(std::move(store), run.checkpoint.async, plan.staging_token);
+    }
     if (resume) {
-      const RankShareOf share(run);
-      saved_average =
-          load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share.share());
-      if (c.fsdp) c.fsdp->shards_changed();
-      if (c.tensor) c.tensor->shards_changed();
+      // What of the checkpoint this rank loads: each strategy's part of it.
+      RankShare share;
+      for (const auto& strategy : c.strategies) strategy->share(share);
+      saved_average = load_checkpoint_tensors(*resume, c, config_file_text(run.directory.run_id(), run.config), share);
+      for (const auto& strategy : c.strategies) strategy->checkpoint_loaded();
       with_context("while reading " + (resume->dir / "state.json").string(),
                    [&] { restore_state(run, resume->record); });
       run.resumed_from = resume->record.step;
@@ -447,9 +374,9 @@ void build_and_shard(Runtime& runtime, Run& run, const ResumePlan& plan, Progres
     }
   });
 
-  // What the mesh's parallelisms do to each step, once the model is sharded.
-  c.strategies = build_strategies(c, trainer.get<bool>("overlap_grad_reduce"));
-  if (!c.fsdp) world.together([&] { world.check_same_parameters(c.parameters); });
+  if (std::none_of(c.strategies.begin(), c.strategies.end(),
+                   [](const auto& strategy) { return strategy->holds_different_parameters(); }))
+    world.together([&] { world.check_same_parameters(c.parameters); });
   if (const double decay = trainer.get<double>("ema_decay"); decay > 0)
     world.together([&] {
       run.state.ema = std::make_shared<ParameterEma>(decay, c.parameters, *c.backend);
@@ -527,15 +454,8 @@ void measure_and_write_header(Run& run, const std::string& memory_line, const Re
   header.ranks = world.size();
   header.replicas = world.replicas();
   header.mesh = world.mesh().describe();
-  header.sharded = c.data_parallel->sharded();
-  if (c.fsdp)
-    header.fully_sharded = std::to_string(c.fsdp->num_units()) + " units, the largest " +
-                           format_bytes(static_cast<std::uint64_t>(c.fsdp->largest_unit_bytes())) +
-                           " when gathered; parameters, gradients and optimizer state 1/" +
-                           std::to_string(c.fsdp->shards()) + " per rank" +
-                           (run.trainer.object("fsdp").get<bool>("reshard_after_forward")
-                                ? ""
-                                : "; units kept from the forward to the backward pass");
+  header.sharded = c.data_parallel && c.data_parallel->sharded();
+  for (const auto& strategy : c.strategies) strategy->describe(header);
   header.collective = world.collective().describe();
   header.memory = memory_line;
   for (const auto& [name, tensor] : c.optimizer->state())

@@ -22,7 +22,7 @@ class Sampler {
         separator_ends_documents_(components.dataset->separator_ends_documents()),
         trainer_(trainer),
         seed_(seed),
-        tensor_(components.tensor) {}
+        strategies_(components.strategies) {}
 
   // The prompt followed by up to `length` sampled tokens, as text; an empty prompt starts a new
   // document the way the training data starts one (see generate.hpp, document_boundary).
@@ -35,8 +35,9 @@ class Sampler {
   bool separator_ends_documents_;
   Options trainer_;
   std::uint64_t seed_ = 0;
-  // Under tensor parallelism every member of the group samples, through the group.
-  std::shared_ptr<TensorParallel> tensor_;
+  // Every Ops that runs the model is attached to them (under tensor parallelism every member of
+  // the group samples, through the group).
+  Strategies strategies_;
 };
 
 }  // namespace loom::training

@@ -30,9 +30,37 @@
 //                                                  skipped step)
 //
 // A forward pass outside training (evaluation, samples) calls attach(ops) on every strategy, and
-// release() after it. The final weights: where a strategy holds_saved_in_parts(), every rank calls
-// gather_model() on each strategy until one gives the model's parameters, then whole() on each
-// strategy for each entry, in the model's order; rank 0 writes them.
+// release() after it. Swapping the weight average into the trained parameters and back
+// (ModelViews::with_average) calls parameters_swapped() on each, in list order, after each swap.
+//
+// The final weights: where a strategy holds_saved_in_parts(), every rank calls gather_model() on
+// each strategy until one gives the model's parameters (whole along its axis), then for each
+// entry, in the model's order, whole() on each other strategy in list order (make_whole below);
+// rank 0 writes them.
+//
+// Checkpoints (train/checkpointing.cpp). How the ranks write one is the strategies' say combined
+// (checkpoint_writing(Strategies) below): whole where one says whole, else in parts where one
+// says parts, else rank 0 writes its copy. At each save, every rank lists the checkpoint's
+// entries whole (the saved parameters, the optimizer's state, the weight average) and calls
+// hold() on each strategy in list order, which makes them what this rank holds. Then:
+//   parts   keep_part() on each strategy in list order leaves this rank's part; every rank writes
+//           its part (rank 0 the text files too) and the ranks commit them together.
+//   whole   every rank walks the same entries: the saved parameters in their order, then the
+//           optimizer's and the average's, in this rank's order, or where a strategy
+//           holds_some_entries() the union over the ranks in name order (a broadcast from each
+//           rank, in rank order); for each entry, whole() on each strategy in list order, each
+//           given what the ones before it made (a rank that holds none of the entry gives the
+//           first an undefined tensor); rank 0 writes them.
+// Of these hooks only whole() is collective; the others read what this rank holds.
+//
+// Resume (train/run_setup.cpp), once the model is sharded and the optimizer has its parameters
+// (the strategies are built then, before a checkpoint loads): share() on each strategy in list
+// order composes what of a checkpoint this rank loads (RankShare, train/resume.hpp), each setting
+// what its axis decides; a later strategy's part is what the earlier ones take theirs of (tensor
+// parallelism reads whole tensors and takes this member's shard; FSDP's range, set before it, is
+// then a range of that shard). Not collective. After the load, checkpoint_loaded() on each in list
+// order (collective). Then, unless a strategy holds_different_parameters(), the ranks check that
+// they hold the same trained parameters (a collective).
 //
 // Order. The list holds the strategies in the order a gradient is finished: FSDP's units first,
 // then the data axis (its buckets, or ZeRO-1's reduce-scatter), then the tensor axis, whose sums
@@ -62,7 +90,18 @@
 
 namespace loom::training {
 
+class World;
 struct RunComponents;
+struct CheckpointEntries;  // train/checkpointing.hpp
+struct RankShare;          // train/resume.hpp
+struct RunHeader;          // train/progress.hpp
+
+// How the ranks write a checkpoint (Strategy::checkpoint_writing).
+enum class CheckpointWriting {
+  copy,   // every rank holds what rank 0 holds: rank 0 writes its own, one process's files
+  parts,  // the ranks hold different entries, or ranges of them: each writes its part (rank files)
+  whole,  // each entry is made whole (Strategy::whole, every rank taking part): rank 0 writes them
+};
 
 // A micro-batch's tape, as a strategy sees it.
 struct MicroBatchTape {
@@ -134,16 +173,45 @@ class Strategy {
   // it has no say (rank 0 draws them). The first strategy that says decides.
   virtual std::optional<bool> draws_samples() const { return std::nullopt; }
 
+  // After the trained parameters' values were swapped from outside the step (the weight average
+  // in or out): what the strategy derives from them follows. Every rank calls it.
+  virtual void parameters_swapped() {}
+
   // The final weights (RunComponents::saved_parameters): whether the ranks hold them in parts
   // under this strategy, so that every rank takes part in making them whole.
   virtual bool holds_saved_in_parts() const { return false; }
   // The model's parameters in its order, whole along this strategy's axis, copies on every rank
   // (FSDP's units gathered); nullopt where the model's parameters themselves hold them.
   virtual std::optional<std::vector<std::pair<std::string, Tensor>>> gather_model() { return std::nullopt; }
-  // Entry `name` (a parameter's, or an optimizer state's) whose value on this rank is `t`, whole
-  // along this strategy's axis; nullopt where `t` is whole already. Every rank calls it for the
-  // same entries in the same order.
+  // Entry `name` (a parameter's, or an optimizer state's or the weight average's "slot/parameter")
+  // whose value on this rank is `t` as the strategies before this one in the list made it (this
+  // rank's own as hold() gave it, first; undefined where this rank holds none of it), whole along
+  // this strategy's axis; nullopt where it is whole along it already (or not this strategy's).
+  // Collective where the strategy holds the entry in parts: every rank calls it for the same
+  // entries in the same order.
   virtual std::optional<Tensor> whole(const std::string& /*name*/, const Tensor& /*t*/) { return std::nullopt; }
+
+  // Checkpoints (the contract above). How the ranks write them under this strategy.
+  virtual CheckpointWriting checkpoint_writing() const { return CheckpointWriting::copy; }
+  // The entries as this rank holds them (a slice is a checkpoint::Entry of a range of elements).
+  virtual void hold(CheckpointEntries&) const {}
+  // In a checkpoint of parts: which of the entries it holds this rank writes.
+  virtual void keep_part(CheckpointEntries&) const {}
+  // Whether a rank may hold none of an entry that another rank holds (no slice of a parameter,
+  // so none of its optimizer state).
+  virtual bool holds_some_entries() const { return false; }
+
+  // Resume (the contract above): its part of what of a checkpoint's entries this rank loads.
+  virtual void share(RankShare&) const {}
+  // After a checkpoint loaded into what share() named: what the strategy derives from it follows
+  // (whole copies taken from the shards). Every rank calls it.
+  virtual void checkpoint_loaded() {}
+  // Whether the ranks hold different values of the trained parameters once they are loaded (FSDP's
+  // slices: it checks the ranks' weights before it shards them), so that they are not compared.
+  virtual bool holds_different_parameters() const { return false; }
+
+  // Its part of the run's header (what a rank holds under it), once the run is set up.
+  virtual void describe(RunHeader&) const {}
 
   // Seconds spent waiting on the strategy's collectives since the last call.
   virtual double take_communication_seconds() { return 0; }
@@ -157,6 +225,16 @@ using Strategies = std::vector<std::shared_ptr<Strategy>>;
 // set where the mesh has those axes, and data_parallel where the run sums gradients over its data
 // axis), in the order above. `overlap_reduce`: the data axis reduces its gradient buckets during
 // the last micro-batch's backward pass.
-Strategies build_strategies(RunComponents& components, bool overlap_reduce);
+Strategies build_strategies(RunComponents& components, World& world, bool overlap_reduce);
+
+// `t`, entry `name` as this rank holds it (undefined: none of it), made whole along the axis of
+// every strategy but `done` (one whose axis it is whole along already), in list order; nullopt
+// where no strategy changed it. Every rank calls it for the same entries in the same order.
+std::optional<Tensor> make_whole(const Strategies& strategies, const std::string& name, const Tensor& t,
+                                 const Strategy* done = nullptr);
+
+// How the ranks write a checkpoint under `strategies`: whole where one says whole, else in parts
+// where one says parts, else copy.
+CheckpointWriting checkpoint_writing(const Strategies& strategies);
 
 }  // namespace loom::training

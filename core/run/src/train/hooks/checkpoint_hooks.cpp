@@ -1,5 +1,6 @@
 #include <iomanip>
 #include <sstream>
+#include <utility>
 
 #include "train/hooks/run_hooks.hpp"
 
@@ -25,7 +26,8 @@ std::string describe_write(const checkpoint::WriteReport& r) {
 Checkpoints::Checkpoints(LoopState& s)
     : s_(s),
       writer_(s.run.checkpoints.get()),
-      parts_(s.run.components.data_parallel->writes_checkpoint_parts()),
+      writing_(checkpoint_writing(s.run.components.strategies)),
+      parts_(writing_ == CheckpointWriting::parts),
       commit_(*s.run.world, writer_),
       policy_(s.run.checkpoint, s.start),
       last_saved_(s.run.resumed_from) {}
@@ -39,13 +41,14 @@ void Checkpoints::save(bool wait) {
   Run& run = s_.run;
   last_saved_ = run.state.step;
   policy_.saved(Clock::now());
-  // Tensor parallelism: every member gathers the whole tensors; rank 0 writes them.
-  const auto wholes = gather_whole_entries(run);
+  // What this rank writes (every rank takes part where the entries are made whole; rank 0 writes
+  // them).
+  CheckpointEntries entries = checkpoint_entries(run);
   if (!writer_) return;
   // The previous checkpoint is committed before the next is written.
   if (parts_) commit_.settle(/*wait=*/true);
   s_.flush_trackers();
-  writer_->save(live_snapshot(run, train_record(run, s_.elapsed()), &wholes));
+  writer_->save(live_snapshot(run, train_record(run, s_.elapsed()), std::move(entries)));
   if (parts_) {
     commit_.started();
     if (wait) commit_.settle(/*wait=*/true);
@@ -55,9 +58,9 @@ void Checkpoints::save(bool wait) {
 }
 
 void Checkpoints::reserve_if_soon() {
-  // (Not under tensor parallelism, whose whole tensors are gathered when saving.)
-  if (!writer_ || reserved_ || s_.run.components.tensor || !policy_.soon(Clock::now())) return;
-  writer_->reserve(live_snapshot(s_.run, train_record(s_.run, 0)));
+  // (Not where the entries are made whole, which takes every rank when saving.)
+  if (!writer_ || reserved_ || writing_ == CheckpointWriting::whole || !policy_.soon(Clock::now())) return;
+  writer_->reserve(live_snapshot(s_.run, train_record(s_.run, 0), checkpoint_entries(s_.run)));
   reserved_ = true;
 }
 

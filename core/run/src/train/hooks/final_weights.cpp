@@ -13,19 +13,11 @@ namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// `t`, entry `name`, made whole along every strategy's axis; nullopt where it is whole already.
-std::optional<Tensor> whole(const Strategies& strategies, const std::string& name, const Tensor& t) {
-  std::optional<Tensor> out;
-  for (const auto& strategy : strategies)
-    if (std::optional<Tensor> w = strategy->whole(name, out ? *out : t)) out = std::move(w);
-  return out;
-}
-
 // The weights held in parts: every rank takes part in making them whole. A strategy that holds
 // the model's parameters elsewhere (FSDP's units) gathers them, on every rank, and the others
-// (the tensor group's shards) make each whole; otherwise the model's parameters are made whole
-// from their shards and rank 0 alone keeps them (a copy of one whole already: the average is
-// swapped out of the parameters after).
+// (the tensor group's shards) make each whole (make_whole, as checkpoints do); otherwise the model's parameters are
+// made whole from their shards and rank 0 alone keeps them (a copy of one whole already: the average is swapped out of
+// the parameters after).
 NamedTensors gather_whole(LoopState& s) {
   RunComponents& c = s.run.components;
   const bool primary = s.run.world->is_primary();
@@ -33,12 +25,12 @@ NamedTensors gather_whole(LoopState& s) {
     for (const auto& strategy : c.strategies)
       if (std::optional<NamedTensors> held = strategy->gather_model()) {
         for (auto& [name, t] : *held)
-          if (std::optional<Tensor> w = whole(c.strategies, name, t)) t = std::move(*w);
+          if (std::optional<Tensor> w = make_whole(c.strategies, name, t, /*done=*/strategy.get())) t = std::move(*w);
         return std::move(*held);
       }
     NamedTensors out;
     for (const auto& p : c.model->parameters()) {
-      std::optional<Tensor> w = whole(c.strategies, p.parameter->name(), p.parameter->data());
+      std::optional<Tensor> w = make_whole(c.strategies, p.parameter->name(), p.parameter->data());
       if (!primary) continue;
       out.emplace_back(p.parameter->name(), w ? std::move(*w) : p.parameter->data().clone());
     }

@@ -51,7 +51,7 @@ class ModelViews {
   void swap_average() {
     if (!run_.state.ema) return;
     run_.state.ema->swap();
-    if (run_.components.fsdp) run_.components.fsdp->owners_changed();
+    for (const auto& strategy : run_.components.strategies) strategy->parameters_swapped();
   }
   Run& run_;
 };

@@ -117,6 +117,7 @@ class Checkpoints {
   void report_writes();
   LoopState& s_;
   checkpoint::CheckpointWriter* writer_;
+  CheckpointWriting writing_;  // how the ranks write a checkpoint (the strategies' say)
   bool parts_;
   PartsCommit commit_;
   CheckpointPolicy policy_;
