@@ -130,6 +130,7 @@ void register_components(loom::Registrar& registrar) {
         return std::make_unique<LlamaModel>(o, std::move(kernel), ctx.execution());
       });
   registrar.add_hf_architectures(loom::llama::hf_architectures());
+  for (const auto& c : loom::llama::hf_tokenizer_classes()) registrar.add_hf_tokenizer_class(c);
 }
 
 }  // namespace
