@@ -48,14 +48,20 @@ class CollectingRegistrar final : public Registrar {
     architectures_.push_back(HfArchitectureEntry{library_, architectures, file_});
   }
 
+  void add_hf_tokenizer_class(const HfTokenizerClass& tokenizer_class) override {
+    tokenizer_classes_.push_back(HfTokenizerClassEntry{library_, tokenizer_class, file_});
+  }
+
   std::vector<ComponentEntry> take() { return std::move(entries_); }
   std::vector<HfArchitectureEntry> take_architectures() { return std::move(architectures_); }
+  std::vector<HfTokenizerClassEntry> take_tokenizer_classes() { return std::move(tokenizer_classes_); }
 
  private:
   std::string file_;
   std::shared_ptr<LoadedLibrary> library_;
   std::vector<ComponentEntry> entries_;
   std::vector<HfArchitectureEntry> architectures_;
+  std::vector<HfTokenizerClassEntry> tokenizer_classes_;
 };
 
 // Every library the host has mapped, kept until the process exits (deliberately never
@@ -190,7 +196,7 @@ void PluginHost::load_file(const fs::path& file, const std::string& origin, Regi
     }
     std::vector<ComponentEntry> entries = registrar.take();
     for (const auto& e : entries) record.components.push_back(e.kind + "/" + e.decl.name);
-    registry.add(std::move(entries), registrar.take_architectures());
+    registry.add(std::move(entries), registrar.take_architectures(), registrar.take_tokenizer_classes());
     record.status = PluginRecord::Status::loaded;
   } catch (const std::exception& e) {
     record.status = PluginRecord::Status::failed;

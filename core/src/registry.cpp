@@ -50,13 +50,37 @@ struct ComponentHolder {
   ~ComponentHolder() { object.reset(); }
 };
 
+// A tokenizer class's name without its fast twin's "Fast": "LlamaTokenizerFast" -> "LlamaTokenizer".
+std::string_view slow_tokenizer_name(std::string_view name) {
+  if (name.size() > 4 && name.ends_with("Fast")) name.remove_suffix(4);
+  return name;
+}
+
+bool names_tokenizer_class(const HfTokenizerClass& c, std::string_view name) {
+  const std::string_view slow = slow_tokenizer_name(name);
+  if (slow_tokenizer_name(c.name) == slow) return true;
+  return std::any_of(c.also.begin(), c.also.end(),
+                     [&](const std::string& also) { return slow_tokenizer_name(also) == slow; });
+}
+
+// "bos_token \"<s>\" and eos_token \"</s>\"", "bos_token none and ...".
+std::string tokenizer_tokens(const HfTokenizerClass& c) {
+  auto token = [](const std::optional<std::string>& t) { return t ? Value(*t).describe() : std::string("none"); };
+  return "bos_token " + token(c.bos_token) + " and eos_token " + token(c.eos_token);
+}
+
 }  // namespace
 
 void Registry::add(std::vector<ComponentEntry> entries) {
-  add(std::move(entries), {});
+  add(std::move(entries), {}, {});
 }
 
 void Registry::add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures) {
+  add(std::move(entries), std::move(architectures), {});
+}
+
+void Registry::add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures,
+                   std::vector<HfTokenizerClassEntry> tokenizer_classes) {
   std::vector<std::string> seen;
   for (const auto& e : entries) {
     if (!is_component_kind(e.kind)) {
@@ -107,12 +131,54 @@ void Registry::add(std::vector<ComponentEntry> entries, std::vector<HfArchitectu
                         " claims it too (remove one of the two files from the plugin path)");
     }
   }
+  // Each tokenizer class against those already registered and those before it in this plugin.
+  std::vector<const HfTokenizerClassEntry*> classes;
+  for (const auto& c : hf_tokenizer_classes_) classes.push_back(&c);
+  for (const auto& c : tokenizer_classes) {
+    if (c.decl.name.empty())
+      throw UserError("a Hugging Face tokenizer class is declared without a name by " + c.plugin_file);
+    auto twice = [&](const HfTokenizerClassEntry& existing) {
+      return existing.plugin_file == c.plugin_file ? "twice by " + c.plugin_file
+                                                   : "by " + existing.plugin_file + " and by " + c.plugin_file;
+    };
+    std::vector<std::string> names = c.decl.also;
+    names.insert(names.begin(), c.decl.name);
+    for (const HfTokenizerClassEntry* existing : classes)
+      for (const std::string& name : names)
+        if (names_tokenizer_class(existing->decl, name) &&
+            (existing->decl.bos_token != c.decl.bos_token || existing->decl.eos_token != c.decl.eos_token))
+          throw UserError("Hugging Face tokenizer class " + name + " is declared " + twice(*existing) +
+                          " with different default tokens (" + tokenizer_tokens(existing->decl) + "; " +
+                          tokenizer_tokens(c.decl) + "); remove one of the two files from the plugin path");
+    for (const std::string& type : c.decl.model_types)
+      for (const HfTokenizerClassEntry* existing : classes)
+        if (std::find(existing->decl.model_types.begin(), existing->decl.model_types.end(), type) !=
+            existing->decl.model_types.end())
+          throw UserError("the tokenizer class of Hugging Face model_type \"" + type + "\" is declared " +
+                          twice(*existing) + " (" + existing->decl.name + ", " + c.decl.name +
+                          "); remove one of the two files from the plugin path");
+    classes.push_back(&c);
+  }
   for (auto& e : entries) {
     auto& by_name = entries_[e.kind];
     std::string name = e.decl.name;
     by_name.emplace(std::move(name), std::move(e));
   }
   for (auto& a : architectures) hf_architectures_.push_back(std::move(a));
+  for (auto& c : tokenizer_classes) hf_tokenizer_classes_.push_back(std::move(c));
+}
+
+const HfTokenizerClassEntry* Registry::find_hf_tokenizer_class(std::string_view name) const {
+  for (const auto& c : hf_tokenizer_classes_)
+    if (names_tokenizer_class(c.decl, name)) return &c;
+  return nullptr;
+}
+
+const HfTokenizerClassEntry* Registry::find_hf_tokenizer_class_of(std::string_view model_type) const {
+  for (const auto& c : hf_tokenizer_classes_)
+    if (std::find(c.decl.model_types.begin(), c.decl.model_types.end(), model_type) != c.decl.model_types.end())
+      return &c;
+  return nullptr;
 }
 
 const HfArchitectureEntry* Registry::find_hf_architecture(std::string_view model_type) const {

@@ -252,6 +252,49 @@ TEST(PluginHost, AModelPluginsHuggingFaceClaimIsRegisteredWithItsFile) {
   EXPECT_EQ(registry.find_hf_architecture("unused"), nullptr);
 }
 
+// A plugin's tokenizer classes (Registrar::add_hf_tokenizer_class) are registered with its file,
+// found by name (a fast twin's too) and by model_type. Another plugin may declare the same class
+// with the same tokens; one that declares it with other tokens, or gives a model_type a second
+// class, fails as a whole (its model is not registered either), naming both files.
+TEST(PluginHost, APluginsTokenizerClassesAreRegisteredAndTheirConflictsRefused) {
+  Registry registry;
+  PluginHost host;
+  host.load({{fixture_dir("hf_tokenizer"), "test"}}, registry);
+  auto file = [](const char* name) { return fs::canonical(fixture_dir("hf_tokenizer") / name).string(); };
+  const HfTokenizerClassEntry* by_type = registry.find_hf_tokenizer_class_of("test_tok_arch");
+  ASSERT_NE(by_type, nullptr);
+  EXPECT_EQ(by_type->plugin_file, file("libloom-test-tok-a.so"));
+  EXPECT_EQ(by_type->decl.name, "TestTokenizer");
+  EXPECT_EQ(by_type->decl.bos_token, std::optional<std::string>("<t-bos>"));
+  EXPECT_EQ(by_type->decl.eos_token, std::optional<std::string>("<t-eos>"));
+  EXPECT_EQ(registry.find_hf_tokenizer_class("TestTokenizerFast"), by_type);
+  EXPECT_EQ(registry.find_hf_tokenizer_class("TestTokenizer"), by_type);
+  EXPECT_EQ(registry.find_hf_tokenizer_class("Fast"), nullptr);
+  EXPECT_EQ(registry.find_hf_tokenizer_class("LlamaTokenizer"), nullptr);
+  ASSERT_NE(registry.find_hf_tokenizer_class_of("test_tok_more"), nullptr);
+  EXPECT_EQ(registry.find_hf_tokenizer_class_of("test_tok_more")->plugin_file, file("libloom-test-tok-b.so"));
+  EXPECT_EQ(registry.find_hf_tokenizer_class_of("test_tok_c_arch"), nullptr);
+
+  const PluginRecord* c = record_for(host, "libloom-test-tok-c.so");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, PluginRecord::Status::failed);
+  EXPECT_EQ(c->reason, "Hugging Face tokenizer class TestTokenizer is declared by " + file("libloom-test-tok-a.so") +
+                           " and by " + file("libloom-test-tok-c.so") +
+                           " with different default tokens (bos_token \"<t-bos>\" and eos_token \"<t-eos>\"; "
+                           "bos_token none and eos_token \"<t-eos>\"); remove one of the two files from the plugin "
+                           "path");
+  EXPECT_EQ(registry.find("model", "test_tok_c"), nullptr);
+  const PluginRecord* d = record_for(host, "libloom-test-tok-d.so");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->status, PluginRecord::Status::failed);
+  EXPECT_EQ(d->reason, "the tokenizer class of Hugging Face model_type \"test_tok_arch\" is declared by " +
+                           file("libloom-test-tok-a.so") + " and by " + file("libloom-test-tok-d.so") +
+                           " (TestTokenizer, OtherTokenizer); remove one of the two files from the plugin path");
+  EXPECT_EQ(registry.find("model", "test_tok_d"), nullptr);
+  EXPECT_EQ(registry.find_hf_architecture("test_tok_d_arch"), nullptr);
+  EXPECT_EQ(registry.find_hf_tokenizer_class("OtherTokenizer"), nullptr);
+}
+
 // A claim names a model of its own plugin, a mapping and at least one model_type.
 TEST(PluginHost, AHuggingFaceClaimWithoutItsModelIsRefused) {
   Registry registry;

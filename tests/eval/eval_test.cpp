@@ -589,12 +589,14 @@ Handle<Model> described_model(const test::TempDir& dir, Runtime& runtime, const 
 TEST(EvalHfDirectory, AnEmptyContextIsTheTokenizersBosOrElseItsEos) {
   test::TempDir dir;
   const WordTokenizer tok;
+  // loom's model plugins, which declare the tokenizer classes (Registrar::add_hf_tokenizer_class).
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
   const std::string vocab = R"({"model": {"type": "BPE", "vocab": {"<s>": 1, "</s>": 2, "a": 3}},
                                "added_tokens": [{"id": 40, "content": "<|endoftext|>"}, {"id": 41, "content": "<|im_end|>"}]})";
   auto prefix = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& files) {
     for (const auto& [file, text] : files) dir.write(name + "/" + file, text);
     dir.write(name + "/tokenizer.json", vocab);
-    return hf_prefix_token(dir.path() / name, tok);
+    return hf_prefix_token(lm.runtime->registry(), dir.path() / name, tok);
   };
   // Qwen2-style: no BOS (null), EOS <|im_end|>; config.json's bos_token_id is another token.
   EXPECT_EQ(
@@ -620,6 +622,54 @@ TEST(EvalHfDirectory, AnEmptyContextIsTheTokenizersBosOrElseItsEos) {
   EXPECT_FALSE(prefix("none", {{"config.json", R"({"model_type": "other", "bos_token_id": 3})"},
                                {"tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})"}})
                    .has_value());
+}
+
+// The tokenizer class whose defaults an empty context takes is the one a plugin declares
+// (Registrar::add_hf_tokenizer_class): found by config.json's model_type or tokenizer_config.json's
+// tokenizer_class (its fast twin too), with that plugin's tokens; the run layer knows no class of
+// its own. gemma3's Gemma 3 directories take GemmaTokenizer's <bos>.
+TEST(EvalHfDirectory, AnEmptyContextTakesTheDefaultsOfTheTokenizerClassAPluginDeclares) {
+  test::TempDir dir;
+  const WordTokenizer tok;
+  const std::string vocab = R"({"model": {"type": "BPE", "vocab": {"a": 3}},
+      "added_tokens": [{"id": 7, "content": "<t-bos>"}, {"id": 8, "content": "<t-eos>"}, {"id": 9, "content": "<bos>"},
+                       {"id": 10, "content": "<eos>"}, {"id": 11, "content": "<s>"}]})";
+  auto prefix = [&](const Registry& registry, const std::string& name,
+                    const std::vector<std::pair<std::string, std::string>>& files) {
+    fs::create_directories(dir.path() / name);
+    for (const auto& [file, text] : files) dir.write(name + "/" + file, text);
+    dir.write(name + "/tokenizer.json", vocab);
+    return hf_prefix_token(registry, dir.path() / name, tok);
+  };
+  RuntimeOptions options;
+  options.plugin_paths = {(fs::path(LOOM_FIXTURE_DIR) / "hf_tokenizer").string()};
+  options.default_plugin_path = false;
+  const Runtime fixtures(options);
+  const Registry& registry = fixtures.registry();
+  EXPECT_EQ(prefix(registry, "by_type", {{"config.json", R"({"model_type": "test_tok_arch", "bos_token_id": 3})"}}), 7);
+  EXPECT_EQ(prefix(registry, "by_class",
+                   {{"config.json", R"({"model_type": "llama"})"},
+                    {"tokenizer_config.json", R"({"tokenizer_class": "TestTokenizerFast"})"}}),
+            7);
+  // The directory's own tokens still come first.
+  EXPECT_EQ(prefix(registry, "named",
+                   {{"config.json", R"({"model_type": "test_tok_arch"})"},
+                    {"tokenizer_config.json", R"({"bos_token": "<t-eos>"})"}}),
+            8);
+  // Without loom's model plugins, no class is Llama's.
+  EXPECT_FALSE(prefix(registry, "llama", {{"config.json", R"({"model_type": "llama"})"}}).has_value());
+  EXPECT_FALSE(prefix(Registry(), "none", {{"config.json", R"({"model_type": "test_tok_arch"})"}}).has_value());
+  // loom's own: Gemma 3 (model_type gemma3_text) reads GemmaTokenizer's defaults, Llama LlamaTokenizer's.
+  Lm lm = make_lm(dir, "{type: gpt2, seq_len: 16, hidden_dim: 32, num_layers: 1, num_heads: 2}");
+  EXPECT_EQ(prefix(lm.runtime->registry(), "gemma3", {{"config.json", R"({"model_type": "gemma3_text"})"}}), 9);
+  EXPECT_EQ(prefix(lm.runtime->registry(), "gemma", {{"config.json", R"({"model_type": "gemma"})"}}), 9);
+  EXPECT_EQ(prefix(lm.runtime->registry(), "llama_own", {{"config.json", R"({"model_type": "mixtral"})"}}), 11);
+  EXPECT_EQ(prefix(lm.runtime->registry(), "code_llama",
+                   {{"config.json", R"({"model_type": "other"})"},
+                    {"tokenizer_config.json", R"({"tokenizer_class": "CodeLlamaTokenizerFast"})"}}),
+            11);
+  EXPECT_FALSE(
+      prefix(lm.runtime->registry(), "test_type", {{"config.json", R"({"model_type": "test_tok_arch"})"}}).has_value());
 }
 
 // `loom eval` computes in float32 unless the command line asks otherwise.

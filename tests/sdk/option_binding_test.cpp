@@ -235,6 +235,57 @@ TEST_F(OptionBindingTest, AnEnumDefaultOutsideItsChoicesIsADeclarationBug) {
   EXPECT_THROW(b.choice("mode", &WithEnum::shape, Shape::cosine, {{"linear", Shape::linear}}, "Shape."), InternalError);
 }
 
+// The experts' options (models::moe_options, bound to MoeConfig) declare exactly what the
+// hand-written moe_schema declared before them, read the same as read_moe_options, which still
+// reads and checks them for a model whose options are an OptionSchema.
+OptionSchema moe_schema_by_hand() {
+  OptionSchema s;
+  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.")
+      .min(0)
+      .max(static_cast<double>(models::max_model_experts));
+  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).")
+      .min(1)
+      .max(static_cast<double>(models::max_model_experts));
+  s.string("router_softmax", "after_top_k",
+           "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
+           "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "
+           "renormalised (DeepSeek).")
+      .one_of({"after_top_k", "before_top_k"});
+  s.number("router_aux_loss_coef", 0.001,
+           "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
+      .min(0.0);
+  s.number("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.").min(0.0);
+  return s;
+}
+
+TEST_F(OptionBindingTest, TheMoeOptionsAreBoundAsTheyWereDeclaredByHand) {
+  EXPECT_EQ(describe(models::moe_options().schema()), describe(moe_schema_by_hand()));
+  EXPECT_EQ(describe(models::moe_schema()), describe(moe_schema_by_hand()));
+  const Options given = validated(models::moe_schema(),
+                                  "{num_experts: 8, experts_per_token: 3, router_softmax: before_top_k, "
+                                  "router_aux_loss_coef: 0.5, router_z_loss_coef: 0.25}\n");
+  for (const models::MoeConfig& m : {models::moe_options().read(given), models::read_moe_options(given, "model")}) {
+    EXPECT_EQ(m.num_experts, 8);
+    EXPECT_EQ(m.experts_per_token, 3);
+    EXPECT_FALSE(m.softmax_after_top_k);
+    EXPECT_EQ(m.aux_loss_coef, 0.5);
+    EXPECT_EQ(m.z_loss_coef, 0.25);
+    EXPECT_EQ(m.hidden_dim, 0);  // the model's to fill in
+    EXPECT_EQ(m.model, "model");
+  }
+  const models::MoeConfig defaults = models::read_moe_options(validated(models::moe_schema(), "{}\n"), "model");
+  EXPECT_EQ(defaults.num_experts, 0);
+  EXPECT_EQ(defaults.experts_per_token, 2);
+  EXPECT_TRUE(defaults.softmax_after_top_k);
+  EXPECT_EQ(defaults.aux_loss_coef, 0.001);
+  try {
+    models::read_moe_options(validated(models::moe_schema(), "{num_experts: 2, experts_per_token: 3}\n"), "model");
+    FAIL() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "model.moe.experts_per_token (3) exceeds moe.num_experts (2)");
+  }
+}
+
 // The decoder base: the shared options' ranges written once, path and the enum read.
 struct TinyDecoder : models::RotaryDecoderOptions {
   bool extra;

@@ -118,4 +118,10 @@ HfArchitectures hf_architectures() {
   return {.model = "gemma", .model_types = {"gemma2"}, .model_section = gemma2_section};
 }
 
+HfTokenizerClass hf_tokenizer_class() {
+  // transformers 4.46's GemmaTokenizer, AutoTokenizer's class of Gemma (which loom's gemma does not
+  // map) and of Gemma 2.
+  return {.name = "GemmaTokenizer", .bos_token = "<bos>", .eos_token = "<eos>", .model_types = {"gemma", "gemma2"}};
+}
+
 }  // namespace loom::gemma

@@ -62,6 +62,7 @@ void register_components(loom::Registrar& registrar) {
         return std::make_unique<GemmaModel>(o, std::move(kernel), ctx.execution());
       });
   registrar.add_hf_architectures(loom::gemma::hf_architectures());
+  registrar.add_hf_tokenizer_class(loom::gemma::hf_tokenizer_class());
 }
 
 }  // namespace

@@ -195,5 +195,8 @@ class GemmaModel final : public loom::models::TransformerLm {
 // The Hugging Face model_types the plugin reads (gemma2) and how a config.json of
 // one maps to the loom `model` section (gemma_interop.cpp), for Registrar::add_hf_architectures.
 loom::HfArchitectures hf_architectures();
+// Their tokenizer class (GemmaTokenizer) and its default special tokens, for
+// Registrar::add_hf_tokenizer_class.
+loom::HfTokenizerClass hf_tokenizer_class();
 
 }  // namespace loom::gemma

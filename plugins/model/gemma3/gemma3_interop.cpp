@@ -383,4 +383,10 @@ HfArchitectures hf_architectures() {
   return {.model = "gemma3", .model_types = hf_model_types, .model_section = section_of};
 }
 
+HfTokenizerClass hf_tokenizer_class() {
+  // transformers' Gemma 3 (4.50 and later) reads its tokenizer with GemmaTokenizer, whose defaults
+  // are Gemma's and Gemma 2's; the gemma plugin declares that class too, with the same tokens.
+  return {.name = "GemmaTokenizer", .bos_token = "<bos>", .eos_token = "<eos>", .model_types = hf_model_types};
+}
+
 }  // namespace loom::gemma3

@@ -42,6 +42,9 @@ Value model_section(const Value& config, const std::string& file);
 // "gemma3_text" is the gemma3 model, described by model_section. `loom eval HF_DIR` of a Gemma 3
 // directory needs no config through it.
 HfArchitectures hf_architectures();
+// Its tokenizer class, GemmaTokenizer, for those model_types (Registrar::add_hf_tokenizer_class):
+// `loom eval HF_DIR` puts its BOS, <bos>, before an empty context where the directory names none.
+HfTokenizerClass hf_tokenizer_class();
 
 // Each layer's attention window (0: global) as config.json describes them: layer_types when
 // present, else sliding_window_pattern; sliding layers take sliding_window (null: global).

@@ -313,6 +313,7 @@ void register_components(Registrar& registrar) {
         return std::make_unique<Gemma3Model>(o, std::move(kernel), ctx.execution());
       });
   registrar.add_hf_architectures(hf_architectures());
+  registrar.add_hf_tokenizer_class(hf_tokenizer_class());
 }
 
 }  // namespace

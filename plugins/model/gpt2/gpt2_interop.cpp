@@ -119,4 +119,9 @@ HfArchitectures hf_architectures() {
   return {.model = "gpt2", .model_types = {"gpt2"}, .model_section = gpt2_section};
 }
 
+HfTokenizerClass hf_tokenizer_class() {
+  // transformers 4.46's GPT2Tokenizer: <|endoftext|> is its BOS and its EOS.
+  return {.name = "GPT2Tokenizer", .bos_token = "<|endoftext|>", .eos_token = "<|endoftext|>", .model_types = {"gpt2"}};
+}
+
 }  // namespace loom::gpt2

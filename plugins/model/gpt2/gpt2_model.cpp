@@ -60,6 +60,7 @@ void register_components(loom::Registrar& registrar) {
                                return std::make_unique<Gpt2Model>(o, std::move(kernel), ctx.execution());
                              });
   registrar.add_hf_architectures(loom::gpt2::hf_architectures());
+  registrar.add_hf_tokenizer_class(loom::gpt2::hf_tokenizer_class());
 }
 
 }  // namespace

@@ -216,5 +216,8 @@ class Gpt2Model final : public loom::models::TransformerLm {
 // The Hugging Face model_types the plugin reads (gpt2) and how a config.json of
 // one maps to the loom `model` section (gpt2_interop.cpp), for Registrar::add_hf_architectures.
 loom::HfArchitectures hf_architectures();
+// Its tokenizer class (GPT2Tokenizer) and its default special tokens, for
+// Registrar::add_hf_tokenizer_class.
+loom::HfTokenizerClass hf_tokenizer_class();
 
 }  // namespace loom::gpt2

@@ -432,4 +432,19 @@ HfArchitectures hf_architectures() {
           .model_section = llama_section};
 }
 
+std::vector<HfTokenizerClass> hf_tokenizer_classes() {
+  // transformers 4.46's defaults (LlamaTokenizer's and CodeLlamaTokenizer's bos/eos, Qwen2Tokenizer's
+  // eos and no bos) and AutoTokenizer's class of each model_type (qwen2_moe's too, which loom's
+  // llama does not map).
+  return {{.name = "LlamaTokenizer",
+           .also = {"CodeLlamaTokenizer"},
+           .bos_token = "<s>",
+           .eos_token = "</s>",
+           .model_types = {"llama", "mistral", "mixtral"}},
+          {.name = "Qwen2Tokenizer",
+           .bos_token = std::nullopt,
+           .eos_token = "<|endoftext|>",
+           .model_types = {"qwen2", "qwen3", "qwen2_moe"}}};
+}
+
 }  // namespace loom::llama

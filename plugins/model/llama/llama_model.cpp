@@ -38,7 +38,7 @@ loom::OptionBinding<RopeOptions> rope_options() {
 
 // What the options imply together: their combinations checked, head_dim, the experts and the
 // RoPE table's configuration derived.
-void finish_options(LlamaOptions& o, const loom::Options& options) {
+void finish_options(LlamaOptions& o, const loom::Options&) {
   const std::string& at = o.path;
   if (o.max_window_layers > 0 && o.sliding_window == 0)
     throw loom::UserError(at + ".max_window_layers is " + std::to_string(o.max_window_layers) + " but " + at +
@@ -53,7 +53,7 @@ void finish_options(LlamaOptions& o, const loom::Options& options) {
   }
   loom::models::check_rotary_head_dim(at, o.head_dim);
 
-  o.moe = loom::models::read_moe_options(options.object("moe"), at);
+  loom::models::check_moe_options(o.moe, at);
   o.moe.hidden_dim = o.hidden_dim;
   o.moe.intermediate_dim = o.intermediate_dim;
   o.moe.model = "model (llama)";
@@ -107,9 +107,9 @@ loom::models::DecoderSchema<LlamaOptions> llama_options() {
           "(Qwen2's max_window_layers); 0: every layer uses it.")
       .min(0);
   s.field("use_qk_norm", &O::use_qk_norm, false, "RMSNorm over each query and key head before RoPE (Qwen3).");
-  // Read by finish_options, with the SDK's reader of the experts' options.
-  s.schema().object("moe", loom::models::moe_schema(),
-                    "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
+  // The SDK's binding of the experts' options; finish_options checks them and fills in the widths.
+  s.object("moe", &O::moe, loom::models::moe_options(),
+           "Sparse mixture of SwiGLU experts in place of the MLP (Mixtral).");
   s.remat();
   s.vocab_size();
   s.attention();
@@ -130,6 +130,7 @@ void register_components(loom::Registrar& registrar) {
         return std::make_unique<LlamaModel>(o, std::move(kernel), ctx.execution());
       });
   registrar.add_hf_architectures(loom::llama::hf_architectures());
+  for (const auto& c : loom::llama::hf_tokenizer_classes()) registrar.add_hf_tokenizer_class(c);
 }
 
 }  // namespace

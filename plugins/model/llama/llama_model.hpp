@@ -243,5 +243,8 @@ class LlamaModel final : public loom::models::TransformerLm {
 // The Hugging Face model_types the plugin reads (llama, mistral, qwen2, qwen3, mixtral) and how a config.json of
 // one maps to the loom `model` section (llama_interop.cpp), for Registrar::add_hf_architectures.
 loom::HfArchitectures hf_architectures();
+// The tokenizer classes of those model_types (LlamaTokenizer, Qwen2Tokenizer) and their default
+// special tokens, for Registrar::add_hf_tokenizer_class.
+std::vector<loom::HfTokenizerClass> hf_tokenizer_classes();
 
 }  // namespace loom::llama

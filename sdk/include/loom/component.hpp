@@ -24,7 +24,8 @@
 
 namespace loom {
 
-struct HfArchitectures;  // hf_architecture.hpp
+struct HfArchitectures;   // hf_architecture.hpp
+struct HfTokenizerClass;  // hf_architecture.hpp
 
 // Base of every kind's interface. The destructor is defined in libloom_core.so, so every
 // interface's vtable and type information live there and are shared by all plugins.
@@ -113,6 +114,12 @@ class Registrar {
   // cannot describe a directory of its types. Since plugin ABI 13.1 (the host implements it; an
   // older plugin never calls it).
   virtual void add_hf_architectures(const HfArchitectures& architectures) = 0;
+
+  // Declares a transformers tokenizer class, its default special tokens and the model_types whose
+  // tokenizer it is (hf_architecture.hpp), which `loom eval HF_DIR` reads where a directory's
+  // tokenizer files name no BOS or EOS. Optional, as add_hf_architectures. Since plugin ABI 13.2
+  // (the host implements it; an older plugin never calls it).
+  virtual void add_hf_tokenizer_class(const HfTokenizerClass& tokenizer_class) = 0;
 };
 
 }  // namespace loom

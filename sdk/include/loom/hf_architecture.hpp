@@ -126,4 +126,38 @@ struct HfArchitectures {
   HfModelSectionFunction model_section{};
 };
 
+// A transformers tokenizer class and the special tokens it defaults to, which a plugin declares
+// with Registrar::add_hf_tokenizer_class beside the architectures whose tokenizer it is:
+//   registrar.add_hf_tokenizer_class({.name = "LlamaTokenizer", .also = {"CodeLlamaTokenizer"},
+//                                     .bos_token = "<s>", .eos_token = "</s>",
+//                                     .model_types = {"llama", "mistral", "mixtral"}});
+//
+// `loom eval HF_DIR` puts the tokenizer's BOS (else its EOS) before an empty context, as
+// lm-evaluation-harness does. A directory names them in special_tokens_map.json or
+// tokenizer_config.json; where it names neither, transformers takes the default of the tokenizer
+// class: tokenizer_config.json's `tokenizer_class`, else AutoTokenizer's class for config.json's
+// `model_type`. The run layer looks both up here (the class by its name, or by the model_type),
+// so it holds no list of tokenizer classes; a directory whose class no plugin declares has none.
+struct HfTokenizerClass {
+  struct DesignatedOnly {
+    explicit DesignatedOnly() = default;
+  };
+  [[no_unique_address]] DesignatedOnly designated_only{};  // never written: see above
+
+  // The class's name, "LlamaTokenizer"; its fast twin ("LlamaTokenizerFast") is the same class here.
+  std::string name{};
+  // Other class names with the same defaults ("CodeLlamaTokenizer"), fast twins included likewise.
+  std::vector<std::string> also{};
+  // What the class defaults to (transformers 4.46): the token's text, or nullopt where the class
+  // has none (Qwen2Tokenizer's BOS).
+  std::optional<std::string> bos_token{};
+  std::optional<std::string> eos_token{};
+  // The config.json model_types whose AutoTokenizer class this is (transformers' TOKENIZER_MAPPING),
+  // whether or not a plugin maps their config.json: "llama", "mistral", "mixtral". A model_type is
+  // declared by one class; a second declaration fails the second plugin's load, as does a class
+  // that another plugin declared with other tokens (the same class with the same tokens, from two
+  // plugins, is one class: gemma's and gemma3's GemmaTokenizer).
+  std::vector<std::string> model_types{};
+};
+
 }  // namespace loom

@@ -32,7 +32,8 @@
 // std::string a list, loom::Value any value. A std::optional<T> field reads null as std::nullopt;
 // a plain field whose option may be null (declared with std::nullopt, or .nullable()) says what
 // null reads as with .null_as(value) or .null_as(function of the fields read before it). Enums
-// are bound with choice(), nested objects with object(), components with component().
+// (and a bool whose two values have names, "after_top_k" and "before_top_k") are bound with
+// choice(), nested objects with object(), components with component().
 //
 // The declaration is the OptionSchema's (schema()), option for option, so `loom config schema`,
 // the validation and every message are those of the same options declared on an OptionSchema:
@@ -205,10 +206,12 @@ class OptionBinding {
     return declare<T>(member, add_spec<Inner>(std::move(name), std::nullopt, std::move(doc)));
   }
 
-  // A string option of the names in `choices`, read as the enum value it names.
+  // A string option of the names in `choices`, read as the enum value (or bool) it names.
   template <class E, class Owner>
-  requires std::is_enum_v<E> && std::derived_from<Config, Owner> BoundOption<Config, E> choice(
-      std::string name, E Owner::*member, E default_value, Choices<E> choices, std::string doc) {
+  requires(std::is_enum_v<E> || std::same_as<E, bool>) &&
+      std::derived_from<Config, Owner> BoundOption<Config, E> choice(std::string name, E Owner::*member,
+                                                                     E default_value, Choices<E> choices,
+                                                                     std::string doc) {
     std::vector<std::string> names;
     std::string default_name;
     for (const auto& [n, v] : choices) {

@@ -36,6 +36,7 @@
 #include "loom/hf_interop.hpp"
 #include "loom/kinds/attention.hpp"
 #include "loom/model_support.hpp"
+#include "loom/option_binding.hpp"
 #include "loom/options.hpp"
 
 namespace loom::models {
@@ -305,39 +306,54 @@ struct MoeConfig {
   std::string model = "model";  // "model (llama)", for messages
 };
 
-// The `moe` options (a model's `moe:` object); num_experts 0 is a dense MLP.
-inline OptionSchema moe_schema() {
-  OptionSchema s;
-  s.integer("num_experts", 0, "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.")
+// The `moe` options (a model's `moe:` object), bound to MoeConfig's fields (option_binding.hpp);
+// num_experts 0 is a dense MLP. The widths and `model` are the model's to fill in. A model whose
+// options are an OptionBinding declares and reads them as one object, then checks them where it
+// checks its other combinations:
+//   s.object("moe", &LlamaOptions::moe, loom::models::moe_options(), "Sparse mixture of experts ...");
+//   s.then([](LlamaOptions& o, const loom::Options&) { loom::models::check_moe_options(o.moe, o.path); ... });
+inline OptionBinding<MoeConfig> moe_options() {
+  OptionBinding<MoeConfig> s;
+  s.field("num_experts", &MoeConfig::num_experts, 0,
+          "Experts per layer in place of the MLP (Mixtral: 8); 0: a dense MLP.")
       .min(0)
       .max(static_cast<double>(max_model_experts));
-  s.integer("experts_per_token", 2, "Experts each token is routed to (top-k).")
+  s.field("experts_per_token", &MoeConfig::experts_per_token, 2, "Experts each token is routed to (top-k).")
       .min(1)
       .max(static_cast<double>(max_model_experts));
-  s.string("router_softmax", "after_top_k",
+  s.choice("router_softmax", &MoeConfig::softmax_after_top_k, true,
+           Choices<bool>{{"after_top_k", true}, {"before_top_k", false}},
            "after_top_k: gate weights are the softmax over the chosen experts' logits (Mixtral, whose softmax then "
            "renormalisation is the same); before_top_k: the full softmax's probabilities of the chosen experts, not "
-           "renormalised (DeepSeek).")
-      .one_of({"after_top_k", "before_top_k"});
-  s.number("router_aux_loss_coef", 0.001,
-           "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
+           "renormalised (DeepSeek).");
+  s.field("router_aux_loss_coef", &MoeConfig::aux_loss_coef, 0.001,
+          "Weight of the load-balancing loss (Switch / transformers' Mixtral, over all layers' tokens).")
       .min(0.0);
-  s.number("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.").min(0.0);
+  s.field("router_z_loss_coef", &MoeConfig::z_loss_coef, 0.0,
+          "Weight of the router z-loss (ST-MoE): mean of logsumexp(logits)^2.")
+      .min(0.0);
   return s;
 }
 
-// Reads moe_schema's options, the `moe` object of the model's options at `at` ("model"); the
-// widths are the model's to fill in.
-inline MoeConfig read_moe_options(const Options& moe, const std::string& at) {
-  MoeConfig m;
-  m.num_experts = moe.get<std::int64_t>("num_experts");
-  m.experts_per_token = moe.get<std::int64_t>("experts_per_token");
-  m.softmax_after_top_k = moe.get<std::string>("router_softmax") == "after_top_k";
-  m.aux_loss_coef = moe.get<double>("router_aux_loss_coef");
-  m.z_loss_coef = moe.get<double>("router_z_loss_coef");
+// The declaration alone (moe_options().schema()), for a model that declares its options on an
+// OptionSchema and reads them with read_moe_options.
+inline OptionSchema moe_schema() {
+  return moe_options().schema();
+}
+
+// What the `moe` options imply together, for the model's options at `at` ("model"): no more
+// experts per token than experts.
+inline void check_moe_options(const MoeConfig& m, const std::string& at) {
   if (m.num_experts > 0 && m.experts_per_token > m.num_experts)
     throw UserError(at + ".moe.experts_per_token (" + std::to_string(m.experts_per_token) +
                     ") exceeds moe.num_experts (" + std::to_string(m.num_experts) + ")");
+}
+
+// Reads moe_schema's options, the `moe` object of the model's options at `at` ("model"), and
+// checks them (check_moe_options); the widths are the model's to fill in.
+inline MoeConfig read_moe_options(const Options& moe, const std::string& at) {
+  MoeConfig m = moe_options().read(moe);
+  check_moe_options(m, at);
   return m;
 }
 

@@ -34,6 +34,13 @@ struct HfArchitectureEntry {
   std::string plugin_file;
 };
 
+// A plugin's declaration of a transformers tokenizer class (Registrar::add_hf_tokenizer_class).
+struct HfTokenizerClassEntry {
+  std::shared_ptr<LoadedLibrary> library;  // first, so it is destroyed last (see ComponentEntry)
+  HfTokenizerClass decl;
+  std::string plugin_file;
+};
+
 class Registry final : public config::ComponentCatalog {
  public:
   Registry();
@@ -48,11 +55,21 @@ class Registry final : public config::ComponentCatalog {
   // among `entries` (or already registered, for in-process registrations) and claims
   // model_types no other plugin claims; otherwise nothing is added and UserError names both files.
   void add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures);
+  // And its tokenizer classes: each model_type is declared by one class, and a class declared by
+  // two plugins has the same tokens in both; otherwise nothing is added and UserError names both
+  // files.
+  void add(std::vector<ComponentEntry> entries, std::vector<HfArchitectureEntry> architectures,
+           std::vector<HfTokenizerClassEntry> tokenizer_classes);
 
   // The plugin that claims config.json's `model_type`, or nullptr.
   const HfArchitectureEntry* find_hf_architecture(std::string_view model_type) const;
   // Every claim, by model component name (then in the order each plugin declared them).
   std::vector<const HfArchitectureEntry*> hf_architectures() const;
+  // The tokenizer class named `name` (HfTokenizerClass::name or one of `also`, either with "Fast"
+  // after it: "LlamaTokenizerFast"), or nullptr.
+  const HfTokenizerClassEntry* find_hf_tokenizer_class(std::string_view name) const;
+  // AutoTokenizer's class for config.json's `model_type` (HfTokenizerClass::model_types), or nullptr.
+  const HfTokenizerClassEntry* find_hf_tokenizer_class_of(std::string_view model_type) const;
 
   const ComponentEntry* find(std::string_view kind, std::string_view name) const;
   // Sorted by name.
@@ -107,6 +124,7 @@ class Registry final : public config::ComponentCatalog {
                                   const SourceLocation& where) const;
   std::map<std::string, std::map<std::string, ComponentEntry, std::less<>>, std::less<>> entries_;
   std::vector<HfArchitectureEntry> hf_architectures_;
+  std::vector<HfTokenizerClassEntry> hf_tokenizer_classes_;
   // kind/name claimed by a plugin that failed for it: the files of both claimants.
   std::map<std::string, std::pair<std::string, std::string>, std::less<>> conflicts_;
   ExecutionContext* execution_ = nullptr;

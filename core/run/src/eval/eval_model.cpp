@@ -35,29 +35,25 @@ std::optional<std::string> token_text(const nlohmann::json& value) {
 }
 
 // transformers 4.46's tokenizer's `role` ("bos_token", "eos_token"): special_tokens_map.json's
-// entry over tokenizer_config.json's (from_pretrained's order), else the tokenizer class's default.
-std::optional<std::string> special_token(const fs::path& dir, const std::string& role) {
+// entry over tokenizer_config.json's (from_pretrained's order), else the tokenizer class's default,
+// as a plugin declares the class (Registrar::add_hf_tokenizer_class).
+std::optional<std::string> special_token(const Registry& registry, const fs::path& dir, const std::string& role) {
   const nlohmann::json map = read_json(dir / "special_tokens_map.json");
   if (map.is_object() && map.contains(role)) return token_text(map[role]);
   const nlohmann::json config = read_json(dir / "tokenizer_config.json");
   if (config.is_object() && config.contains(role)) return token_text(config[role]);
   // The class: tokenizer_config.json's tokenizer_class, or AutoTokenizer's for config.json's model_type.
-  std::string name = config.is_object() ? config.value("tokenizer_class", std::string()) : std::string();
-  if (name.empty()) {
+  const std::string name = config.is_object() ? config.value("tokenizer_class", std::string()) : std::string();
+  const HfTokenizerClassEntry* tokenizer_class = nullptr;
+  if (!name.empty()) {
+    tokenizer_class = registry.find_hf_tokenizer_class(name);
+  } else {
     const nlohmann::json model = read_json(dir / "config.json");
     const std::string type = model.is_object() ? model.value("model_type", std::string()) : std::string();
-    if (type == "gpt2") name = "GPT2Tokenizer";
-    if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe") name = "Qwen2Tokenizer";
-    if (type == "llama" || type == "mistral" || type == "mixtral") name = "LlamaTokenizer";
-    if (type == "gemma" || type == "gemma2") name = "GemmaTokenizer";
+    if (!type.empty()) tokenizer_class = registry.find_hf_tokenizer_class_of(type);
   }
-  if (name.size() > 4 && name.ends_with("Fast")) name.resize(name.size() - 4);
-  const bool bos = role == "bos_token";
-  if (name == "GPT2Tokenizer") return "<|endoftext|>";
-  if (name == "Qwen2Tokenizer") return bos ? std::nullopt : std::optional<std::string>("<|endoftext|>");
-  if (name == "LlamaTokenizer" || name == "CodeLlamaTokenizer") return bos ? "<s>" : "</s>";
-  if (name == "GemmaTokenizer") return bos ? "<bos>" : "<eos>";
-  return std::nullopt;
+  if (!tokenizer_class) return std::nullopt;
+  return role == "bos_token" ? tokenizer_class->decl.bos_token : tokenizer_class->decl.eos_token;
 }
 
 // The id of a token of the directory's vocabulary: tokenizer.json's added tokens and model
@@ -99,9 +95,9 @@ std::optional<std::string> float32_products_override(const Runtime& runtime,
   return "backend.matmul_precision=f32";
 }
 
-std::optional<std::int32_t> hf_prefix_token(const fs::path& dir, const Tokenizer& tokenizer) {
+std::optional<std::int32_t> hf_prefix_token(const Registry& registry, const fs::path& dir, const Tokenizer& tokenizer) {
   for (const char* role : {"bos_token", "eos_token"})
-    if (const auto token = special_token(dir, role))
+    if (const auto token = special_token(registry, dir, role))
       if (const auto id = token_id(dir, *token, tokenizer); id && *id >= 0) return id;
   return std::nullopt;
 }
@@ -135,7 +131,8 @@ EvalModel load_eval_model(Runtime& runtime, const fs::path& target, WeightsChoic
     out.prefix = documents.separator.back();
     // The harness's HFLM puts its tokenizer's BOS before an empty context, or its EOS where it has
     // no BOS (its prefix_token_id).
-    if (const auto prefix = hf_prefix_token(target, *out.tokenizer); prefix && *prefix < out.model->vocab_size())
+    if (const auto prefix = hf_prefix_token(runtime.registry(), target, *out.tokenizer);
+        prefix && *prefix < out.model->vocab_size())
       out.prefix = *prefix;
     return out;
   }

@@ -259,11 +259,15 @@ std::optional<std::string> float32_products_override(const Runtime& runtime, con
 
 // What the harness's HFLM puts before an empty context for a Hugging Face model directory (its
 // prefix_token_id): the tokenizer's BOS, or its EOS where it has none, as transformers 4.46 reads
-// them (special_tokens_map.json over tokenizer_config.json, else the tokenizer class's default:
-// GPT-2's "<|endoftext|>", Qwen2's no BOS and "<|endoftext|>", Llama's "<s>", Gemma's "<bos>"), the
-// id from tokenizer.json or vocab.json (else `tokenizer`'s encoding of it, when one token).
-// config.json's bos_token_id plays no part. nullopt where the directory names neither.
-std::optional<std::int32_t> hf_prefix_token(const std::filesystem::path& dir, const Tokenizer& tokenizer);
+// them (special_tokens_map.json over tokenizer_config.json, else the default of the tokenizer
+// class, tokenizer_config.json's tokenizer_class or AutoTokenizer's for config.json's model_type,
+// as the plugin declaring that class in `registry` gives it: Registrar::add_hf_tokenizer_class;
+// loom's model plugins declare GPT-2's "<|endoftext|>", Qwen2's no BOS and "<|endoftext|>",
+// Llama's "<s>", Gemma's "<bos>"), the id from tokenizer.json or vocab.json (else `tokenizer`'s
+// encoding of it, when one token). config.json's bos_token_id plays no part. nullopt where the
+// directory names neither and no plugin declares its class.
+std::optional<std::int32_t> hf_prefix_token(const Registry& registry, const std::filesystem::path& dir,
+                                            const Tokenizer& tokenizer);
 
 // A loom run directory, checkpoint or weights file (its own config; a LoRA run's adapters merged
 // into its base model), or a Hugging Face model directory (config.json and safetensors) read
