@@ -246,4 +246,33 @@ TEST(Fsdp, LoraAdaptersTrainOnAShardedBaseAsInOneProcess) {
   EXPECT_EQ(all.find("lora.base_dtype nf4 stores"), all.rfind("lora.base_dtype nf4 stores")) << all;
 }
 
+// LoRA over a sharded base resumes from its own checkpoint: the checkpoint holds the adapters (the
+// base comes from init_from again), written once by rank 0, and the run continues on the mesh as
+// that checkpoint continues in one process. (Before, the checkpoint held the base's slices and no
+// adapters, and the resume stopped: "'...lora_A.weight' is not in the checkpoint".)
+TEST(Fsdp, LoraOverAShardedBaseResumesFromItsCheckpoint) {
+  const fs::path first = scratch("lora-ckpt"), on_mesh = scratch("lora-ckpt-mesh"), in_one = scratch("lora-ckpt-one");
+  const std::vector<std::string> common =
+      kGpt2 + std::vector<std::string>{"lora.rank=4", "lr_schedule.type=constant", "lr_schedule.warmup=0",
+                                       "trainer.checkpoint.save_every_steps=5"};
+  auto ten = fsdp_args(first, config("quickstart.yaml"), 4, common + kFsdp2);
+  ten.push_back("trainer.num_train_steps=10");
+  auto done = mpirun(2, ten);
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  ASSERT_TRUE(fs::exists(first / "checkpoints" / "step-10"));
+  fs::copy(first, on_mesh, fs::copy_options::recursive);
+  fs::copy(first, in_one, fs::copy_options::recursive);
+  done = mpirun(2, fsdp_args(on_mesh, config("quickstart.yaml"), 4, common + kFsdp2));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_NE(done.out.find("resumed from checkpoint"), std::string::npos) << done.out;
+  done = run_command(fsdp_args(in_one, config("quickstart.yaml"), 4, common), {"LOOM_NUM_THREADS=1"});
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  const auto expected = losses(in_one), got = losses(on_mesh);
+  ASSERT_EQ(expected.size(), 20u);
+  ASSERT_EQ(got.size(), 20u);
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(got[i], expected[i], 1e-12 * std::abs(expected[i])) << "step " << i + 1;
+  EXPECT_EQ(max_relative_difference(in_one / "adapter_model.safetensors", on_mesh / "adapter_model.safetensors"), 0.0);
+}
+
 }  // namespace

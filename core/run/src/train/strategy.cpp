@@ -81,9 +81,14 @@ class FsdpStrategy final : public Strategy {
 
   // A checkpoint of parts: each rank's slice of every parameter, of the optimizer state of the
   // slices it updates (elementwise optimizers) or the whole state of the parameters it owns, and
-  // of the weight average; written by the replicas of data index 0 alone.
-  CheckpointWriting checkpoint_writing() const override { return CheckpointWriting::parts; }
+  // of the weight average; written by the replicas of data index 0 alone. Under LoRA a checkpoint
+  // holds the adapters (and their optimizer state and average), which every rank holds whole and
+  // alike, and no base weights (they come from init_from again): rank 0 writes its copy.
+  CheckpointWriting checkpoint_writing() const override {
+    return adapters_saved_ ? CheckpointWriting::copy : CheckpointWriting::parts;
+  }
   void hold(CheckpointEntries& entries) const override {
+    if (adapters_saved_) return;
     entries.model.clear();
     for (const ParameterSlice& sl : fsdp_.slices())
       entries.model.emplace_back(sl.model->name(), sl.piece->data(), sl.model->shape(), sl.begin, sl.end);
@@ -102,12 +107,13 @@ class FsdpStrategy final : public Strategy {
     entries.average.clear();
   }
   // A rank holding no slice of a parameter holds none of its optimizer state.
-  bool holds_some_entries() const override { return true; }
+  bool holds_some_entries() const override { return !adapters_saved_; }
 
   // This rank's slices of the weights, and of the state and average of the slices it updates
   // (elementwise optimizers) or the whole state of the parameters it owns; whatever mesh wrote the
   // checkpoint.
   void share(RankShare& share) const override {
+    if (adapters_saved_) return;  // the adapters, whole on every rank
     for (const ParameterSlice& sl : fsdp_.slices()) share.weights.emplace_back(sl.piece, sl.model->shape());
     share.keeps = [this](const std::string& entry) { return updates_.contains(parameter_of(entry)); };
     share.keeps_average = share.keeps;
