@@ -28,7 +28,8 @@ constexpr std::int64_t kNormChunk = std::int64_t{1} << 16;
 
 TrainStep::TrainStep(RunComponents& components, World& world, const StepSettings& settings)
     : components_(components), world_(world), settings_(settings), strategies_(components.strategies) {
-  if (components.strategies.empty()) components.strategies = build_strategies(components, world, settings.overlap_reduce);
+  if (components.strategies.empty())
+    components.strategies = build_strategies(components, world, settings.overlap_reduce);
 }
 
 StepResult TrainStep::run(const Batch& batch, TrainState& state) {
