@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <loom/error.hpp>
+#include <loom/transformer_blocks.hpp>
 
 #include "numerics_test_support.hpp"
 
@@ -34,6 +35,21 @@ TEST(RopeTable, Llama3ScalingMatchesTheReferenceImplementation) {
   EXPECT_NEAR(f[30], 0.0013718935677611381, 1e-15);  // smoothly interpolated
   EXPECT_NEAR(f[40], 3.428102195952591e-05, 1e-17);  // divided by the factor
   EXPECT_NEAR(f[63], 3.068925988914511e-07, 1e-19);
+}
+
+TEST(RopeTable, LinearScalingDividesEveryFrequency) {
+  // transformers' rope_type "linear": every inverse frequency divided by the factor, whatever the
+  // base: Gemma 3's global layers' (1e6), and bases so small that some wavelengths 2 pi / theta_i
+  // fall below 1 and below 1e-6, the Llama 3 rule's bounds gemma3 and llama wrote it with before
+  // models::linear_rope (which left those frequencies unscaled).
+  for (const double base : {1e6, 1e4, 0.01, 1e-12}) {
+    const RopeTable t(models::linear_rope(base, 8.0), 8, 2);
+    const auto& f = t.inverse_frequencies();
+    ASSERT_EQ(f.size(), 4u);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(f[static_cast<std::size_t>(i)], 1.0 / std::pow(base, 2.0 * i / 8.0) / 8.0)
+          << "base " << base << ", i " << i;
+  }
 }
 
 class RopeOp : public ::testing::Test {

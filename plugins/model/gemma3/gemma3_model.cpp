@@ -37,104 +37,10 @@ Tensor one_plus(Ops& ops, const Tensor& ones, const Parameter* weight) {
   return ops.add(ones, weight->tensor());
 }
 
-// Gemma 3's attention: the SDK's AttentionBlock (transformer_blocks.hpp) with the q/k norms
-// scaled by 1 + weight (AttentionBlock's, Qwen 3's, scale by the weight itself), in the same
-// layout and with the same tensor-parallel plan: the fused q/k/v projection split by heads (or,
-// when the key/value heads are fewer than the members, replicated, each member slicing the
-// key/value head its query heads share), the q/k norms replicated with partial gradients, the
-// output projection row-parallel.
-class Attention {
- public:
-  struct Config {
-    std::int64_t hidden_dim = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
-    float norm_eps = 1e-6f;
-    AttentionParams params;
-  };
-
-  void declare(models::ParameterStore& store, const std::string& prefix, Config config) {
-    c_ = config;
-    rank_ = store.tensor_rank();
-    size_ = store.tensor_size();
-    const std::int64_t heads = c_.num_heads, kv_heads = c_.num_kv_heads, d = c_.head_dim;
-    if (size_ > 1) {
-      const std::string t = std::to_string(size_);
-      if (heads % size_ != 0)
-        throw UserError("model (gemma3): tensor parallelism over " + t +
-                        " ranks splits attention by query heads, and num_heads (" + std::to_string(heads) +
-                        ") is not a multiple of " + t);
-      if (kv_heads % size_ != 0 && size_ % kv_heads != 0)
-        throw UserError("model (gemma3): tensor parallelism over " + t + " ranks splits the " +
-                        std::to_string(kv_heads) + " key/value heads (num_kv_heads) when " + t +
-                        " divides them, or replicates them when they divide " + t + "; " + std::to_string(kv_heads) +
-                        " does neither");
-    }
-    replicated_kv_ = size_ > 1 && kv_heads % size_ != 0;
-    local_heads_ = heads / size_;
-    local_kv_heads_ = replicated_kv_ ? 1 : kv_heads / size_;
-    const std::int64_t q = heads * d, kv = kv_heads * d, c = c_.hidden_dim;
-    const bool split = size_ > 1;
-    const TensorPlacement partial = TensorPlacement::replicated_partial();
-    const TensorPlacement by_heads = !split           ? TensorPlacement::replicated()
-                                     : replicated_kv_ ? partial
-                                                      : TensorPlacement::split_along(0, "column", {q, kv, kv});
-    store.declare(prefix + "qkv_proj.weight", Shape{q + 2 * kv, c}, ParameterRole::weight, &qkv_, by_heads);
-    const TensorPlacement norm = split ? partial : TensorPlacement::replicated();
-    store.declare(prefix + "q_norm.weight", Shape{d}, ParameterRole::norm, &q_norm_, norm);
-    store.declare(prefix + "k_norm.weight", Shape{d}, ParameterRole::norm, &k_norm_, norm);
-    store.declare(prefix + "o_proj.weight", Shape{c, q}, ParameterRole::weight, &out_,
-                  split ? TensorPlacement::split_along(1, "row") : TensorPlacement::replicated());
-  }
-
-  // x [batch, seq, hidden] (normed) -> [batch, seq, hidden]; `ones` is [head_dim] of 1.
-  Tensor forward(Ops& ops, const Tensor& x, const models::AttentionInput& in, const Tensor& ones) const {
-    const std::int64_t heads = local_heads_, kv_heads = local_kv_heads_, d = c_.head_dim;
-    Tensor q, k, v;
-    if (replicated_kv_) {
-      const Tensor xin = ops.tensor_copy(x);
-      const std::int64_t q_rows = c_.num_heads * d, kv_rows = c_.num_kv_heads * d;
-      const std::int64_t kv_head = rank_ * c_.num_kv_heads / size_;
-      const auto rows = [&](std::int64_t begin, std::int64_t count) {
-        return ops.linear(xin, qkv_->tensor().slice(0, begin, begin + count))
-            .view(Shape{in.batch, in.seq, count / d, d});
-      };
-      q = rows(rank_ * heads * d, heads * d);
-      k = rows(q_rows + kv_head * d, d);
-      v = rows(q_rows + kv_rows + kv_head * d, d);
-    } else {
-      // One GEMM for q, k and v; the three are slices of its output.
-      const Tensor xin = size_ > 1 ? ops.tensor_copy(x) : x;
-      const Tensor qkv = ops.linear(xin, qkv_->tensor()).view(Shape{in.batch, in.seq, heads + 2 * kv_heads, d});
-      q = qkv.slice(2, 0, heads);
-      k = qkv.slice(2, heads, heads + kv_heads);
-      v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
-    }
-    q = ops.rms_norm(q, one_plus(ops, ones, q_norm_), c_.norm_eps);
-    k = ops.rms_norm(k, one_plus(ops, ones, k_norm_), c_.norm_eps);
-    q = ops.rope(q, *in.rope, Tensor(), in.offset);
-    k = ops.rope(k, *in.rope, Tensor(), in.offset);
-    if (in.cache) std::tie(k, v) = in.cache->append(in.layer, k, v);
-    const Tensor a =
-        ops.attention(*kernel_, q, k, v, c_.params, in.segments, in.segments).view(Shape{in.batch, in.seq, heads * d});
-    const Tensor out = ops.linear(a, out_->tensor());
-    return size_ > 1 ? ops.tensor_reduce(out) : out;
-  }
-
-  void set_kernel(AttentionKernel& kernel) { kernel_ = &kernel; }
-  std::int64_t local_kv_heads() const { return local_kv_heads_; }
-
- private:
-  Config c_;
-  AttentionKernel* kernel_ = nullptr;
-  int rank_ = 0, size_ = 1;
-  bool replicated_kv_ = false;
-  std::int64_t local_heads_ = 0, local_kv_heads_ = 0;
-  Parameter *qkv_ = nullptr, *q_norm_ = nullptr, *k_norm_ = nullptr, *out_ = nullptr;
-};
-
 // One decoder layer: attention and MLP, each between a norm before and a norm after.
 struct Layer {
   Parameter* input_norm = nullptr;
-  Attention attention;
+  models::AttentionBlock attention;
   Parameter *post_attention_norm = nullptr, *pre_feedforward_norm = nullptr;
   models::MlpBlock mlp;
   Parameter* post_feedforward_norm = nullptr;
@@ -163,8 +69,11 @@ class Gemma3Model final : public models::TransformerLm {
                            .num_heads = o_.num_heads,
                            .num_kv_heads = o_.num_kv_heads,
                            .head_dim = o_.head_dim,
+                           .qk_norm = true,
+                           .qk_norm_scale = models::QkNormScale::one_plus_weight,
                            .norm_eps = static_cast<float>(o_.layer_norm_epsilon),
-                           .params = params});
+                           .params = params,
+                           .model = "model (gemma3)"});
       y.attention.set_kernel(*kernel_);
       store_.declare(p + "post_attention_layernorm.weight", Shape{c}, ParameterRole::norm, &y.post_attention_norm);
       store_.declare(p + "pre_feedforward_layernorm.weight", Shape{c}, ParameterRole::norm, &y.pre_feedforward_norm);
@@ -183,23 +92,16 @@ class Gemma3Model final : public models::TransformerLm {
     };
     ones_ = ones(c);
     head_ones_ = ones(o_.head_dim);
+    for (Layer& y : layers_) y.attention.set_qk_norm_ones(head_ones_);
     // The sliding layers' RoPE: base rope_local_base_freq, unscaled. The global layers': base
-    // rope_theta, positions divided by the linear factor (transformers' "linear" rope_type divides
-    // every inverse frequency by it), written as Llama 3's rescaling with every wavelength above
-    // its low-frequency bound (2 pi / theta_i >= 2 pi > original_max_positions / low_freq_factor
-    // = 1), where that rescaling is exactly theta_i / factor.
+    // rope_theta, positions divided by the linear factor (transformers' "linear" rope_type).
     RopeConfig local;
     local.base = o_.rope_local_base_freq;
     local_rope_.emplace(local, o_.head_dim, o_.seq_len);
     RopeConfig global;
     global.base = o_.rope_theta;
-    if (o_.rope_scaling_factor > 0 && o_.rope_scaling_factor != 1.0) {
-      global.llama3_scaling = true;
-      global.factor = o_.rope_scaling_factor;
-      global.original_max_positions = 1.0;
-      global.low_freq_factor = 1.0;
-      global.high_freq_factor = 2.0;
-    }
+    if (o_.rope_scaling_factor > 0 && o_.rope_scaling_factor != 1.0)
+      global = models::linear_rope(o_.rope_theta, o_.rope_scaling_factor);
     global_rope_.emplace(global, o_.head_dim, o_.seq_len);
   }
 
@@ -276,8 +178,8 @@ class Gemma3Model final : public models::TransformerLm {
             models::AttentionInput in = input;
             in.layer = static_cast<std::int64_t>(l);
             in.rope = o_.is_sliding(static_cast<std::int64_t>(l)) ? &*local_rope_ : &*global_rope_;
-            const Tensor attn_out = ops.rms_norm(y.attention.forward(ops, x, in, head_ones_),
-                                                 one_plus(ops, ones_, y.post_attention_norm), eps);
+            const Tensor attn_out =
+                ops.rms_norm(y.attention.forward(ops, x, in), one_plus(ops, ones_, y.post_attention_norm), eps);
             std::tie(h, x) = ops.add_rms_norm(h, attn_out, one_plus(ops, ones_, y.pre_feedforward_norm), eps);
             const Tensor mlp_out =
                 ops.rms_norm(y.mlp.forward(ops, x), one_plus(ops, ones_, y.post_feedforward_norm), eps);

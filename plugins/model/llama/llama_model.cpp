@@ -73,14 +73,7 @@ void finish_options(LlamaOptions& o, const loom::Options&) {
       throw loom::UserError(at + ".rope: high_freq_factor (" + std::to_string(o.rope.high_freq_factor) +
                             ") must exceed low_freq_factor (" + std::to_string(o.rope.low_freq_factor) + ")");
   } else if (r.factor != 1.0) {
-    // Linear scaling divides every frequency by `factor`. RopeTable's Llama 3 rule divides every
-    // wavelength longer than original_max_positions / low_freq_factor by it; with a limit far
-    // below the shortest wavelength (2 pi) that is every frequency, which is exactly this.
-    o.rope.llama3_scaling = true;
-    o.rope.factor = r.factor;
-    o.rope.low_freq_factor = 1.0;
-    o.rope.high_freq_factor = 2.0;
-    o.rope.original_max_positions = 1e-6;
+    o.rope = loom::models::linear_rope(r.theta, r.factor);  // every frequency divided by `factor`
   }
 }
 

@@ -4,12 +4,14 @@
 // layer. A model file then reads like its paper's diagram: norms, residual adds and the order of
 // the blocks are the model's; what is inside a block is written once.
 //   * AttentionBlock: fused q/k/v projection (rows [q heads | k heads | v heads], or GPT-2's
-//     Conv1D [in, out] columns), optional biases, per-head q/k RMSNorm (Qwen3), RoPE, grouped
-//     key/value heads, the layer's window, soft-cap and scale, the KV cache, the output projection;
+//     Conv1D [in, out] columns), optional biases, per-head q/k RMSNorm (scaled by the weight as
+//     Qwen3's, or by 1 + weight as Gemma 3's), RoPE, grouped key/value heads, the layer's window,
+//     soft-cap and scale, the KV cache, the output projection;
 //   * MlpBlock: GPT-2's two-matrix GELU MLP, Llama's SwiGLU and Gemma's GeGLU;
 //   * MoeBlock: a sparse mixture of SwiGLU experts (Mixtral): router, top-k, dropless experts,
 //     with RouterRecords for moe_auxiliary_loss (load balancing, z-loss) and run_moe_layer for
 //     activation checkpointing;
+//   * linear_rope: the RopeConfig of linear position scaling (transformers' rope_type "linear");
 //   * the option reading and Hugging Face mapping these blocks share across models.
 // Each block also writes its parameters' parallel plan (parallel_plan.hpp): declared into a store
 // split over a tensor group (ParameterStore::set_tensor_split), it allocates this member's shard
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -57,6 +60,13 @@ inline Tensor row_parallel_bias(Ops& ops, int rank, const Parameter* bias) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
+// What the q/k norms (AttentionConfig::qk_norm) multiply each normalised head by.
+enum class QkNormScale {
+  weight,           // the weight itself (Qwen3's RMSNorm; its weights start at 1)
+  one_plus_weight,  // 1 + weight (Gemma 3's Gemma3RMSNorm; its weights start at 0): the block
+                    // adds its weights to a tensor of 1 that the model sets (set_qk_norm_ones)
+};
+
 struct AttentionConfig {
   std::int64_t hidden_dim = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   // The fused projection's layout: false: [q + 2 kv, hidden] (rows q heads | k heads | v heads,
@@ -65,6 +75,7 @@ struct AttentionConfig {
   bool weight_in_out = false;
   bool qkv_bias = false, out_bias = false;
   bool qk_norm = false;  // RMSNorm of each query and key head (weights [head_dim]) before RoPE
+  QkNormScale qk_norm_scale = QkNormScale::weight;  // with qk_norm: the norms' scale
   float norm_eps = 1e-6f;
   AttentionParams params;  // this layer's: causal, window, soft-cap, scale
   // Parameter names under the block's prefix: "<qkv_name>.weight", "<out_name>.weight",
@@ -72,6 +83,24 @@ struct AttentionConfig {
   std::string qkv_name = "qkv_proj", out_name = "o_proj";
   std::string model = "model";  // "model (llama)", for messages
 };
+
+// RoPE with linear position scaling (transformers' rope_type "linear", Chen et al. 2023's
+// position interpolation): every inverse frequency base^(-2i / head_dim) divided by `factor`,
+// which is every position divided by it. RopeConfig has no field of its own for it (one would
+// change its layout, which crosses the plugin boundary into RopeTable's constructor), so it is
+// written as its Llama 3.1 rule with a low-frequency bound below every wavelength: the rule then
+// divides each frequency by `factor`, the same single division. The bound is the least normal
+// double, below 2 pi / f for every finite frequency f, whatever the base.
+inline RopeConfig linear_rope(double base, double factor) {
+  RopeConfig rope;
+  rope.base = base;
+  rope.llama3_scaling = true;
+  rope.factor = factor;
+  rope.low_freq_factor = 1.0;
+  rope.high_freq_factor = 2.0;
+  rope.original_max_positions = std::numeric_limits<double>::min();
+  return rope;
+}
 
 // Where the tokens of one forward call sit and what they see.
 struct AttentionInput {
@@ -175,8 +204,8 @@ class AttentionBlock {
       v = qkv.slice(2, heads + kv_heads, heads + 2 * kv_heads);
     }
     if (c_.qk_norm) {
-      q = ops.rms_norm(q, q_norm_->tensor(), c_.norm_eps);
-      k = ops.rms_norm(k, k_norm_->tensor(), c_.norm_eps);
+      q = ops.rms_norm(q, qk_norm_scale(ops, q_norm_), c_.norm_eps);
+      k = ops.rms_norm(k, qk_norm_scale(ops, k_norm_), c_.norm_eps);
     }
     if (in.rope) {
       q = ops.rope(q, *in.rope, Tensor(), in.offset);
@@ -191,6 +220,10 @@ class AttentionBlock {
 
   // The kernel is the model's (one for every layer); set before the first forward pass.
   void set_kernel(AttentionKernel& kernel) { kernel_ = &kernel; }
+  // With qk_norm_scale one_plus_weight: a float32 [head_dim] tensor of 1 in the parameters' memory
+  // (made once the store is allocated; one may serve every layer), to which each forward pass adds
+  // the q and k norms' weights. Set before the first forward pass, like the kernel.
+  void set_qk_norm_ones(Tensor ones) { qk_norm_ones_ = std::move(ones); }
   const AttentionConfig& config() const { return c_; }
   // The key/value heads this member caches (all of them over one member).
   std::int64_t local_kv_heads() const { return local_kv_heads_; }
@@ -203,6 +236,15 @@ class AttentionBlock {
   std::int64_t local_heads_ = 0, local_kv_heads_ = 0;
   Parameter *qkv_weight_ = nullptr, *qkv_bias_ = nullptr, *q_norm_ = nullptr, *k_norm_ = nullptr;
   Parameter *out_weight_ = nullptr, *out_bias_ = nullptr;
+  Tensor qk_norm_ones_;  // qk_norm_scale one_plus_weight: [head_dim] of 1
+
+  // The q or k norm's scale: its weight, or 1 + its weight (ones + weight, one add).
+  Tensor qk_norm_scale(Ops& ops, const Parameter* norm) const {
+    if (c_.qk_norm_scale == QkNormScale::weight) return norm->tensor();
+    if (!qk_norm_ones_.defined())
+      throw InternalError("AttentionBlock: qk_norm_scale one_plus_weight before set_qk_norm_ones");
+    return ops.add(qk_norm_ones_, norm->tensor());
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
